@@ -1,0 +1,44 @@
+"""The ``rollway`` command. Subcommands live in ``rollway.commands.<name>``; each module
+has ``configure(parser)`` and ``run(args) -> int`` and keeps heavy imports (torch, vLLM,
+aiokafka) inside ``run`` so ``rollway --help`` stays instant."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+# (name, module, one-line help). Add a line here to add a command.
+COMMANDS: list[tuple[str, str, str]] = [
+    ("broker", "rollway.commands.broker", "start/stop/status a local Apache Kafka (KRaft)"),
+    ("config", "rollway.commands.config", "show the effective configuration"),
+    ("topics", "rollway.commands.topics", "create topics; list partitions, end offsets and group lag"),
+    ("tail", "rollway.commands.tail", "print decoded events of a topic"),
+]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="rollway",
+        description="Rollway: asynchronous RL for coding agents over Kafka.",
+    )
+    parser.add_argument("--config", help="TOML config file (default: $ROLLWAY_CONFIG or ./rollway.toml)")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    for name, module, help_text in COMMANDS:
+        cmd = sub.add_parser(name, help=help_text, description=help_text)
+        mod = importlib.import_module(module)
+        mod.configure(cmd)
+        cmd.set_defaults(_module=mod)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args._module.run(args) or 0)
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

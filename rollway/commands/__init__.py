@@ -1,0 +1,1 @@
+"""Subcommands of the ``rollway`` CLI (one module each, heavy imports deferred)."""

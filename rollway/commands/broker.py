@@ -1,0 +1,83 @@
+"""``rollway broker start|stop|status``: a local Apache Kafka in KRaft mode."""
+
+from __future__ import annotations
+
+import argparse
+
+DEFAULT_DATA_DIR = "var/kafka"
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    sub = parser.add_subparsers(dest="action", required=True)
+    start = sub.add_parser("start", help="start brokers and wait until they answer")
+    start.add_argument("--nodes", type=int, choices=[1, 3], default=1)
+    start.add_argument("--data-dir", default=DEFAULT_DATA_DIR)
+    start.add_argument("--port", type=int, default=9092,
+                       help="first broker port; controllers and further nodes take the next ones "
+                            "(0 = any free ports)")
+    start.add_argument("--heap", default="512m", help="JVM heap per node")
+    start.add_argument("--timeout", type=float, default=120.0)
+    for name, help_text in (("stop", "stop the brokers started from --data-dir"),
+                            ("status", "show nodes, pids and whether they answer")):
+        p = sub.add_parser(name, help=help_text)
+        p.add_argument("--data-dir", default=DEFAULT_DATA_DIR)
+
+
+def run(args: argparse.Namespace) -> int:
+    import sys
+
+    from rollway.broker import (
+        BrokerError, ClusterState, LocalKafka, external_bootstrap, metadata_brokers, pid_alive,
+        stop_cluster,
+    )
+    from rollway.logging import configure_logging
+
+    configure_logging("broker")
+    external = external_bootstrap()
+    if external:
+        print(f"KAFKA_BOOTSTRAP_SERVERS={external} is set: using that cluster, starting nothing")
+        if args.action == "status":
+            try:
+                print(f"brokers answering: {metadata_brokers(external)}")
+            except Exception as exc:
+                print(f"not answering: {exc}")
+                return 1
+        return 0
+    try:
+        if args.action == "start":
+            try:
+                state = ClusterState.load(args.data_dir)
+                if any(pid_alive(n.pid) for n in state.nodes):
+                    print(f"already running: {state.bootstrap} (rollway broker stop --data-dir {args.data_dir})")
+                    return 1
+            except BrokerError:
+                pass
+            ports = None
+            if args.port:
+                ports = list(range(args.port, args.port + 2 * args.nodes))
+            kafka = LocalKafka(args.data_dir, nodes=args.nodes, ports=ports, heap=args.heap)
+            try:
+                bootstrap = kafka.start(timeout=args.timeout)
+            except BrokerError:
+                kafka.stop()
+                raise
+            print(f"kafka ready: {bootstrap}")
+            print(f"export KAFKA_BOOTSTRAP_SERVERS={bootstrap}")
+            return 0
+        state = ClusterState.load(args.data_dir)
+        if args.action == "stop":
+            pids = stop_cluster(state)
+            print(f"stopped pids {pids}" if pids else "nothing was running")
+            return 0
+        for node in state.nodes:
+            alive = "running" if pid_alive(node.pid) else "dead"
+            print(f"node {node.node_id}: pid {node.pid} {alive}, port {node.port}, log {node.log_file}")
+        try:
+            print(f"brokers answering: {metadata_brokers(state.bootstrap)}")
+        except Exception as exc:
+            print(f"not answering: {exc}")
+            return 1
+        return 0
+    except BrokerError as exc:
+        print(f"rollway broker: {exc}", file=sys.stderr)
+        return 1

@@ -1,0 +1,139 @@
+"""Typed configuration: one TOML file, environment overrides, one Struct tree.
+
+Resolution order (later wins):
+  1. defaults in the Structs below (and the per-component config modules);
+  2. the TOML file: ``--config PATH``, else ``$ROLLWAY_CONFIG``, else ``./rollway.toml``
+     when it exists;
+  3. environment: ``ROLLWAY_<SECTION>__<FIELD>=value`` (nested with ``__``), e.g.
+     ``ROLLWAY_TRAINER__LEARNING_RATE=1e-6``; and ``KAFKA_BOOTSTRAP_SERVERS``, which
+     sets ``kafka.bootstrap_servers``.
+
+Values from the environment are strings; msgspec converts them to the field's type
+(``strict=False``) and a bad value is an error naming the field.
+"""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from pathlib import Path
+from typing import Any, Mapping
+
+import msgspec
+
+from bus.config import KafkaConfig
+from sampler.config import SamplerConfig
+from sandbox.config import RewardConfig, SandboxConfig
+from syncer.config import SyncerConfig
+from tasks.config import FeederConfig
+from trainer.config import TrainerConfig
+
+
+class LoggingConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    level: str = "info"
+
+
+class RollwayConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    model_name: str = "rollway-tiny"
+    kafka: KafkaConfig = msgspec.field(default_factory=KafkaConfig)
+    logging: LoggingConfig = msgspec.field(default_factory=LoggingConfig)
+    syncer: SyncerConfig = msgspec.field(default_factory=SyncerConfig)
+    sampler: SamplerConfig = msgspec.field(default_factory=SamplerConfig)
+    sandbox: SandboxConfig = msgspec.field(default_factory=SandboxConfig)
+    reward: RewardConfig = msgspec.field(default_factory=RewardConfig)
+    trainer: TrainerConfig = msgspec.field(default_factory=TrainerConfig)
+    feeder: FeederConfig = msgspec.field(default_factory=FeederConfig)
+
+
+class ConfigError(ValueError):
+    """The configuration file or an environment override is invalid."""
+
+
+ENV_PREFIX = "ROLLWAY_"
+# Environment variables that are not ROLLWAY_<SECTION>__<FIELD> but are honoured
+# because every Kafka tool understands them.
+ENV_ALIASES = {"KAFKA_BOOTSTRAP_SERVERS": ("kafka", "bootstrap_servers")}
+
+
+def find_config_file(path: str | os.PathLike[str] | None = None) -> Path | None:
+    if path is not None:
+        return Path(path)
+    env = os.environ.get("ROLLWAY_CONFIG")
+    if env:
+        return Path(env)
+    default = Path("rollway.toml")
+    return default if default.exists() else None
+
+
+def env_overrides(environ: Mapping[str, str]) -> dict[str, Any]:
+    """Nested dict of overrides from ``ROLLWAY_A__B=...`` and the aliases."""
+    tree: dict[str, Any] = {}
+
+    def put(path: tuple[str, ...], value: str) -> None:
+        node = tree
+        for part in path[:-1]:
+            node = node.setdefault(part, {})
+        node[path[-1]] = value
+
+    for name, value in environ.items():
+        if name in ENV_ALIASES:
+            put(ENV_ALIASES[name], value)
+        elif name.startswith(ENV_PREFIX) and "__" in name:
+            path = tuple(p.lower() for p in name[len(ENV_PREFIX) :].split("__"))
+            if all(path):
+                put(path, value)
+    return tree
+
+
+def _merge(base: dict[str, Any], override: Mapping[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for key, value in override.items():
+        if isinstance(value, Mapping) and isinstance(out.get(key), Mapping):
+            out[key] = _merge(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+def _coerce_env_strings(tree: Any, template: Any) -> Any:
+    """Turn env strings for list/dict fields into values (JSON), leave scalars to msgspec."""
+    if isinstance(tree, dict):
+        return {
+            k: _coerce_env_strings(v, template.get(k) if isinstance(template, dict) else None)
+            for k, v in tree.items()
+        }
+    if isinstance(tree, str) and isinstance(template, (list, dict)):
+        try:
+            return msgspec.json.decode(tree)
+        except msgspec.DecodeError:
+            return [s.strip() for s in tree.split(",") if s.strip()] if isinstance(template, list) else tree
+    return tree
+
+
+def load_config(
+    path: str | os.PathLike[str] | None = None,
+    environ: Mapping[str, str] | None = None,
+) -> RollwayConfig:
+    environ = os.environ if environ is None else environ
+    data: dict[str, Any] = {}
+    file = find_config_file(path)
+    if file is not None:
+        try:
+            data = tomllib.loads(file.read_text())
+        except FileNotFoundError as exc:
+            raise ConfigError(f"config file not found: {file}") from exc
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigError(f"config file {file} is not valid TOML: {exc}") from exc
+    defaults = msgspec.to_builtins(RollwayConfig())
+    overrides = _coerce_env_strings(env_overrides(environ), defaults)
+    merged = _merge(data, overrides)
+    try:
+        return msgspec.convert(merged, RollwayConfig, strict=False)
+    except msgspec.ValidationError as exc:
+        source = f"{file} + environment" if file else "environment"
+        raise ConfigError(f"invalid configuration ({source}): {exc}") from exc
+
+
+def dump_toml_like(cfg: RollwayConfig) -> str:
+    """Render the effective config as TOML (what ``rollway config show`` prints)."""
+    return msgspec.toml.encode(cfg).decode()

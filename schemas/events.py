@@ -1,0 +1,245 @@
+"""Every event that travels on a Rollway topic.
+
+Rules of evolution (msgspec's): a new field always has a default and goes at the end;
+a field never changes its type; removing a field means leaving it in place, unused.
+Bump ``SCHEMA_VERSION`` when a field is added so consumers can tell old from new.
+
+Per-token arrays are packed little-endian bytes (see :mod:`schemas.arrays`).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import ClassVar
+
+import msgspec
+
+from schemas import arrays
+
+
+def now() -> float:
+    return time.time()
+
+
+class Event(msgspec.Struct, kw_only=True):
+    """Base of every event. ``SCHEMA_VERSION`` travels in the record headers."""
+
+    SCHEMA_VERSION: ClassVar[int] = 1
+
+
+class Cost(msgspec.Struct, kw_only=True):
+    """What a rollout spent."""
+
+    generated_tokens: int = 0
+    env_tokens: int = 0
+    turns: int = 0
+    tool_seconds: float = 0.0
+    segments: int = 1
+
+
+class Task(Event):
+    """One group of ``group_size`` samples of a task. Hidden tests are never here:
+    the grader loads them from its own task store by ``task_id``."""
+
+    task_id: str
+    group_id: str
+    group_size: int
+    instruction: str
+    files: dict[str, str] = {}
+    language: str = "python"
+    difficulty: str = ""
+    task_set: str = "demo"
+    metadata: dict[str, str] = {}
+    created_at: float = 0.0
+
+
+class TrajectoryChunk(Event):
+    """A contiguous run of a trajectory's tokens, streamed while the rollout runs.
+
+    Chunks of one segment concatenate (by ``chunk_index``) to the segment's full
+    token sequence: prompt and tool output (``loss_mask`` 0) and generated tokens
+    (``loss_mask`` 1). A new segment starts after self-compaction. The last chunk of
+    the trajectory has ``final=True``, the finish reason and the cost.
+    """
+
+    trajectory_id: str
+    task_id: str
+    group_id: str
+    sample_index: int
+    group_size: int
+    attempt: str
+    replica_id: str = ""
+    chunk_index: int
+    segment_index: int = 0
+    # Packed per-token arrays, n tokens each.
+    token_ids: bytes = b""  # int32
+    logprobs: bytes = b""  # float32; behaviour log-prob over the kept set (0 where masked)
+    loss_mask: bytes = b""  # uint8; 1 = sampled by the policy
+    kept_offsets: bytes = b""  # int32, n+1 (CSR); empty set for masked tokens
+    kept_ids: bytes = b""  # int32
+    kept_capped: bytes = b""  # uint8 per token; 1 = kept set cut by the engine's cap
+    version_starts: bytes = b""  # int32 span starts (token index in this chunk)
+    versions: bytes = b""  # int64 weight version of each span
+    routed_experts: bytes = b""  # uint8/int16 per token, shape in routed_experts_shape
+    routed_experts_shape: list[int] = []
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1
+    final: bool = False
+    finish_reason: str = ""
+    cost: Cost | None = None
+    created_at: float = 0.0
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.token_ids) // 4
+
+    def token_array(self):
+        return arrays.unpack(self.token_ids, arrays.INT32)
+
+    def logprob_array(self):
+        return arrays.unpack(self.logprobs, arrays.FLOAT32)
+
+    def loss_mask_array(self):
+        return arrays.unpack(self.loss_mask, arrays.UINT8)
+
+    def kept_sets(self):
+        return arrays.csr_rows(self.kept_offsets, self.kept_ids)
+
+    def kept_capped_array(self):
+        import numpy as np
+
+        if not self.kept_capped:
+            return np.zeros(self.num_tokens, dtype=np.uint8)
+        return arrays.unpack(self.kept_capped, arrays.UINT8)
+
+    def version_array(self):
+        return arrays.unpack_spans(self.version_starts, self.versions, self.num_tokens)
+
+    def validate(self) -> None:
+        """Raise ValueError when the packed arrays disagree in length."""
+        n = self.num_tokens
+        if len(self.token_ids) % 4:
+            raise ValueError("token_ids is not a whole number of int32")
+        if len(self.logprobs) != 4 * n:
+            raise ValueError(f"logprobs has {len(self.logprobs) // 4} entries for {n} tokens")
+        if len(self.loss_mask) != n:
+            raise ValueError(f"loss_mask has {len(self.loss_mask)} entries for {n} tokens")
+        off, _ = arrays.unpack_csr(self.kept_offsets, self.kept_ids)
+        if off.size != n + 1:
+            raise ValueError(f"kept_offsets has {off.size} entries for {n} tokens (want n+1)")
+        if self.kept_capped and len(self.kept_capped) != n:
+            raise ValueError("kept_capped length differs from the token count")
+        self.version_array()
+
+
+class Reward(Event):
+    """The grader's verdict on one trajectory, with every component of the reward."""
+
+    trajectory_id: str
+    task_id: str
+    group_id: str
+    sample_index: int
+    attempt: str
+    score: float  # verified solve score in [0, 1]
+    tests_passed: int = 0
+    tests_total: int = 0
+    cheated: bool = False
+    reason: str = ""
+    cost: Cost = msgspec.field(default_factory=Cost)
+    phase: str = "unconstrained"
+    length_penalty: float = 0.0
+    budget_penalty: float = 0.0
+    reward: float = 0.0  # final: score - penalties, 0 for cheating
+    weight_version: int = -1  # newest version that produced a token of it
+    grading_seconds: float = 0.0
+    created_at: float = 0.0
+
+
+class WeightVersion(Event):
+    """Announced only after every object of the version is durable in the store."""
+
+    model: str
+    version: int
+    kind: str  # "full" | "delta"
+    base_version: int = -1  # the version a delta applies to
+    keyframe_version: int = -1  # newest keyframe at or before this version
+    manifest_url: str = ""
+    weights_hash: str = ""
+    num_tensors: int = 0
+    raw_bytes: int = 0
+    stored_bytes: int = 0
+    trainer_step: int = -1
+    created_at: float = 0.0
+
+
+class Heartbeat(Event):
+    replica_id: str
+    role: str
+    status: str  # starting | serving | paused | draining | stopped
+    weight_version: int = -1
+    in_flight: int = 0
+    tokens_per_s: float = 0.0
+    last_pause_ms: float = 0.0
+    updates_applied: int = 0
+    host: str = ""
+    pid: int = 0
+    details: dict[str, str] = {}
+    created_at: float = 0.0
+
+
+class RecordRef(msgspec.Struct, array_like=True):
+    """Where a record lives in the log (compact on the wire: [topic, partition, offset])."""
+
+    topic: str
+    partition: int
+    offset: int
+
+
+class TrainedTrajectory(msgspec.Struct, kw_only=True):
+    trajectory_id: str
+    chunks: list[RecordRef]
+    reward: RecordRef
+
+
+class TrainStep(Event):
+    """What step ``step`` trained on, exactly, and the weights it produced."""
+
+    step: int
+    weight_version: int
+    weights_hash: str
+    trajectories: list[TrainedTrajectory] = []
+    metrics: dict[str, float] = {}
+    seed: int = 0
+    created_at: float = 0.0
+
+
+class Metrics(Event):
+    source: str
+    step: int = -1
+    weight_version: int = -1
+    values: dict[str, float] = {}
+    histograms: dict[str, list[float]] = {}
+    created_at: float = 0.0
+
+
+class DeadLetter(Event):
+    """A record a consumer could not handle, with where it came from and why."""
+
+    topic: str
+    partition: int
+    offset: int
+    key: bytes | None = None
+    value: bytes | None = None
+    headers: list[tuple[str, bytes]] = []
+    error: str
+    error_kind: str  # decode | unknown_type | newer_schema | handler | invalid
+    consumer_group: str = ""
+    attempts: int = 0
+    created_at: float = 0.0
+
+
+EVENT_TYPES: dict[str, type[Event]] = {
+    cls.__name__: cls
+    for cls in (Task, TrajectoryChunk, Reward, WeightVersion, Heartbeat, TrainStep, Metrics, DeadLetter)
+}

@@ -1,0 +1,1 @@
+"""Rollway: syncer."""
