@@ -1,0 +1,46 @@
+"""The task format: a small repository, an instruction, hidden tests, metadata.
+
+On disk a task is a folder ``<tasks_dir>/<task_id>/``::
+
+    task.toml        instruction, difficulty, language, test_command, metadata
+    repo/            files the agent starts from (its workspace)
+    hidden_tests/    tests the grader runs; never shown to the agent
+    solution/        reference solution: files that overwrite repo/ files
+
+``TaskSpec.to_event`` makes the ``Task`` event samplers see: repository files and
+instruction only. Hidden tests and the solution stay with the grader's task store.
+"""
+
+from __future__ import annotations
+
+import msgspec
+
+from schemas import Task
+
+
+class TaskSpec(msgspec.Struct, kw_only=True):
+    task_id: str
+    instruction: str
+    files: dict[str, str]
+    hidden_tests: dict[str, str]
+    solution: dict[str, str] = {}
+    # Run by the grader inside the fresh sandbox, from the workspace root.
+    test_command: str = "python -m pytest -q -p no:cacheprovider hidden_tests"
+    difficulty: str = "easy"  # trivial | easy | medium | hard
+    language: str = "python"
+    task_set: str = "demo"
+    metadata: dict[str, str] = {}
+
+    def to_event(self, group_id: str, group_size: int, created_at: float = 0.0) -> Task:
+        return Task(
+            task_id=self.task_id,
+            group_id=group_id,
+            group_size=group_size,
+            instruction=self.instruction,
+            files=dict(self.files),
+            language=self.language,
+            difficulty=self.difficulty,
+            task_set=self.task_set,
+            metadata=dict(self.metadata),
+            created_at=created_at,
+        )

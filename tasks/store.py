@@ -1,0 +1,81 @@
+"""Load tasks from a folder of task folders (see :mod:`tasks.spec`)."""
+
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+
+from tasks.spec import TaskSpec
+
+
+class TaskFormatError(ValueError):
+    """A task folder does not follow the format; the message names the folder and field."""
+
+
+def _read_tree(root: Path) -> dict[str, str]:
+    if not root.is_dir():
+        return {}
+    return {
+        str(p.relative_to(root)): p.read_text()
+        for p in sorted(root.rglob("*"))
+        if p.is_file() and "__pycache__" not in p.parts and p.suffix != ".pyc"
+    }
+
+
+def load_task(folder: str | Path, task_set: str = "demo") -> TaskSpec:
+    folder = Path(folder)
+    meta_file = folder / "task.toml"
+    if not meta_file.exists():
+        raise TaskFormatError(f"{folder}: missing task.toml")
+    try:
+        meta = tomllib.loads(meta_file.read_text())
+    except tomllib.TOMLDecodeError as exc:
+        raise TaskFormatError(f"{meta_file}: invalid TOML: {exc}") from exc
+    if not meta.get("instruction"):
+        raise TaskFormatError(f"{meta_file}: 'instruction' is required")
+    hidden = _read_tree(folder / "hidden_tests")
+    if not hidden:
+        raise TaskFormatError(f"{folder}: hidden_tests/ is empty")
+    fields = {k: v for k, v in meta.items() if k in TaskSpec.__struct_fields__}
+    unknown = set(meta) - set(fields)
+    if unknown:
+        raise TaskFormatError(f"{meta_file}: unknown keys {sorted(unknown)}")
+    return TaskSpec(
+        task_id=meta.get("task_id", folder.name),
+        files=_read_tree(folder / "repo"),
+        hidden_tests=hidden,
+        solution=_read_tree(folder / "solution"),
+        task_set=meta.get("task_set", task_set),
+        **{k: v for k, v in fields.items() if k not in ("task_id", "task_set")},
+    )
+
+
+class TaskStore:
+    """All tasks of a folder, by id. The grader's and the feeder's view of the data."""
+
+    def __init__(self, tasks_dir: str | Path) -> None:
+        self.root = Path(tasks_dir)
+        if not self.root.is_dir():
+            raise TaskFormatError(f"tasks folder {self.root} does not exist")
+        self._tasks: dict[str, TaskSpec] = {}
+        for folder in sorted(p for p in self.root.iterdir() if p.is_dir() and (p / "task.toml").exists()):
+            spec = load_task(folder, task_set=self.root.name)
+            self._tasks[spec.task_id] = spec
+
+    def get(self, task_id: str) -> TaskSpec:
+        try:
+            return self._tasks[task_id]
+        except KeyError:
+            raise KeyError(f"unknown task {task_id!r} in {self.root}") from None
+
+    def add(self, spec: TaskSpec) -> None:
+        self._tasks[spec.task_id] = spec
+
+    def ids(self) -> list[str]:
+        return list(self._tasks)
+
+    def __len__(self) -> int:
+        return len(self._tasks)
+
+    def __iter__(self):
+        return iter(self._tasks.values())
