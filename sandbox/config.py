@@ -21,17 +21,50 @@ class SandboxConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     tasks_dir: str = "tasks/demo"
 
 
+PHASES = ("unconstrained", "budget")
+
+
 class RewardConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """How a verified score and a rollout's cost become a reward (see :mod:`sandbox.reward`)."""
+
     # Reward for a fully solved task before penalties.
     solve_reward: float = 1.0
+    # How the grader turns test results into the score (the grader reads this):
     # all: score 1 only when every hidden test passes; fraction: passed / total.
     scoring: str = "all"
+    # Linear length penalty, per generated token; charged in budget phases, and in
+    # unconstrained phases too only when length_penalty_in_unconstrained is set.
     length_penalty_per_token: float = 0.0
-    # Alternating phases: a list of (phase, length) in steps or weight versions.
-    phase_unit: str = "step"  # step | version
-    phase_schedule: list[list[str]] = msgspec.field(default_factory=list)
+    length_penalty_in_unconstrained: bool = False
+    # Alternating phases as [phase, length] pairs, e.g. [["unconstrained", 100], ["budget", 50]]:
+    # positions 0-99 unconstrained, 100-149 budget, then the cycle repeats (or, with
+    # phase_cycle = false, the last phase lasts forever). Empty: always unconstrained.
+    phase_schedule: list[tuple[str, int]] = msgspec.field(default_factory=list)
+    # What a position counts: trainer "step" or "version" (weight version of the rollout).
+    phase_unit: str = "step"
+    phase_cycle: bool = True
+    # Budget phases: penalty = budget_penalty_per_unit * max(0, weighted_cost - budget), with
+    # weighted_cost = w_tokens * generated + w_env_tokens * env + w_turns * turns + w_s * tool_seconds.
     budget: float = 2000.0
     budget_weight_tokens: float = 1.0
+    budget_weight_env_tokens: float = 0.0
     budget_weight_turns: float = 50.0
     budget_weight_tool_seconds: float = 10.0
     budget_penalty_per_unit: float = 0.0005
+
+    def __post_init__(self) -> None:
+        if self.scoring not in ("all", "fraction"):
+            raise ValueError(f"reward.scoring must be 'all' or 'fraction', not {self.scoring!r}")
+        if self.phase_unit not in ("step", "version"):
+            raise ValueError(f"reward.phase_unit must be 'step' or 'version', not {self.phase_unit!r}")
+        for i, (phase, length) in enumerate(self.phase_schedule):
+            if phase not in PHASES:
+                raise ValueError(f"reward.phase_schedule[{i}]: unknown phase {phase!r} (known: {', '.join(PHASES)})")
+            if length <= 0:
+                raise ValueError(f"reward.phase_schedule[{i}]: length must be positive, got {length}")
+        for name in (
+            "length_penalty_per_token", "budget", "budget_weight_tokens", "budget_weight_env_tokens",
+            "budget_weight_turns", "budget_weight_tool_seconds", "budget_penalty_per_unit",
+        ):
+            if getattr(self, name) < 0:
+                raise ValueError(f"reward.{name} must not be negative, got {getattr(self, name)}")
