@@ -1,1 +1,30 @@
-"""Rollway: bus."""
+"""Rollway's Kafka plumbing: topics, producer, consumer, dead letters, readers."""
+
+from bus.admin import describe_topics, ensure_topics, list_rollway_topics
+from bus.codec import DecodeFailure, decode, encode
+from bus.config import KafkaConfig
+from bus.consumer import Envelope, EventConsumer, InvalidEvent
+from bus.producer import EventProducer, RecordTooLarge
+from bus.reader import RecordMissing, fetch_records
+from bus.topics import TOPICS, TopicSpec, spec_for, topic_spec
+
+__all__ = [
+    "TOPICS",
+    "DecodeFailure",
+    "Envelope",
+    "EventConsumer",
+    "EventProducer",
+    "InvalidEvent",
+    "KafkaConfig",
+    "RecordMissing",
+    "RecordTooLarge",
+    "TopicSpec",
+    "decode",
+    "describe_topics",
+    "encode",
+    "ensure_topics",
+    "fetch_records",
+    "list_rollway_topics",
+    "spec_for",
+    "topic_spec",
+]

@@ -37,7 +37,7 @@ class Cost(msgspec.Struct, kw_only=True):
     segments: int = 1
 
 
-class Task(Event):
+class Task(Event, kw_only=True):
     """One group of ``group_size`` samples of a task. Hidden tests are never here:
     the grader loads them from its own task store by ``task_id``."""
 
@@ -53,7 +53,7 @@ class Task(Event):
     created_at: float = 0.0
 
 
-class TrajectoryChunk(Event):
+class TrajectoryChunk(Event, kw_only=True):
     """A contiguous run of a trajectory's tokens, streamed while the rollout runs.
 
     Chunks of one segment concatenate (by ``chunk_index``) to the segment's full
@@ -133,7 +133,7 @@ class TrajectoryChunk(Event):
         self.version_array()
 
 
-class Reward(Event):
+class Reward(Event, kw_only=True):
     """The grader's verdict on one trajectory, with every component of the reward."""
 
     trajectory_id: str
@@ -156,7 +156,7 @@ class Reward(Event):
     created_at: float = 0.0
 
 
-class WeightVersion(Event):
+class WeightVersion(Event, kw_only=True):
     """Announced only after every object of the version is durable in the store."""
 
     model: str
@@ -173,7 +173,7 @@ class WeightVersion(Event):
     created_at: float = 0.0
 
 
-class Heartbeat(Event):
+class Heartbeat(Event, kw_only=True):
     replica_id: str
     role: str
     status: str  # starting | serving | paused | draining | stopped
@@ -202,7 +202,7 @@ class TrainedTrajectory(msgspec.Struct, kw_only=True):
     reward: RecordRef
 
 
-class TrainStep(Event):
+class TrainStep(Event, kw_only=True):
     """What step ``step`` trained on, exactly, and the weights it produced."""
 
     step: int
@@ -214,7 +214,7 @@ class TrainStep(Event):
     created_at: float = 0.0
 
 
-class Metrics(Event):
+class Metrics(Event, kw_only=True):
     source: str
     step: int = -1
     weight_version: int = -1
@@ -223,7 +223,7 @@ class Metrics(Event):
     created_at: float = 0.0
 
 
-class DeadLetter(Event):
+class DeadLetter(Event, kw_only=True):
     """A record a consumer could not handle, with where it came from and why."""
 
     topic: str

@@ -1,0 +1,380 @@
+"""Consuming events: typed envelopes, at-least-once acks, dead letters, graceful stop.
+
+* Records are decoded into events; a record that cannot be decoded (garbage bytes, an
+  unknown event type, a newer schema) is published to the DLQ with its origin and
+  skipped, so one bad record never stops a consumer.
+* ``ack(env)`` marks a record done. Offsets are committed per partition up to the
+  highest *contiguous* done offset, so a consumer with many records in flight (a sampler
+  running several rollouts) never commits past unfinished work.
+* ``run(handler)`` is the managed loop: ack after the handler succeeds, retry a failing
+  handler, dead-letter a record whose handler keeps failing, stop on SIGTERM after the
+  in-flight handlers finish, commit, and leave the group.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+from dataclasses import dataclass
+from typing import Awaitable, Callable, Sequence
+
+import structlog
+from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
+from aiokafka.structs import OffsetAndMetadata
+
+from bus import codec
+from bus.config import KafkaConfig
+from bus.producer import EventProducer
+from bus.topics import topic_spec
+from schemas import DeadLetter, Event, RecordRef, now
+
+log = structlog.get_logger(__name__)
+
+
+class InvalidEvent(ValueError):
+    """Raised by a handler for an event that decodes but can never be handled (e.g.
+    inconsistent arrays). The record is dead-lettered at once, without retries."""
+
+
+@dataclass(frozen=True)
+class Envelope:
+    event: Event
+    topic: str
+    partition: int
+    offset: int
+    timestamp_ms: int
+    key: bytes | None
+    headers: tuple[tuple[str, bytes], ...]
+
+    @property
+    def ref(self) -> RecordRef:
+        return RecordRef(self.topic, self.partition, self.offset)
+
+
+class _PartitionProgress:
+    """Offsets delivered but not yet acked, and the next offset to commit."""
+
+    __slots__ = ("pending", "next_offset", "committed")
+
+    def __init__(self) -> None:
+        self.pending: set[int] = set()
+        self.next_offset: int | None = None  # one past the last delivered record
+        self.committed: int | None = None
+
+    def delivered(self, offset: int) -> None:
+        self.pending.add(offset)
+        self.next_offset = offset + 1
+
+    def committable(self) -> int | None:
+        if self.pending:
+            return min(self.pending)
+        return self.next_offset
+
+
+class _Rebalance(ConsumerRebalanceListener):
+    def __init__(self, owner: "EventConsumer") -> None:
+        self.owner = owner
+
+    async def on_partitions_revoked(self, revoked: set[TopicPartition]) -> None:
+        await self.owner._on_revoked(revoked)
+
+    async def on_partitions_assigned(self, assigned: set[TopicPartition]) -> None:
+        await self.owner._on_assigned(assigned)
+
+
+Handler = Callable[[Envelope], Awaitable[None]]
+
+
+class EventConsumer:
+    """Typed consumer of Rollway topics. ``topics`` are short (``tasks``) or full names."""
+
+    def __init__(
+        self,
+        cfg: KafkaConfig,
+        topics: Sequence[str],
+        group_id: str | None,
+        *,
+        from_beginning: bool = True,
+        dead_letters: bool = True,
+        client_id: str | None = None,
+        on_assign: Callable[[set[TopicPartition]], Awaitable[None]] | None = None,
+        on_revoke: Callable[[set[TopicPartition]], Awaitable[None]] | None = None,
+        session_timeout_ms: int = 10_000,
+        heartbeat_interval_ms: int = 2_000,
+        max_poll_interval_ms: int = 300_000,
+        max_poll_records: int | None = None,
+    ) -> None:
+        self.cfg = cfg
+        self.group_id = group_id
+        self.topics = [
+            t if t.startswith(cfg.topic_prefix) else topic_spec(t, cfg.topic_prefix).name(cfg.topic_prefix)
+            for t in topics
+        ]
+        self.dlq_topic = cfg.topic_prefix + "dlq"
+        self._dead_letters = dead_letters
+        self._on_assign = on_assign
+        self._on_revoke = on_revoke
+        self._consumer = AIOKafkaConsumer(
+            bootstrap_servers=cfg.bootstrap_servers,
+            client_id=client_id or cfg.client_id,
+            group_id=group_id,
+            enable_auto_commit=False,
+            auto_offset_reset="earliest" if from_beginning else "latest",
+            isolation_level="read_committed",
+            session_timeout_ms=session_timeout_ms,
+            heartbeat_interval_ms=heartbeat_interval_ms,
+            max_poll_interval_ms=max_poll_interval_ms,
+            request_timeout_ms=cfg.request_timeout_ms,
+            **({"max_poll_records": max_poll_records} if max_poll_records else {}),
+        )
+        self._progress: dict[TopicPartition, _PartitionProgress] = {}
+        self._dlq: EventProducer | None = None
+        self._stop = asyncio.Event()
+        self._started = False
+        self._commit_lock = asyncio.Lock()
+        self.dead_lettered = 0
+
+    # -- lifecycle -------------------------------------------------------------------
+    @property
+    def raw(self) -> AIOKafkaConsumer:
+        return self._consumer
+
+    async def start(self) -> None:
+        if self._started:
+            return
+        self._consumer.subscribe(self.topics, listener=_Rebalance(self))
+        await self._consumer.start()
+        self._started = True
+
+    async def close(self) -> None:
+        """Commit what is done, leave the group, release the DLQ producer."""
+        if not self._started:
+            return
+        try:
+            await self.commit()
+        finally:
+            self._started = False
+            await self._consumer.stop()
+            if self._dlq is not None:
+                await self._dlq.stop()
+                self._dlq = None
+
+    async def __aenter__(self) -> "EventConsumer":
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    def stop(self) -> None:
+        """Ask iteration (and ``run``) to end after the current record."""
+        self._stop.set()
+
+    @property
+    def stopping(self) -> bool:
+        return self._stop.is_set()
+
+    def install_signal_handlers(self, signals: Sequence[int] = (signal.SIGTERM, signal.SIGINT)) -> None:
+        loop = asyncio.get_running_loop()
+        for sig in signals:
+            loop.add_signal_handler(sig, self.stop)
+
+    # -- iteration ---------------------------------------------------------------------
+    def __aiter__(self) -> "EventConsumer":
+        return self
+
+    async def __anext__(self) -> Envelope:
+        while True:
+            if self._stop.is_set():
+                raise StopAsyncIteration
+            record = await self._next_record()
+            if record is None:
+                raise StopAsyncIteration
+            tp = TopicPartition(record.topic, record.partition)
+            self._progress.setdefault(tp, _PartitionProgress()).delivered(record.offset)
+            headers = tuple(record.headers or ())
+            try:
+                event = codec.decode(record.value, headers)
+            except codec.DecodeFailure as exc:
+                await self._dead_letter_record(record, headers, str(exc), exc.kind)
+                continue
+            return Envelope(event, record.topic, record.partition, record.offset,
+                            record.timestamp, record.key, headers)
+
+    async def _next_record(self):
+        fetch = asyncio.ensure_future(self._consumer.getone())
+        stop = asyncio.ensure_future(self._stop.wait())
+        try:
+            done, _ = await asyncio.wait({fetch, stop}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            stop.cancel()
+        if fetch in done:
+            return fetch.result()
+        fetch.cancel()
+        try:
+            await fetch
+        except (asyncio.CancelledError, Exception):
+            pass
+        return None
+
+    async def getmany(self, timeout_ms: int = 1000, max_records: int | None = None) -> list[Envelope]:
+        """A batch of decoded envelopes (bad records dead-lettered), possibly empty."""
+        batches = await self._consumer.getmany(timeout_ms=timeout_ms, max_records=max_records)
+        out: list[Envelope] = []
+        for tp, records in batches.items():
+            progress = self._progress.setdefault(tp, _PartitionProgress())
+            for record in records:
+                progress.delivered(record.offset)
+                headers = tuple(record.headers or ())
+                try:
+                    event = codec.decode(record.value, headers)
+                except codec.DecodeFailure as exc:
+                    await self._dead_letter_record(record, headers, str(exc), exc.kind)
+                    continue
+                out.append(Envelope(event, record.topic, record.partition, record.offset,
+                                    record.timestamp, record.key, headers))
+        return out
+
+    # -- acks and commits ---------------------------------------------------------------
+    async def ack(self, env: Envelope, commit: bool = True) -> None:
+        """Mark ``env`` handled; commit the partition's contiguous done prefix."""
+        self._mark_done(TopicPartition(env.topic, env.partition), env.offset)
+        if commit:
+            await self.commit([TopicPartition(env.topic, env.partition)])
+
+    def _mark_done(self, tp: TopicPartition, offset: int) -> None:
+        progress = self._progress.get(tp)
+        if progress is not None:
+            progress.pending.discard(offset)
+
+    async def commit(self, partitions: Sequence[TopicPartition] | None = None) -> None:
+        if self.group_id is None:
+            return
+        async with self._commit_lock:
+            assigned = self._consumer.assignment()
+            offsets = {}
+            for tp in partitions if partitions is not None else list(self._progress):
+                progress = self._progress.get(tp)
+                if progress is None or tp not in assigned:
+                    continue  # revoked meanwhile: the new owner re-reads the unacked records
+                target = progress.committable()
+                if target is not None and target != progress.committed:
+                    offsets[tp] = OffsetAndMetadata(target, "")
+            if not offsets:
+                return
+            await self._consumer.commit(offsets)
+            for tp, om in offsets.items():
+                self._progress[tp].committed = om.offset
+
+    def in_flight(self) -> int:
+        return sum(len(p.pending) for p in self._progress.values())
+
+    async def _on_revoked(self, revoked: set[TopicPartition]) -> None:
+        if self.group_id is not None and revoked:
+            try:
+                await self.commit(list(revoked & self._consumer.assignment()))
+            except Exception as exc:  # the group may already be rebalancing
+                log.warning("commit on revoke failed", error=str(exc))
+        for tp in revoked:
+            self._progress.pop(tp, None)
+        log.info("partitions revoked", partitions=sorted(f"{tp.topic}:{tp.partition}" for tp in revoked))
+        if self._on_revoke:
+            await self._on_revoke(revoked)
+
+    async def _on_assigned(self, assigned: set[TopicPartition]) -> None:
+        for tp in assigned:
+            self._progress[tp] = _PartitionProgress()
+        log.info("partitions assigned", partitions=sorted(f"{tp.topic}:{tp.partition}" for tp in assigned))
+        if self._on_assign:
+            await self._on_assign(assigned)
+
+    # -- dead letters ------------------------------------------------------------------
+    async def _producer_for_dlq(self) -> EventProducer:
+        if self._dlq is None:
+            self._dlq = EventProducer(self.cfg, client_id=f"{self.cfg.client_id}-dlq")
+            await self._dlq.start()
+        return self._dlq
+
+    async def dead_letter(self, env: Envelope, error: str, kind: str = "handler", attempts: int = 0) -> None:
+        """Send a decoded record that could not be handled to the DLQ, then ack it."""
+        from bus.codec import encode
+
+        value, _ = encode(env.event)
+        await self._publish_dead_letter(env.topic, env.partition, env.offset, env.key, value,
+                                        env.headers, error, kind, attempts)
+        await self.ack(env)
+
+    async def _dead_letter_record(self, record, headers, error: str, kind: str) -> None:
+        log.warning("undecodable record", topic=record.topic, partition=record.partition,
+                    offset=record.offset, error=error, kind=kind)
+        if record.topic != self.dlq_topic:
+            await self._publish_dead_letter(record.topic, record.partition, record.offset, record.key,
+                                            record.value, headers, error, kind, 0)
+        tp = TopicPartition(record.topic, record.partition)
+        self._mark_done(tp, record.offset)
+        await self.commit([tp])
+
+    async def _publish_dead_letter(self, topic, partition, offset, key, value, headers, error, kind,
+                                   attempts) -> None:
+        self.dead_lettered += 1
+        if not self._dead_letters:
+            return
+        letter = DeadLetter(
+            topic=topic, partition=partition, offset=offset, key=key, value=value,
+            headers=list(headers), error=error, error_kind=kind,
+            consumer_group=self.group_id or "", attempts=attempts, created_at=now(),
+        )
+        producer = await self._producer_for_dlq()
+        await producer.publish(letter, topic=self.dlq_topic)
+
+    # -- the managed loop ------------------------------------------------------------------
+    async def run(
+        self,
+        handler: Handler,
+        *,
+        concurrency: int = 1,
+        handle_signals: bool = False,
+        retry_delay_s: float = 0.2,
+    ) -> None:
+        """Handle every record until :meth:`stop` (or SIGTERM with ``handle_signals``).
+
+        Each record is acked after its handler returns. A handler raising
+        :class:`InvalidEvent` dead-letters the record at once; any other exception is
+        retried up to ``cfg.max_handler_attempts`` times, then dead-lettered.
+        """
+        if handle_signals:
+            self.install_signal_handlers()
+        slots = asyncio.Semaphore(concurrency)
+        running: set[asyncio.Task] = set()
+        async for env in self:
+            await slots.acquire()
+            task = asyncio.create_task(self._handle(env, handler, retry_delay_s))
+            running.add(task)
+            task.add_done_callback(lambda t: (running.discard(t), slots.release()))
+        if running:
+            log.info("draining in-flight handlers", count=len(running))
+            await asyncio.gather(*running, return_exceptions=True)
+        await self.commit()
+
+    async def _handle(self, env: Envelope, handler: Handler, retry_delay_s: float) -> None:
+        attempts = 0
+        while True:
+            attempts += 1
+            try:
+                await handler(env)
+            except InvalidEvent as exc:
+                log.warning("invalid event", topic=env.topic, offset=env.offset, error=str(exc))
+                await self.dead_letter(env, str(exc), "invalid", attempts)
+                return
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                log.warning("handler failed", topic=env.topic, partition=env.partition, offset=env.offset,
+                            attempt=attempts, error=repr(exc))
+                if attempts >= self.cfg.max_handler_attempts:
+                    await self.dead_letter(env, f"handler failed {attempts} times: {exc!r}", "handler", attempts)
+                    return
+                await asyncio.sleep(retry_delay_s * attempts)
+                continue
+            await self.ack(env)
+            return

@@ -1,0 +1,117 @@
+"""Shared test plumbing: real Kafka, real S3 over HTTP (moto), the tiny model.
+
+Kafka: ``$KAFKA_BOOTSTRAP_SERVERS`` when set (``scripts/test`` starts one broker for
+the whole run and sets it), otherwise a broker launched here for the session. A test
+that needs Kafka FAILS when no broker can be started; nothing here ever skips.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from pathlib import Path
+
+import pytest
+import pytest_asyncio
+
+# Set before anything imports vLLM or transformers: no hub access, CPU-friendly vLLM.
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+from bus.config import KafkaConfig  # noqa: E402
+from rollway.broker import LocalKafka, external_bootstrap  # noqa: E402
+from rollway.logging import configure_logging  # noqa: E402
+
+# Few partitions per test topic: every test creates its own set of topics.
+TEST_PARTITIONS = {"tasks": 2, "trajectories": 2, "rewards": 2, "health": 1, "metrics": 1}
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    configure_logging("test", level=os.environ.get("ROLLWAY_TEST_LOG_LEVEL", "warning"))
+
+
+def unique(prefix: str = "t") -> str:
+    return f"{prefix}{uuid.uuid4().hex[:10]}"
+
+
+@pytest.fixture
+def unique_name() -> str:
+    return unique()
+
+
+@pytest.fixture(scope="session")
+def kafka_bootstrap(tmp_path_factory: pytest.TempPathFactory):
+    external = external_bootstrap()
+    if external:
+        yield external
+        return
+    kafka = LocalKafka(tmp_path_factory.mktemp("kafka"), nodes=1)
+    try:
+        # Raises BrokerError with the broker log tail: the test errors, never skips.
+        yield kafka.start(timeout=120)
+    finally:
+        kafka.stop()
+
+
+@pytest.fixture(scope="session")
+def kafka_cluster3(tmp_path_factory: pytest.TempPathFactory):
+    """A 3-node cluster of our own (tests kill nodes by pid, so never an external one)."""
+    kafka = LocalKafka(tmp_path_factory.mktemp("kafka3"), nodes=3, heap="384m")
+    try:
+        kafka.start(timeout=180)
+        yield kafka
+    finally:
+        kafka.stop()
+
+
+def make_kafka_config(bootstrap: str, **overrides) -> KafkaConfig:
+    fields = dict(
+        bootstrap_servers=bootstrap,
+        topic_prefix=f"{unique('test-')}.",
+        partitions=dict(TEST_PARTITIONS),
+        client_id="rollway-test",
+    )
+    fields.update(overrides)
+    return KafkaConfig(**fields)
+
+
+@pytest_asyncio.fixture(loop_scope="session")
+async def kafka_config(kafka_bootstrap: str) -> KafkaConfig:
+    """A KafkaConfig whose topic prefix is unique to this test, all topics created."""
+    from bus import ensure_topics
+
+    cfg = make_kafka_config(kafka_bootstrap)
+    await ensure_topics(cfg)
+    return cfg
+
+
+@pytest.fixture(scope="session")
+def s3_endpoint():
+    """moto's S3 over real HTTP on loopback; test credentials in the environment."""
+    from moto.server import ThreadedMotoServer
+
+    from rollway.broker import free_ports
+
+    for name, value in {
+        "AWS_ACCESS_KEY_ID": "testing",
+        "AWS_SECRET_ACCESS_KEY": "testing",
+        "AWS_DEFAULT_REGION": "us-east-1",
+    }.items():
+        os.environ.setdefault(name, value)
+    port = free_ports(1)[0]
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+    server.start()
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="session")
+def tiny_model_path() -> Path:
+    from sampler.tiny_model import tiny_model_dir
+
+    return tiny_model_dir()
