@@ -1,0 +1,200 @@
+"""The bus against real Kafka: round trips, dead letters, redelivery, group takeover."""
+
+from __future__ import annotations
+
+import asyncio
+
+import msgspec
+import pytest
+from aiokafka import TopicPartition
+
+from bus import (
+    EventConsumer,
+    EventProducer,
+    InvalidEvent,
+    RecordTooLarge,
+    encode,
+    fetch_records,
+    spec_for,
+)
+from schemas import DeadLetter, Metrics, Task
+from tests.samples import sample_events
+
+pytestmark = pytest.mark.kafka
+
+
+def task(i: int) -> Task:
+    return Task(task_id=f"task-{i}", group_id=f"task-{i}/g0", group_size=2, instruction=f"do {i}")
+
+
+async def collect(consumer: EventConsumer, count: int, timeout: float = 20.0) -> list:
+    out = []
+
+    async def loop():
+        async for env in consumer:
+            out.append(env)
+            if len(out) >= count:
+                return
+
+    await asyncio.wait_for(loop(), timeout)
+    return out
+
+
+async def test_every_event_type_round_trips_through_kafka(kafka_config):
+    events = sample_events()
+    async with EventProducer(kafka_config) as producer:
+        refs = [await producer.publish(e) for e in events]
+    for event, ref in zip(events, refs):
+        assert ref.topic == spec_for(event).name(kafka_config.topic_prefix)
+    got = await fetch_records(kafka_config, refs)
+    assert [env.event for env in got] == events
+    assert [env.ref for env in got] == refs
+    # The key is the registry's key function.
+    assert got[0].key == b"task-1"
+
+
+async def test_garbage_and_unknown_type_go_to_dlq_and_consumer_goes_on(kafka_config):
+    tasks_topic = kafka_config.topic_prefix + "tasks"
+    good_value, good_headers = encode(task(1))
+    async with EventProducer(kafka_config) as producer:
+        await producer.publish_raw(tasks_topic, b"\x00\xffnot msgpack", key=b"bad",
+                                   headers=[("rollway-type", b"Task")], partition=0)
+        await producer.publish_raw(tasks_topic, b"\x80", key=b"alien",
+                                   headers=[("rollway-type", b"Alien")], partition=0)
+        good = await producer.publish_raw(tasks_topic, good_value, key=b"good",
+                                          headers=good_headers, partition=0)
+    assert good.offset == 2
+    async with EventConsumer(kafka_config, ["tasks"], group_id="g-dlq") as consumer:
+        envs = await collect(consumer, 1)
+        assert [e.event.task_id for e in envs] == ["task-1"]
+        assert envs[0].offset == 2
+        assert consumer.dead_lettered == 2
+    async with EventConsumer(kafka_config, ["dlq"], group_id=None) as dlq:
+        letters = await collect(dlq, 2)
+    by_key = {e.event.key: e.event for e in letters}
+    bad = by_key[b"bad"]
+    assert isinstance(bad, DeadLetter)
+    assert (bad.topic, bad.partition, bad.offset) == (tasks_topic, 0, 0)
+    assert bad.error_kind == "decode" and "cannot decode Task" in bad.error
+    assert bad.value == b"\x00\xffnot msgpack"
+    alien = by_key[b"alien"]
+    assert (alien.offset, alien.error_kind) == (1, "unknown_type")
+    assert "Alien" in alien.error and alien.consumer_group == "g-dlq"
+
+
+async def test_consumer_killed_before_commit_gets_records_again(kafka_config):
+    async with EventProducer(kafka_config) as producer:
+        for i in range(6):
+            await producer.publish(task(i))
+    first = EventConsumer(kafka_config, ["tasks"], group_id="g-redeliver")
+    await first.start()
+    envs = await collect(first, 6)
+    # Simulate a crash: handled but never acked, the client goes away without a commit.
+    await first.raw.stop()
+    async with EventConsumer(kafka_config, ["tasks"], group_id="g-redeliver") as second:
+        again = await collect(second, 6)
+        assert sorted(e.event.task_id for e in again) == sorted(e.event.task_id for e in envs)
+        for env in again:
+            await second.ack(env)
+    async with EventConsumer(kafka_config, ["tasks"], group_id="g-redeliver") as third:
+        assert await third.getmany(timeout_ms=1500) == []
+
+
+async def test_acks_commit_only_the_contiguous_done_prefix(kafka_config):
+    topic = kafka_config.topic_prefix + "tasks"
+    async with EventProducer(kafka_config) as producer:
+        for i in range(4):
+            await producer.publish(task(i), key=b"same")  # one partition, offsets 0..3
+    async with EventConsumer(kafka_config, ["tasks"], group_id="g-prefix") as consumer:
+        envs = await collect(consumer, 4)
+        await consumer.ack(envs[1])
+        await consumer.ack(envs[3])
+        tp = TopicPartition(topic, envs[0].partition)
+        assert await consumer.raw.committed(tp) in (None, 0)  # offset 0 still in flight
+        await consumer.ack(envs[0])
+        assert await consumer.raw.committed(tp) == 2  # 2 still in flight
+        await consumer.ack(envs[2])
+        assert await consumer.raw.committed(tp) == 4
+
+
+async def test_two_consumers_split_partitions_and_survivor_takes_over(kafka_config):
+    total = 40
+    async with EventProducer(kafka_config) as producer:
+        for i in range(total):
+            await producer.publish(task(i))
+    seen: dict[str, list[str]] = {"a": [], "b": []}
+
+    def handler_for(name: str, delay: float):
+        async def handle(env):
+            seen[name].append(env.event.task_id)
+            await asyncio.sleep(delay)
+        return handle
+
+    a = EventConsumer(kafka_config, ["tasks"], group_id="g-split", max_poll_records=1)
+    b = EventConsumer(kafka_config, ["tasks"], group_id="g-split", max_poll_records=1)
+    await a.start()
+    await b.start()
+    run_a = asyncio.create_task(a.run(handler_for("a", 0.05)))
+    run_b = asyncio.create_task(b.run(handler_for("b", 0.05)))
+    for _ in range(200):
+        await asyncio.sleep(0.1)
+        if seen["a"] and seen["b"]:
+            break
+    assert seen["a"] and seen["b"], "both members should get a partition"
+    assignment_a = {tp.partition for tp in a.raw.assignment()}
+    assignment_b = {tp.partition for tp in b.raw.assignment()}
+    assert assignment_a.isdisjoint(assignment_b) and assignment_a | assignment_b == {0, 1}
+    # b leaves gracefully; a must take over b's partition and finish everything.
+    b.stop()
+    await run_b
+    await b.close()
+    for _ in range(300):
+        await asyncio.sleep(0.1)
+        if len(set(seen["a"]) | set(seen["b"])) == total:
+            break
+    a.stop()
+    await run_a
+    await a.close()
+    assert set(seen["a"]) | set(seen["b"]) == {f"task-{i}" for i in range(total)}
+
+
+async def test_failing_handler_is_retried_then_dead_lettered(kafka_config):
+    async with EventProducer(kafka_config) as producer:
+        await producer.publish(task(0), key=b"k")
+        await producer.publish(task(1), key=b"k")
+        await producer.publish(task(2), key=b"k")
+    attempts: dict[str, int] = {}
+    done: list[str] = []
+
+    async def handle(env):
+        tid = env.event.task_id
+        attempts[tid] = attempts.get(tid, 0) + 1
+        if tid == "task-0":
+            raise RuntimeError("poison")
+        if tid == "task-1":
+            raise InvalidEvent("group_size must be positive")
+        done.append(tid)
+
+    consumer = EventConsumer(kafka_config, ["tasks"], group_id="g-poison")
+    await consumer.start()
+    runner = asyncio.create_task(consumer.run(handle, retry_delay_s=0.01))
+    for _ in range(200):
+        await asyncio.sleep(0.05)
+        if done:
+            break
+    consumer.stop()
+    await runner
+    await consumer.close()
+    assert done == ["task-2"]
+    assert attempts == {"task-0": kafka_config.max_handler_attempts, "task-1": 1, "task-2": 1}
+    async with EventConsumer(kafka_config, ["dlq"], group_id=None) as dlq:
+        letters = [e.event for e in await collect(dlq, 2)]
+    kinds = {msgspec.msgpack.decode(l.value, type=Task).task_id: (l.error_kind, l.attempts) for l in letters}
+    assert kinds == {"task-0": ("handler", 3), "task-1": ("invalid", 1)}
+
+
+async def test_oversized_record_is_refused_before_the_broker(kafka_config):
+    big = Metrics(source="x", values={f"k{i}": float(i) for i in range(100_000)})
+    async with EventProducer(kafka_config) as producer:
+        with pytest.raises(RecordTooLarge, match="max_record_bytes"):
+            await producer.publish(big)
