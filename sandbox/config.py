@@ -6,19 +6,65 @@ import msgspec
 
 
 class SandboxConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """The sandbox service (:mod:`sandbox.service`) and the isolation of every command."""
+
     host: str = "127.0.0.1"
     port: int = 8300
+    # Live sessions at once; one more gets 429.
     max_sessions: int = 16
+    # Commands (agent exec and grading runs) at once; a command waits at most
+    # command_queue_timeout_s for a slot, then gets 429.
     max_concurrent_commands: int = 4
+    command_queue_timeout_s: float = 30.0
+    # Default and ceiling of an exec's wall-clock timeout (the whole process tree is killed).
     command_timeout_s: float = 10.0
+    max_command_timeout_s: float = 120.0
+    # Per-process rlimits inside the sandbox.
     cpu_seconds: int = 10
     memory_bytes: int = 512 * 1024 * 1024
     max_processes: int = 64
     max_file_bytes: int = 16 * 1024 * 1024
     max_open_files: int = 256
+    # stdout and stderr each keep this much; more is dropped and reported as truncated.
     max_output_bytes: int = 64 * 1024
+    # A command that writes this much output in total is killed (killed="output").
+    max_output_total_bytes: int = 8 * 1024 * 1024
+    # Size of the private /tmp tmpfs of each command.
+    tmp_bytes: int = 64 * 1024 * 1024
+    # Sandboxed commands run as uid/gid uid_base + session slot (never root): the kernel
+    # ignores RLIMIT_NPROC for root, so this is what makes the process limit hold.
+    uid_base: int = 60000
+    # Per-command cgroup (pids.max, memory limit for the whole tree): auto = when this
+    # process may create cgroups, off, or required (fail at start without).
+    cgroups: str = "auto"
+    # Python inside the sandbox: this venv (and the interpreter it points to) is bound
+    # read-only at the same paths. Empty = the venv the service itself runs from.
+    python_venv: str = ""
+    # More host paths bound read-only at the same place inside every sandbox.
+    extra_ro_binds: list[str] = []
     workspace_root: str = ""  # empty = system temp dir
+    # Largest file GET/PUT through the API, and the largest workspace the grader takes.
+    max_file_bytes_api: int = 4 * 1024 * 1024
+    max_snapshot_bytes: int = 64 * 1024 * 1024
+    max_snapshot_files: int = 20000
+    # Sessions untouched this long are closed (their pool slot freed).
+    session_idle_timeout_s: float = 1800.0
     tasks_dir: str = "tasks/demo"
+    # The grader's run of the hidden tests in a fresh sandbox.
+    grading_timeout_s: float = 120.0
+    grading_cpu_seconds: int = 60
+    publish_rewards: bool = True
+
+    def __post_init__(self) -> None:
+        if self.cgroups not in ("auto", "off", "required"):
+            raise ValueError(f"sandbox.cgroups must be auto, off or required, not {self.cgroups!r}")
+        if self.uid_base <= 0:
+            raise ValueError(f"sandbox.uid_base must be a positive uid (never root), got {self.uid_base}")
+        for name in ("max_sessions", "max_concurrent_commands", "max_processes", "max_open_files"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"sandbox.{name} must be positive, got {getattr(self, name)}")
+        if self.command_timeout_s <= 0 or self.max_command_timeout_s < self.command_timeout_s:
+            raise ValueError("sandbox.command_timeout_s must be positive and at most max_command_timeout_s")
 
 
 PHASES = ("unconstrained", "budget")
