@@ -126,10 +126,8 @@ async def describe_topics(cfg: KafkaConfig, topics: list[str], groups: list[str]
     await admin.start()
     await consumer.start()
     try:
-        tps: list[TopicPartition] = []
-        for topic in topics:
-            parts = await consumer._client._wait_on_metadata(topic) and consumer.partitions_for_topic(topic)
-            tps += [TopicPartition(topic, p) for p in sorted(parts or ())]
+        cluster = await consumer._client.fetch_all_metadata()
+        tps = [TopicPartition(t, p) for t in topics for p in sorted(cluster.partitions_for_topic(t) or ())]
         begins = await consumer.beginning_offsets(tps) if tps else {}
         ends = await consumer.end_offsets(tps) if tps else {}
         if groups is None:
