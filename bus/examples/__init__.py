@@ -1,0 +1,1 @@
+"""Example consumers built with :mod:`bus.analytics`."""
