@@ -1,28 +1,109 @@
-"""Trainer settings."""
+"""Trainer settings.
+
+Weight versions are trainer steps: the weights after step ``s`` are version ``s`` and
+the initial model is version 0. Staleness is counted in those versions (steps), so
+``max_staleness`` is "how many optimizer steps behind the trainer a token may be".
+"""
 
 from __future__ import annotations
 
 import msgspec
 
+ADVANTAGE_NORMS = ("group_std", "group_mean", "none")
+IMPORTANCE_MODES = ("tis", "clip", "none")
+CAPPED_POLICIES = ("full_vocab", "mask", "kept_set")
+STALE_POLICIES = ("drop_group", "mask_tokens")
+DEVICES = ("auto", "cpu", "cuda")
+
 
 class TrainerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     model_path: str = "var/models/tiny"
+    # Consumer group of the live trainer; its committed offsets are the resume point.
     group_id: str = "rollway-trainer"
     checkpoint_dir: str = "var/checkpoints"
     checkpoint_every: int = 10
     keep_checkpoints: int = 3
+    # Publish weights through the syncer every K steps (0 = never).
     publish_every: int = 1
+    publish_dtype: str = "bfloat16"  # what samplers load; training stays in float32
+
+    # -- batching -------------------------------------------------------------------
     groups_per_step: int = 4
+    # Drop (or mask, see stale_policy) generated tokens more than this many versions
+    # behind the weights being trained.
     max_staleness: int = 4
+    stale_policy: str = "drop_group"  # drop_group | mask_tokens
+    # At most this fraction of one batch's groups may come from one weight version
+    # older than the newest published version (1.0 = no cap). See trainer/assembler.py.
     max_version_fraction: float = 1.0
-    learning_rate: float = 1e-5
-    muon_learning_rate: float = 0.02
+    # Ready groups held at most; beyond this the version cap is relaxed for a step so
+    # a backlog can never deadlock the trainer.
+    max_buffered_groups: int = 256
+    # Rows of one forward/backward pass are packed up to this many tokens.
+    micro_batch_tokens: int = 16384
+
+    # -- optimisation ---------------------------------------------------------------
+    learning_rate: float = 1e-5  # AdamW: embeddings, norms, biases, lm_head
+    muon_learning_rate: float = 1e-5  # Muon: 2-D hidden matrices
+    # "match_rms_adamw" scales Muon's update to AdamW's RMS so both can share an lr.
+    muon_adjust_lr: str = "match_rms_adamw"
+    muon_momentum: float = 0.95
+    adam_betas: tuple[float, float] = (0.9, 0.999)
     weight_decay: float = 0.0
+    max_grad_norm: float = 1.0  # 0 = no clipping
     seed: int = 0
     device: str = "auto"  # auto | cpu | cuda
-    advantage_norm: str = "group_std"  # group_std | group_mean | none
-    importance_sampling: str = "tis"  # tis | clip | none
+    # torch intra-op threads (0 = torch's default). Bit-exact replay on CPU needs the
+    # same value (and CPU kind) as the run that wrote the log.
+    num_threads: int = 0
+
+    # -- loss -----------------------------------------------------------------------
+    # group_std: (r - mean) / (std + eps), population std; group_mean: r - mean (Dr.
+    # GRPO); none: raw reward.
+    advantage_norm: str = "group_std"
+    advantage_eps: float = 1e-6
+    # tis: truncated importance sampling, weight min(ratio, is_cap), no gradient
+    # through the weight; clip: PPO-style clipped surrogate against the behaviour
+    # log-probs; none: plain policy gradient.
+    importance_sampling: str = "tis"
     is_cap: float = 2.0
     clip_epsilon: float = 0.2
+    # Ablation switch: False = TIS uses the raw ratio / clip mode does not clip.
+    is_truncation: bool = True
+    # Sampling distribution replay: renormalise the trainer's distribution over the
+    # sampler's recorded kept set. False = full-vocabulary log-probs (ablation).
     replay_kept_sets: bool = True
-    temperature: float = 1.0
+    # A token whose kept set the engine cut short (kept_capped=1): full_vocab = use the
+    # full-vocabulary log-prob for it; mask = leave it out of the loss; kept_set =
+    # renormalise over the incomplete set anyway.
+    capped_kept_set: str = "full_vocab"
+
+    # -- metrics --------------------------------------------------------------------
+    metrics_source: str = "trainer"
+    # "fail": refuse to go live when a replayed step's hash differs from the log.
+    on_replay_mismatch: str = "fail"  # fail | warn
+
+    def __post_init__(self) -> None:
+        checks = {
+            "advantage_norm": (self.advantage_norm, ADVANTAGE_NORMS),
+            "importance_sampling": (self.importance_sampling, IMPORTANCE_MODES),
+            "capped_kept_set": (self.capped_kept_set, CAPPED_POLICIES),
+            "stale_policy": (self.stale_policy, STALE_POLICIES),
+            "device": (self.device, DEVICES),
+            "on_replay_mismatch": (self.on_replay_mismatch, ("fail", "warn")),
+            "muon_adjust_lr": (self.muon_adjust_lr, ("original", "match_rms_adamw")),
+            "publish_dtype": (self.publish_dtype, ("bfloat16", "float16", "float32")),
+        }
+        for name, (value, allowed) in checks.items():
+            if value not in allowed:
+                raise ValueError(f"trainer.{name} = {value!r}; expected one of {', '.join(allowed)}")
+        if self.groups_per_step < 1:
+            raise ValueError("trainer.groups_per_step must be >= 1")
+        if self.max_staleness < 0:
+            raise ValueError("trainer.max_staleness must be >= 0")
+        if not 0.0 < self.max_version_fraction <= 1.0:
+            raise ValueError("trainer.max_version_fraction must be in (0, 1]")
+        if self.checkpoint_every < 0 or self.keep_checkpoints < 1:
+            raise ValueError("trainer.checkpoint_every must be >= 0 and keep_checkpoints >= 1")
+        if self.is_cap <= 0 or self.clip_epsilon <= 0:
+            raise ValueError("trainer.is_cap and trainer.clip_epsilon must be > 0")

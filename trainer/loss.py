@@ -1,0 +1,234 @@
+"""The RL loss, as pure functions of tensors (no model, no config objects).
+
+Per generated token ``t`` the trainer has its logits ``z_t`` (vocab V), the sampled
+token ``y_t``, the sampler's temperature ``T_t``, the kept set ``K_t`` the sampler's
+top-p/top-k left available, and the behaviour log-prob ``b_t`` the sampler recorded
+(log-prob of ``y_t`` under its distribution renormalised over ``K_t``).
+
+* Sampling distribution replay: the trainer's log-prob is computed over the same
+  support the sampler drew from, ``l_t = z_t[y]/T - logsumexp(z_t[K_t]/T)``. Logits
+  outside ``K_t`` get exactly zero gradient (they are never gathered). A kept set of one
+  gives ``l_t = 0`` exactly and a gradient of exactly zero: the sampler had no choice,
+  so the token carries no policy-gradient signal. Without replay (ablation) ``l_t`` is
+  the full-vocabulary ``log_softmax(z_t/T)[y]``.
+* Importance sampling against ``b_t`` corrects for the sampler's weights being older
+  than the trainer's (asynchrony) and for numeric trainer/sampler mismatch:
+  ``tis``  -- loss ``-sg(min(r, cap)) * A * l`` with ``r = exp(l - b)`` (truncated IS;
+             the weight is a constant, the gradient is ``w A grad l``);
+  ``clip`` -- PPO's surrogate ``-min(r A, clip(r, 1-eps, 1+eps) A)`` against ``b``;
+  ``none`` -- ``-A * l`` (plain policy gradient with a group baseline).
+  With truncation off (ablation) ``tis`` uses the raw ratio and ``clip`` does not clip.
+* Advantages are group-normalised rewards (GRPO): ``group_std`` divides by the
+  population standard deviation plus eps, ``group_mean`` only subtracts the group mean
+  (Dr. GRPO: no per-group rescaling, so easy and hard groups are not re-weighted), and
+  ``none`` uses the raw reward.
+* The loss is a token-level mean: the sum over every loss token of the step divided by
+  the number of loss tokens in the step (callers pass the step's count so gradient
+  accumulation over micro-batches is exact). Environment tokens (loss mask 0) are not
+  loss tokens; masked tokens contribute neither loss nor gradient.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+NEG_INF = float("-inf")
+
+
+# -- advantages ------------------------------------------------------------------------
+def group_advantages(rewards: torch.Tensor, norm: str = "group_std", eps: float = 1e-6) -> torch.Tensor:
+    """Advantages of one group's rewards (1-D, one per sample)."""
+    rewards = rewards.to(torch.float64)
+    if norm == "none":
+        return rewards.clone()
+    centred = rewards - rewards.mean()
+    if norm == "group_mean":
+        return centred
+    if norm == "group_std":
+        return centred / (rewards.std(unbiased=False) + eps)
+    raise ValueError(f"unknown advantage normalisation {norm!r}")
+
+
+def has_reward_variance(rewards: torch.Tensor) -> bool:
+    """False when every sample of the group scored the same: no learning signal."""
+    return bool((rewards != rewards[0]).any())
+
+
+# -- log-probs ---------------------------------------------------------------------------
+def pad_kept_sets(kept: list, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Ragged kept sets -> (ids [n, Kmax] padded with the target id, lengths [n])."""
+    import numpy as np
+
+    n = len(kept)
+    lengths = np.fromiter((len(k) for k in kept), dtype=np.int64, count=n)
+    width = max(int(lengths.max()) if n else 0, 1)
+    ids = np.repeat(targets.cpu().numpy().astype(np.int64).reshape(n, 1), width, axis=1)
+    if n and lengths.sum():
+        flat = np.concatenate([np.asarray(k, dtype=np.int64) for k in kept])
+        rows = np.repeat(np.arange(n), lengths)
+        starts = np.cumsum(lengths) - lengths
+        cols = np.arange(flat.size) - np.repeat(starts, lengths)
+        ids[rows, cols] = flat
+    return torch.from_numpy(ids), torch.from_numpy(lengths)
+
+
+def kept_set_logprobs(
+    logits: torch.Tensor,
+    targets: torch.Tensor,
+    kept_ids: torch.Tensor,
+    kept_lengths: torch.Tensor,
+    temperature: torch.Tensor | float = 1.0,
+) -> torch.Tensor:
+    """log-prob of ``targets`` under softmax(logits / T) renormalised over the kept sets.
+
+    ``kept_ids`` [n, K] holds each row's kept ids in its first ``kept_lengths`` entries
+    (the padding may be any valid id). Only gathered logits receive gradient.
+    """
+    scaled = logits / _as_column(temperature, logits)
+    width = kept_ids.shape[1]
+    valid = torch.arange(width, device=logits.device).unsqueeze(0) < kept_lengths.to(logits.device).unsqueeze(1)
+    kept_logits = scaled.gather(1, kept_ids.to(logits.device))
+    kept_logits = torch.where(valid, kept_logits, torch.full_like(kept_logits, NEG_INF))
+    target_logit = scaled.gather(1, targets.to(logits.device).unsqueeze(1)).squeeze(1)
+    return target_logit - torch.logsumexp(kept_logits, dim=1)
+
+
+def full_vocab_logprobs(
+    logits: torch.Tensor, targets: torch.Tensor, temperature: torch.Tensor | float = 1.0
+) -> torch.Tensor:
+    scaled = logits / _as_column(temperature, logits)
+    return torch.log_softmax(scaled, dim=1).gather(1, targets.to(logits.device).unsqueeze(1)).squeeze(1)
+
+
+def token_logprobs(
+    logits: torch.Tensor,
+    targets: torch.Tensor,
+    kept_ids: torch.Tensor,
+    kept_lengths: torch.Tensor,
+    capped: torch.Tensor,
+    temperature: torch.Tensor | float = 1.0,
+    *,
+    replay: bool = True,
+    capped_policy: str = "full_vocab",
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(log-probs, keep mask) for the loss.
+
+    With replay, a token whose kept set was capped by the engine (incomplete) gets the
+    full-vocabulary log-prob (``full_vocab``; an upper bound on the missing mass is
+    1 - top_p), is left out of the loss (``mask``), or is renormalised over the
+    incomplete set anyway (``kept_set``).
+    """
+    keep = torch.ones_like(targets, dtype=torch.bool, device=logits.device)
+    if not replay:
+        return full_vocab_logprobs(logits, targets, temperature), keep
+    lp = kept_set_logprobs(logits, targets, kept_ids, kept_lengths, temperature)
+    capped = capped.to(device=logits.device, dtype=torch.bool)
+    if capped.any():
+        if capped_policy == "full_vocab":
+            rows = capped.nonzero().squeeze(1)
+            temp = temperature[rows] if isinstance(temperature, torch.Tensor) else temperature
+            full = full_vocab_logprobs(logits[rows], targets.to(logits.device)[rows], temp)
+            lp = lp.index_put((rows,), full)
+        elif capped_policy == "mask":
+            keep = keep & ~capped
+        elif capped_policy != "kept_set":
+            raise ValueError(f"unknown capped kept-set policy {capped_policy!r}")
+    return lp, keep
+
+
+def _at_least_float32(x: torch.Tensor) -> torch.Tensor:
+    return x if x.dtype == torch.float64 else x.float()
+
+
+def _as_column(temperature: torch.Tensor | float, logits: torch.Tensor) -> torch.Tensor | float:
+    if isinstance(temperature, torch.Tensor):
+        return temperature.to(device=logits.device, dtype=logits.dtype).reshape(-1, 1)
+    return float(temperature)
+
+
+# -- the policy loss ------------------------------------------------------------------------
+@dataclass(frozen=True)
+class LossSettings:
+    importance_sampling: str = "tis"  # tis | clip | none
+    is_cap: float = 2.0
+    clip_epsilon: float = 0.2
+    truncation: bool = True
+
+
+def importance_ratio(logprobs: torch.Tensor, behaviour: torch.Tensor) -> torch.Tensor:
+    return torch.exp(logprobs - behaviour.to(logprobs))
+
+
+def policy_loss_terms(
+    logprobs: torch.Tensor,
+    behaviour: torch.Tensor,
+    advantages: torch.Tensor,
+    settings: LossSettings,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(per-token loss, per-token 'truncated' flag). Sum and divide by the step's count."""
+    adv = advantages.to(logprobs)
+    mode = settings.importance_sampling
+    if mode == "none":
+        return -adv * logprobs, torch.zeros_like(logprobs, dtype=torch.bool)
+    ratio = importance_ratio(logprobs, behaviour)
+    if mode == "tis":
+        raw = ratio.detach()
+        truncated = raw > settings.is_cap
+        weight = raw.clamp(max=settings.is_cap) if settings.truncation else raw
+        return -weight * adv * logprobs, truncated & settings.truncation
+    if mode == "clip":
+        if not settings.truncation:
+            return -ratio * adv, torch.zeros_like(logprobs, dtype=torch.bool)
+        eps = settings.clip_epsilon
+        unclipped = ratio * adv
+        clipped = ratio.clamp(1.0 - eps, 1.0 + eps) * adv
+        # The clipped branch is active (gradient zero) where it is strictly smaller.
+        active = (clipped < unclipped).detach()
+        return -torch.minimum(unclipped, clipped), active
+    raise ValueError(f"unknown importance sampling mode {mode!r}")
+
+
+def masked_loss_sum(per_token: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
+    """Sum of the kept tokens' loss; masked tokens contribute exactly nothing."""
+    return torch.where(keep, per_token, torch.zeros_like(per_token)).sum()
+
+
+# -- diagnostics (no gradient) -----------------------------------------------------------------
+@torch.no_grad()
+def full_vocab_entropy(logits: torch.Tensor, temperature: torch.Tensor | float = 1.0) -> torch.Tensor:
+    x = _at_least_float32(logits)
+    logp = torch.log_softmax(x / _as_column(temperature, x), dim=1)
+    return -(logp.exp() * logp).sum(dim=1)
+
+
+@torch.no_grad()
+def kept_set_entropy(
+    logits: torch.Tensor,
+    kept_ids: torch.Tensor,
+    kept_lengths: torch.Tensor,
+    temperature: torch.Tensor | float = 1.0,
+) -> torch.Tensor:
+    """Entropy of the trainer's distribution renormalised over each kept set."""
+    x = _at_least_float32(logits)
+    scaled = x / _as_column(temperature, x)
+    width = kept_ids.shape[1]
+    valid = torch.arange(width, device=logits.device).unsqueeze(0) < kept_lengths.to(logits.device).unsqueeze(1)
+    kept_logits = scaled.gather(1, kept_ids.to(logits.device)).masked_fill(~valid, NEG_INF)
+    logp = torch.log_softmax(kept_logits, dim=1)
+    p = logp.exp()
+    return -(torch.where(valid, p * logp, torch.zeros_like(p))).sum(dim=1)
+
+
+@torch.no_grad()
+def mismatch_kl(logprobs: torch.Tensor, behaviour: torch.Tensor) -> tuple[float, float]:
+    """KL(behaviour || trainer) estimated from tokens drawn by the behaviour policy:
+    k1 = E[b - l] (unbiased, noisy) and k3 = E[r - 1 - log r] with r = exp(l - b)
+    (unbiased, low variance, never negative)."""
+    if logprobs.numel() == 0:
+        return 0.0, 0.0
+    log_ratio = logprobs.double() - behaviour.to(logprobs.device).double()
+    k1 = (-log_ratio).mean()
+    k3 = (log_ratio.exp() - 1.0 - log_ratio).mean()
+    return float(k1), float(k3)
