@@ -14,6 +14,7 @@ COMMANDS: list[tuple[str, str, str]] = [
     ("config", "rollway.commands.config", "show the effective configuration"),
     ("topics", "rollway.commands.topics", "create topics; list partitions, end offsets and group lag"),
     ("tail", "rollway.commands.tail", "print decoded events of a topic"),
+    ("model", "rollway.commands.model", "build the local tiny model and tokenizer"),
     ("analytics", "rollway.commands.analytics", "example analytics consumers (solve rate)"),
 ]
 

@@ -1,0 +1,135 @@
+"""Config, logging, the CLI and the broker launcher."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from rollway.config import ConfigError, load_config
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def test_config_defaults_file_and_env_overrides(tmp_path):
+    cfg_file = tmp_path / "rollway.toml"
+    cfg_file.write_text('model_name = "m"\n[trainer]\nlearning_rate = 1e-6\ngroups_per_step = 2\n'
+                        '[kafka]\nbootstrap_servers = "file:9092"\n')
+    cfg = load_config(cfg_file, environ={})
+    assert cfg.model_name == "m"
+    assert cfg.trainer.learning_rate == 1e-6 and cfg.trainer.groups_per_step == 2
+    assert cfg.kafka.bootstrap_servers == "file:9092"
+    assert cfg.sampler.top_p == 0.95  # untouched default
+    env = {"ROLLWAY_TRAINER__GROUPS_PER_STEP": "8", "KAFKA_BOOTSTRAP_SERVERS": "env:1",
+           "ROLLWAY_KAFKA__PARTITIONS": '{"tasks": 2}', "ROLLWAY_SAMPLER__TOP_P": "0.5"}
+    cfg = load_config(cfg_file, environ=env)
+    assert cfg.trainer.groups_per_step == 8
+    assert cfg.trainer.learning_rate == 1e-6
+    assert cfg.kafka.bootstrap_servers == "env:1"
+    assert cfg.kafka.partitions == {"tasks": 2}
+    assert cfg.sampler.top_p == 0.5
+
+
+def test_config_errors_name_the_problem(tmp_path):
+    with pytest.raises(ConfigError, match="groups_per_step"):
+        load_config(None, environ={"ROLLWAY_TRAINER__GROUPS_PER_STEP": "many"})
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[trainer]\nno_such_field = 1\n")
+    with pytest.raises(ConfigError, match="no_such_field"):
+        load_config(bad, environ={})
+    broken = tmp_path / "broken.toml"
+    broken.write_text("[trainer\n")
+    with pytest.raises(ConfigError, match="not valid TOML"):
+        load_config(broken, environ={})
+    with pytest.raises(ConfigError, match="not found"):
+        load_config(tmp_path / "missing.toml", environ={})
+
+
+def run_cli(*args: str, env: dict | None = None, timeout: float = 60) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "rollway.cli", *args], capture_output=True, text=True,
+                          env={**os.environ, **(env or {})}, timeout=timeout, cwd=REPO)
+
+
+def test_config_show_prints_effective_config():
+    proc = run_cli("config", "show", "--format", "json", env={"ROLLWAY_TRAINER__SEED": "42"})
+    assert proc.returncode == 0, proc.stderr
+    data = json.loads(proc.stdout)
+    assert data["trainer"]["seed"] == 42 and "kafka" in data and "sandbox" in data
+    proc = run_cli("config", "show")
+    assert proc.returncode == 0 and "[trainer]" in proc.stdout
+
+
+def test_help_imports_nothing_heavy():
+    code = (
+        "import sys, rollway.cli as c\n"
+        "c.build_parser()\n"
+        "heavy = [m for m in ('torch', 'vllm', 'transformers', 'aiokafka', 'numpy', 'aioboto3', 'aiohttp')"
+        " if m in sys.modules]\n"
+        "print(','.join(heavy))\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == ""
+    proc = run_cli("--help")
+    assert proc.returncode == 0 and "broker" in proc.stdout and "tail" in proc.stdout
+
+
+def test_log_lines_are_json_with_role_and_replica():
+    from rollway.logging import configure_logging
+
+    import structlog
+
+    stream = io.StringIO()
+    configure_logging("sampler", replica_id="sampler-7", stream=stream)
+    structlog.get_logger("x").info("rollout finished", tokens=12)
+    import logging
+
+    logging.getLogger("aiokafka").warning("library says hi")
+    first, second = [json.loads(line) for line in stream.getvalue().splitlines()]
+    assert first["event"] == "rollout finished" and first["tokens"] == 12
+    assert first["role"] == "sampler" and first["replica_id"] == "sampler-7" and first["level"] == "info"
+    assert first["timestamp"].endswith("Z")
+    assert second["event"] == "library says hi" and second["role"] == "sampler" and second["level"] == "warning"
+    configure_logging("test", level="warning")
+
+
+@pytest.mark.kafka
+def test_broker_cli_start_status_stop(tmp_path):
+    env = {k: v for k, v in os.environ.items() if k != "KAFKA_BOOTSTRAP_SERVERS"}
+    data = tmp_path / "k"
+    proc = subprocess.run([sys.executable, "-m", "rollway.cli", "broker", "start", "--port", "0", "--data-dir", str(data)],
+                          capture_output=True, text=True, env=env, timeout=180, cwd=REPO)
+    try:
+        assert proc.returncode == 0, proc.stderr
+        assert "export KAFKA_BOOTSTRAP_SERVERS=127.0.0.1:" in proc.stdout
+        state = json.loads((data / "cluster.json").read_text())
+        assert len(state["nodes"]) == 1 and Path(state["nodes"][0]["log_file"]).exists()
+        status = subprocess.run([sys.executable, "-m", "rollway.cli", "broker", "status", "--data-dir", str(data)],
+                                capture_output=True, text=True, env=env, timeout=60, cwd=REPO)
+        assert status.returncode == 0 and "brokers answering: [1]" in status.stdout
+        again = subprocess.run([sys.executable, "-m", "rollway.cli", "broker", "start", "--port", "0",
+                                "--data-dir", str(data)], capture_output=True, text=True, env=env, timeout=60, cwd=REPO)
+        assert again.returncode == 1 and "already running" in again.stdout
+    finally:
+        stop = subprocess.run([sys.executable, "-m", "rollway.cli", "broker", "stop", "--data-dir", str(data)],
+                              capture_output=True, text=True, env=env, timeout=60, cwd=REPO)
+    assert stop.returncode == 0 and "stopped pids" in stop.stdout
+    from rollway.broker import pid_alive
+
+    assert not pid_alive(state["nodes"][0]["pid"])
+
+
+def test_broker_cli_defers_to_external_cluster():
+    proc = run_cli("broker", "start", env={"KAFKA_BOOTSTRAP_SERVERS": "127.0.0.1:1"})
+    assert proc.returncode == 0 and "starting nothing" in proc.stdout
+
+
+def test_ci_runs_the_readme_test_command():
+    readme = (REPO / "README.md").read_text()
+    ci = (REPO / ".ci" / "run").read_text()
+    assert "scripts/test" in readme and "exec scripts/test" in ci
