@@ -1,0 +1,2 @@
+def group_anagrams(words: list[str]) -> list[list[str]]:
+    raise NotImplementedError

@@ -1,0 +1,2 @@
+def unique(items, key=None):
+    return list(set(items))

@@ -1,0 +1,3 @@
+def greet(name: str) -> str:
+    name = name.strip()
+    return f"Hello, {name or 'stranger'}!"

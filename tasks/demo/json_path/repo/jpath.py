@@ -1,0 +1,5 @@
+MISSING = object()
+
+
+def get_path(data, path: str, default=MISSING):
+    raise NotImplementedError

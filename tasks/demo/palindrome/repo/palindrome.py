@@ -1,0 +1,2 @@
+def is_palindrome(text: str) -> bool:
+    return text == text[::-1]

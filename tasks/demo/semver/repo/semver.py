@@ -1,0 +1,4 @@
+class Version:
+    @classmethod
+    def parse(cls, text: str) -> "Version":
+        raise NotImplementedError

@@ -1,0 +1,2 @@
+def shortest_path(graph: dict, start, goal):
+    raise NotImplementedError

@@ -1,0 +1,2 @@
+def slugify(title: str, max_length: int | None = None) -> str:
+    raise NotImplementedError
