@@ -1,0 +1,289 @@
+"""Apply verified weights (HF names, CPU tensors) to a live model, in place.
+
+Two targets implement the subscriber's contract (``weight_version`` and
+``await apply_weights(tensors, version) -> pause seconds``):
+
+* :class:`ModuleTarget` — a torch ``nn.Module`` whose state-dict names are the HF names
+  (e.g. a ``transformers`` model): ``copy_`` into the existing parameter storage, no
+  reallocation.
+* :class:`VllmTarget` — a live vLLM engine (``vllm.LLM`` or ``AsyncLLM``), reached
+  through ``collective_rpc`` on every worker. vLLM fuses HF tensors (q/k/v ->
+  ``qkv_proj``, gate/up -> ``gate_up_proj``) and shards them across tensor-parallel
+  ranks; the model class's own ``load_weights`` knows that layout (its
+  ``stacked_params_mapping`` and per-parameter ``weight_loader``), so we feed it HF
+  names and let it place each tensor into its slice of the fused parameter.
+
+  Two modes, picked per engine (``auto``):
+  ``direct`` — the parameters hold the weights (CUDA): ``load_weights`` copies into
+  them in place; we check no parameter's storage moved.
+  ``reload`` — the backend repacked weights into kernel formats after loading (vLLM's
+  CPU backend turns linear weights into oneDNN/sgl packed buffers and empties
+  ``layer.weight``): vLLM's layerwise reload re-runs that processing on the new
+  weights. It needs every tensor of a layer, so the target asks for the full state
+  (``accepts_partial_updates`` is False) and a partial update is refused.
+"""
+
+from __future__ import annotations
+
+import inspect
+import time
+from typing import TYPE_CHECKING, Any, Mapping
+
+import structlog
+
+if TYPE_CHECKING:
+    import torch
+
+log = structlog.get_logger(__name__)
+
+
+# -- torch nn.Module -------------------------------------------------------------------
+def apply_to_module(module: "torch.nn.Module", tensors: Mapping[str, "torch.Tensor"], *, strict: bool = True) -> int:
+    """Copy ``tensors`` into the module's parameters/buffers of the same names, in
+    place. Everything is validated before the first copy, so a bad name or shape
+    changes nothing. Returns the number of bytes copied."""
+    import torch
+
+    targets = module.state_dict(keep_vars=True)
+    pairs = []
+    for name, src in tensors.items():
+        dst = targets.get(name)
+        if dst is None:
+            if strict:
+                raise KeyError(f"module has no parameter or buffer named {name!r}")
+            continue
+        if tuple(dst.shape) != tuple(src.shape):
+            raise ValueError(f"{name}: module holds shape {tuple(dst.shape)}, update has {tuple(src.shape)}")
+        pairs.append((dst, src))
+    copied = 0
+    with torch.no_grad():
+        for dst, src in pairs:
+            dst.copy_(src, non_blocking=dst.device.type == "cuda")
+            copied += src.numel() * src.element_size()
+    if any(dst.device.type == "cuda" for dst, _ in pairs):
+        torch.cuda.synchronize()
+    return copied
+
+
+class ModuleTarget:
+    """A plain torch module as a weight target (trainer-side checks, torch samplers)."""
+
+    accepts_partial_updates = True  # tensors left out of an update keep their values
+
+    def __init__(self, module: "torch.nn.Module", weight_version: int = -1) -> None:
+        self.module = module
+        self.weight_version = weight_version
+        self.last_pause_s = 0.0
+
+    async def apply_weights(self, tensors: dict[str, "torch.Tensor"], version: int) -> float:
+        t0 = time.perf_counter()
+        apply_to_module(self.module, tensors)
+        self.weight_version = version
+        self.last_pause_s = time.perf_counter() - t0
+        return self.last_pause_s
+
+
+# -- vLLM ------------------------------------------------------------------------------
+def hf_to_vllm_name(name: str, packed_modules_mapping: Mapping[str, list[str]]) -> tuple[str, int | None]:
+    """The vLLM parameter an HF tensor lands in, and its shard index within a fused
+    parameter (None when not fused): ``...self_attn.k_proj.weight`` ->
+    (``...self_attn.qkv_proj.weight``, 1)."""
+    for fused, parts in packed_modules_mapping.items():
+        for index, part in enumerate(parts):
+            needle = f".{part}."
+            if needle in name:
+                return name.replace(needle, f".{fused}.", 1), index
+    return name, None
+
+
+def vllm_param_name(model: "torch.nn.Module", name: str) -> str | None:
+    """Where vLLM puts HF tensor ``name``: the model's own ``hf_to_vllm_mapper`` (which
+    also holds the stacked q/k/v and gate/up entries) when it has one, else the
+    ``packed_modules_mapping``. None = the model deliberately ignores this tensor."""
+    mapper = getattr(model, "hf_to_vllm_mapper", None)
+    if mapper is not None and hasattr(mapper, "map_name"):
+        mapped = mapper.map_name(name)
+        if mapped is None or mapped != name:
+            return mapped
+    return hf_to_vllm_name(name, getattr(model, "packed_modules_mapping", {}) or {})[0]
+
+
+def _params_hold_weights(model: "torch.nn.Module") -> bool:
+    # Kernel-format repacking (vLLM CPU) leaves empty placeholder parameters behind.
+    return all(p.numel() > 0 for p in model.parameters())
+
+
+def detect_mode(model: "torch.nn.Module") -> str:
+    return "direct" if _params_hold_weights(model) else "reload"
+
+
+class _ModelConfigShim:
+    """What vLLM's layerwise reload reads from ModelConfig (``dtype``, for attention
+    layers' post-processing); ``apply_model`` hands us the model only."""
+
+    def __init__(self, dtype) -> None:
+        self.dtype = dtype
+
+
+def _model_dtype(model: "torch.nn.Module"):
+    import torch
+
+    for p in model.parameters():
+        if p.is_floating_point() and p.numel() > 0 and p.dtype != torch.float32:
+            return p.dtype
+    return next(model.parameters()).dtype
+
+
+def _check_names(model: "torch.nn.Module", names: list[str], full: bool) -> None:
+    """Every HF name must land in a parameter; with ``full``, every parameter (and
+    every shard of a fused one) must be covered: vLLM's layerwise reload processes a
+    layer from whatever it received, so a partial layer would be garbage."""
+    params = dict(model.named_parameters(remove_duplicate=False))
+    packed = getattr(model, "packed_modules_mapping", {}) or {}
+    mapped: dict[str, int] = {}
+    unknown = []
+    for name in names:
+        target = vllm_param_name(model, name)
+        if target is None:
+            continue  # deliberately ignored by the model (e.g. rotary caches)
+        if target not in params:
+            unknown.append(name)
+        mapped[target] = mapped.get(target, 0) + 1
+    if unknown:
+        raise KeyError(f"vLLM model has no parameter for HF tensors {unknown[:5]} ({len(unknown)} unknown)")
+    if not full:
+        return
+    unique = dict(model.named_parameters())  # tied parameters once
+    missing = []
+    for pname in unique:
+        fused = next((f for f in packed if f".{f}." in f".{pname}"), None)
+        want = len(packed[fused]) if fused else 1
+        if mapped.get(pname, 0) < want:
+            missing.append(pname)
+    if missing:
+        raise ValueError(
+            f"this engine reloads whole layers (kernel-format weights); the update misses "
+            f"{len(missing)} parameters or shards, e.g. {missing[:5]}: send the full state"
+        )
+
+
+def load_hf_weights_into_vllm(model: "torch.nn.Module", items: list[tuple[str, "torch.Tensor"]], mode: str = "auto") -> dict:
+    """Load HF-named tensors into a live vLLM model (see the module doc for modes).
+    Names (and, in reload mode, completeness) are checked before anything is written."""
+    import torch
+
+    if mode == "auto":
+        mode = detect_mode(model)
+    if mode not in ("direct", "reload"):
+        raise ValueError(f"unknown vLLM apply mode {mode!r}")
+    _check_names(model, [n for n, _ in items], full=mode == "reload")
+    params = dict(model.named_parameters(remove_duplicate=False))
+    before = {n: p.data_ptr() for n, p in params.items()}
+    with torch.no_grad():
+        if mode == "direct":
+            loaded = model.load_weights(iter(items))
+        else:
+            from vllm.model_executor.model_loader.reload import (
+                finalize_layerwise_reload,
+                initialize_layerwise_reload,
+            )
+
+            initialize_layerwise_reload(model)
+            try:
+                loaded = model.load_weights(iter(items))
+            finally:
+                finalize_layerwise_reload(model, _ModelConfigShim(_model_dtype(model)))
+    if any(p.is_cuda for p in params.values()):
+        torch.cuda.synchronize()
+    moved = sorted(n for n, p in model.named_parameters(remove_duplicate=False) if before.get(n) != p.data_ptr())
+    if mode == "direct" and moved:
+        raise RuntimeError(f"in-place update reallocated parameters: {moved[:5]}")
+    return {"mode": mode, "loaded": len(loaded) if loaded is not None else len(items), "moved": moved}
+
+
+def vllm_model_loader(tensors: Mapping[str, "torch.Tensor"], mode: str = "auto"):
+    """A function for ``LLM.apply_model`` / ``LLMEngine.apply_model`` that loads
+    HF-named tensors into the model (:func:`load_hf_weights_into_vllm`)."""
+    items = list(tensors.items())
+
+    def load(model: "torch.nn.Module") -> dict:
+        return load_hf_weights_into_vllm(model, items, mode)
+
+    return load
+
+
+def worker_probe(worker: Any) -> dict:
+    """Runs on a vLLM worker (``collective_rpc``): the update mode and the names."""
+    model = worker.get_model()
+    return {
+        "mode": detect_mode(model),
+        "params": sorted(n for n, _ in model.named_parameters(remove_duplicate=False)),
+        "packed_modules_mapping": {k: list(v) for k, v in getattr(model, "packed_modules_mapping", {}).items()},
+    }
+
+
+def worker_apply_hf_weights(worker: Any, items: list[tuple[str, "torch.Tensor"]], mode: str = "auto") -> dict:
+    """Runs on a vLLM worker (``collective_rpc``, e.g. from ``AsyncLLM``)."""
+    return load_hf_weights_into_vllm(worker.get_model(), items, mode)
+
+
+class VllmTarget:
+    """A live vLLM engine as a weight target.
+
+    ``engine`` is a ``vllm.LLM`` (synchronous, in-process use between ``generate``
+    calls; the update goes through ``apply_model``) or an ``AsyncLLM`` (through
+    ``collective_rpc``; generation is paused with ``pause_mode`` around the update —
+    ``keep`` freezes in-flight requests and resumes them on the new weights). The
+    prefix cache is reset after every update: its KV blocks came from the old weights.
+    """
+
+    def __init__(self, engine: Any, *, mode: str = "auto", pause_mode: str = "keep", weight_version: int = -1) -> None:
+        if mode not in ("auto", "direct", "reload"):
+            raise ValueError(f"vLLM apply mode must be auto|direct|reload, not {mode!r}")
+        self.engine = engine
+        self.mode = mode
+        self.pause_mode = pause_mode
+        self.weight_version = weight_version
+        self.last_pause_s = 0.0
+        self.last_result: dict = {}
+        self._is_async = inspect.iscoroutinefunction(getattr(engine, "collective_rpc", None))
+        if mode == "auto" and not self._is_async:
+            self.mode = engine.apply_model(detect_mode)[0]
+
+    @property
+    def accepts_partial_updates(self) -> bool:
+        """Only in direct mode may unchanged tensors be left out of an update."""
+        return self.mode == "direct"
+
+    async def probe(self) -> dict:
+        """Worker 0's update mode, parameter names and fused-layer mapping."""
+        if self._is_async:
+            info = (await self.engine.collective_rpc(worker_probe))[0]
+        else:
+            info = self.engine.collective_rpc(worker_probe)[0]
+        if self.mode == "auto":
+            self.mode = info["mode"]
+        return info
+
+    async def apply_weights(self, tensors: dict[str, "torch.Tensor"], version: int) -> float:
+        if self.mode == "auto":
+            await self.probe()
+        t0 = time.perf_counter()
+        if self._is_async:
+            await self.engine.pause_generation(mode=self.pause_mode, clear_cache=False)
+            try:
+                results = await self.engine.collective_rpc(
+                    worker_apply_hf_weights, kwargs={"items": list(tensors.items()), "mode": self.mode}
+                )
+                await self.engine.reset_prefix_cache()
+            finally:
+                await self.engine.resume_generation()
+        else:
+            results = self.engine.apply_model(vllm_model_loader(tensors, self.mode))
+            self.engine.reset_prefix_cache()
+        self.last_pause_s = time.perf_counter() - t0
+        self.last_result = results[0] if results else {}
+        self.weight_version = version
+        log.info("vLLM weights applied", version=version, tensors=len(tensors), mode=self.mode,
+                 pause_ms=round(self.last_pause_s * 1000, 3))
+        return self.last_pause_s

@@ -1,0 +1,190 @@
+"""What versions a store holds, how to reach one, and what retention may delete.
+
+A version v is reachable from a replica at version u by following delta manifests
+backwards from v (each names its ``base_version``) until u is met. A replica without
+usable weights (new, missed versions, failed checksum) starts instead from the
+newest keyframe at or before v and follows the deltas after it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import structlog
+
+from syncer.manifest import (
+    Manifest,
+    chunk_prefix,
+    decode_manifest,
+    manifest_key,
+    manifests_prefix,
+    parse_manifest_key,
+)
+from syncer.store import ObjectNotFound, ObjectStore
+
+log = structlog.get_logger(__name__)
+
+
+class NoPath(LookupError):
+    """The store holds no complete chain of manifests to the requested version."""
+
+
+@dataclass
+class Catalog:
+    """Manifests present in the store for one model: version -> kinds."""
+
+    model: str
+    kinds: dict[int, set[str]] = field(default_factory=dict)
+
+    @property
+    def versions(self) -> list[int]:
+        return sorted(self.kinds)
+
+    @property
+    def keyframes(self) -> list[int]:
+        return sorted(v for v, k in self.kinds.items() if "full" in k)
+
+    @property
+    def latest(self) -> int:
+        return max(self.kinds) if self.kinds else -1
+
+    def has(self, version: int, kind: str) -> bool:
+        return kind in self.kinds.get(version, ())
+
+    def keyframe_at_or_before(self, version: int) -> int | None:
+        frames = [v for v in self.keyframes if v <= version]
+        return frames[-1] if frames else None
+
+
+async def load_catalog(store: ObjectStore, model: str) -> Catalog:
+    catalog = Catalog(model)
+    for key in await store.list(manifests_prefix(model)):
+        parsed = parse_manifest_key(key)
+        if parsed:
+            catalog.kinds.setdefault(parsed[0], set()).add(parsed[1])
+    return catalog
+
+
+class ManifestReader:
+    """Reads and caches manifests (they never change once written)."""
+
+    def __init__(self, store: ObjectStore, model: str) -> None:
+        self.store = store
+        self.model = model
+        self._cache: dict[tuple[int, str], Manifest] = {}
+
+    async def get(self, version: int, kind: str) -> Manifest:
+        cached = self._cache.get((version, kind))
+        if cached is not None:
+            return cached
+        key = manifest_key(self.model, version, kind)
+        data = await self.store.get(key)
+        manifest = decode_manifest(data, where=self.store.url_for(key))
+        if manifest.version != version or manifest.kind != kind or manifest.model != self.model:
+            raise ValueError(
+                f"{self.store.url_for(key)} describes {manifest.model} v{manifest.version} "
+                f"{manifest.kind}, not {self.model} v{version} {kind}"
+            )
+        self._cache[(version, kind)] = manifest
+        return manifest
+
+    def forget(self, version: int | None = None) -> None:
+        if version is None:
+            self._cache.clear()
+        else:
+            for key in [k for k in self._cache if k[0] == version]:
+                del self._cache[key]
+
+
+async def delta_chain(reader: ManifestReader, catalog: Catalog, start: int, target: int) -> list[Manifest]:
+    """Delta manifests leading from version ``start`` to ``target`` (in apply order).
+    Empty when start == target; raises NoPath when the chain is broken."""
+    chain: list[Manifest] = []
+    v = target
+    while v != start:
+        if v < start or not catalog.has(v, "delta"):
+            raise NoPath(f"no delta chain from v{start} to v{target} (missing delta for v{v})")
+        try:
+            manifest = await reader.get(v, "delta")
+        except ObjectNotFound as exc:
+            raise NoPath(f"delta manifest of v{v} disappeared: {exc}") from None
+        chain.append(manifest)
+        v = manifest.base_version
+    chain.reverse()
+    return chain
+
+
+@dataclass
+class Plan:
+    target: int
+    keyframe: Manifest | None  # None: start from the replica's current weights
+    deltas: list[Manifest]
+
+    @property
+    def manifests(self) -> list[Manifest]:
+        return ([self.keyframe] if self.keyframe else []) + self.deltas
+
+    @property
+    def download_bytes(self) -> int:
+        return sum(m.stored_bytes for m in self.manifests)
+
+    def describe(self) -> str:
+        parts = [f"keyframe v{self.keyframe.version}"] if self.keyframe else []
+        parts += [f"delta v{m.base_version}->v{m.version}" for m in self.deltas]
+        return ", ".join(parts) or "nothing"
+
+
+async def plan_update(
+    reader: ManifestReader,
+    catalog: Catalog,
+    target: int,
+    current: int | None,
+) -> Plan:
+    """The cheapest path to ``target``: deltas from ``current`` when they connect,
+    otherwise the newest keyframe at or before ``target`` plus deltas."""
+    if current is not None and current >= 0:
+        if current == target:
+            return Plan(target, None, [])
+        if current < target:
+            try:
+                return Plan(target, None, await delta_chain(reader, catalog, current, target))
+            except NoPath as exc:
+                log.info("delta path unavailable, taking the keyframe path", reason=str(exc))
+    return await keyframe_plan(reader, catalog, target)
+
+
+async def keyframe_plan(reader: ManifestReader, catalog: Catalog, target: int) -> Plan:
+    frame = catalog.keyframe_at_or_before(target)
+    if frame is None:
+        raise NoPath(f"no keyframe at or before v{target} in the store")
+    try:
+        keyframe = await reader.get(frame, "full")
+    except ObjectNotFound as exc:
+        raise NoPath(f"keyframe v{frame} disappeared: {exc}") from None
+    return Plan(target, keyframe, await delta_chain(reader, catalog, frame, target))
+
+
+def versions_to_delete(catalog: Catalog, keep_keyframes: int) -> list[int]:
+    """Versions older than the oldest of the newest ``keep_keyframes`` keyframes."""
+    frames = catalog.keyframes
+    if len(frames) <= keep_keyframes:
+        return []
+    oldest_kept = frames[-keep_keyframes]
+    return [v for v in catalog.versions if v < oldest_kept]
+
+
+async def delete_versions(store: ObjectStore, model: str, catalog: Catalog, versions: list[int]) -> int:
+    """Delete manifests first (the version vanishes atomically for readers), then chunks."""
+    if not versions:
+        return 0
+    manifests = [manifest_key(model, v, k) for v in versions for k in sorted(catalog.kinds.get(v, ()))]
+    await store.delete(manifests)
+    chunks: list[str] = []
+    for v in versions:
+        for kind in ("full", "delta"):
+            chunks.extend(await store.list(chunk_prefix(model, v, kind)))
+    await store.delete(chunks)
+    for v in versions:
+        catalog.kinds.pop(v, None)
+    log.info("retention deleted versions", model=model, versions=versions, objects=len(manifests) + len(chunks))
+    return len(manifests) + len(chunks)

@@ -1,0 +1,294 @@
+"""Trainer side: turn a CPU state dict into a stored version and announce it.
+
+``publish(version, state_dict, trainer_step)``:
+
+1. checksum every tensor (worker threads) -> the version's ``weights_hash``;
+2. decide full (every ``keyframe_every``-th version, and always after a restart) or
+   delta (XOR against the last published version, which this object keeps a copy of);
+   keyframes also get a delta when ``delta_with_keyframes``;
+3. encode and upload chunk by chunk, at most ``max_concurrency`` chunks in flight,
+   so memory beyond the kept base copy stays bounded by a few chunks;
+4. write the manifest LAST: only then does the version exist for readers;
+5. publish ``WeightVersion`` on ``rollway.weights`` (when a Kafka producer is set);
+6. after a keyframe, apply retention.
+
+Publishing a version that is already in the store with the same weights re-announces
+it and adopts it as the base (a trainer replaying after a crash); with different
+weights it is an error (``WeightConflict``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from concurrent.futures import ThreadPoolExecutor
+from typing import TYPE_CHECKING, Mapping
+
+import structlog
+
+from schemas import WeightVersion
+from syncer import catalog as cat
+from syncer.aio import gather_or_cancel
+from syncer.config import SyncerConfig
+from syncer.hashing import checksum, tensor_checksum, weights_hash
+from syncer.manifest import ChunkRef, CodecInfo, Manifest, chunk_key, encode_manifest, manifest_key
+from syncer.store import ObjectStore
+from syncer.tensor_codec import TensorPlan, encode_planned_chunk, plan_tensor
+
+if TYPE_CHECKING:
+    import torch
+
+    from bus import EventProducer
+
+log = structlog.get_logger(__name__)
+
+
+class WeightConflict(ValueError):
+    """A version is published again with different weights, or out of order."""
+
+
+class WeightPublisher:
+    def __init__(
+        self,
+        cfg: SyncerConfig,
+        model: str,
+        store: ObjectStore,
+        producer: "EventProducer | None" = None,
+    ) -> None:
+        self.cfg = cfg
+        self.model = model
+        self.store = store
+        self.producer = producer
+        self._pool = ThreadPoolExecutor(max_workers=cfg.zstd_threads, thread_name_prefix="syncer-encode")
+        self._reader = cat.ManifestReader(store, model)
+        # The last published version, kept to XOR the next one against.
+        self._base: dict[str, "torch.Tensor"] | None = None
+        self._base_checksums: dict[str, str] = {}
+        self.base_version = -1
+        self.keyframe_version = -1
+        self._deltas_since_keyframe = 0
+        self._lock = asyncio.Lock()
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=True)
+
+    async def publish(
+        self,
+        version: int,
+        state_dict: Mapping[str, "torch.Tensor"],
+        trainer_step: int = -1,
+        *,
+        owned: bool = False,
+    ) -> WeightVersion:
+        """Store and announce ``version``. ``owned=True`` hands the tensors over (the
+        caller will not modify them), saving the copy kept as the next base."""
+        if version < 0:
+            raise ValueError(f"weight version must be >= 0, got {version}")
+        if not state_dict:
+            raise ValueError("state_dict is empty")
+        async with self._lock:
+            return await self._publish(version, dict(state_dict), trainer_step, owned)
+
+    async def _publish(self, version: int, state: dict, trainer_step: int, owned: bool) -> WeightVersion:
+        t0 = time.perf_counter()
+        checksums = await self._checksums(state)
+        digest = weights_hash(_entries(state, checksums))
+
+        existing = await self._existing(version, digest)
+        if existing is not None:
+            manifest, delta_base = existing
+            await self._adopt(version, manifest, state, checksums, owned)
+            event = self._event(manifest, trainer_step if trainer_step >= 0 else manifest.trainer_step, delta_base)
+            await self._announce(event)
+            log.info("version already stored; re-announced", model=self.model, version=version)
+            return event
+
+        keyframe = self._base is None or self._deltas_since_keyframe + 1 >= self.cfg.keyframe_every
+        keyframe_version = version if keyframe else self.keyframe_version
+        delta_manifest = None
+        if self._base is not None and (not keyframe or self.cfg.delta_with_keyframes):
+            delta_manifest = await self._write(
+                version, "delta", state, checksums, digest, trainer_step, self._base, keyframe_version
+            )
+        full_manifest = None
+        if keyframe:
+            full_manifest = await self._write(
+                version, "full", state, checksums, digest, trainer_step, None, keyframe_version
+            )
+        announced = full_manifest or delta_manifest
+        assert announced is not None
+
+        prev_keyframe = self.keyframe_version
+        await self._adopt(version, announced, state, checksums, owned)
+        event = self._event(announced, trainer_step, delta_manifest.base_version if delta_manifest else -1)
+        await self._announce(event)
+        log.info(
+            "published weights",
+            model=self.model, version=version, kind=announced.kind,
+            base_version=announced.base_version,
+            raw_mb=round(announced.raw_bytes / 1e6, 2),
+            stored_mb=round(announced.stored_bytes / 1e6, 3),
+            delta_mb=round(delta_manifest.stored_bytes / 1e6, 3) if delta_manifest else None,
+            seconds=round(time.perf_counter() - t0, 3),
+        )
+        if keyframe and self.keyframe_version != prev_keyframe:
+            await self.apply_retention()
+        return event
+
+    async def _checksums(self, state: dict) -> dict[str, str]:
+        loop = asyncio.get_running_loop()
+        names = list(state)
+        for name in names:
+            if not isinstance(name, str) or not name:
+                raise ValueError(f"state dict key {name!r} is not a non-empty string")
+        digests = await gather_or_cancel(
+            (loop.run_in_executor(self._pool, tensor_checksum, state[n]) for n in names)
+        )
+        return dict(zip(names, digests))
+
+    async def _existing(self, version: int, digest: str) -> tuple[Manifest, int] | None:
+        """(stored manifest, delta base or -1) of ``version`` when the store holds these
+        very weights; raise when it holds other weights or ``version`` is out of order."""
+        catalog = await cat.load_catalog(self.store, self.model)
+        if version in catalog.kinds:
+            kind = "full" if catalog.has(version, "full") else "delta"
+            manifest = await self._reader.get(version, kind)
+            if manifest.weights_hash != digest:
+                raise WeightConflict(
+                    f"{self.model} v{version} is already stored with weights hash {manifest.weights_hash}; "
+                    f"refusing to overwrite it with different weights ({digest})"
+                )
+            delta_base = -1
+            if catalog.has(version, "delta"):
+                delta_base = (await self._reader.get(version, "delta")).base_version
+            return manifest, delta_base
+        newest = max(catalog.latest, self.base_version)
+        if version < newest:
+            raise WeightConflict(f"{self.model} v{version} is older than the newest stored version v{newest}")
+        return None
+
+    async def _adopt(self, version: int, manifest: Manifest, state: dict, checksums: dict, owned: bool) -> None:
+        import torch
+
+        if owned:
+            base = {n: t.detach() for n, t in state.items()}
+        else:
+            def snapshot() -> dict:
+                return {
+                    n: torch.empty_like(t, memory_format=torch.contiguous_format).copy_(t.detach())
+                    for n, t in state.items()
+                }
+
+            base = await asyncio.get_running_loop().run_in_executor(self._pool, snapshot)
+        self._base = base
+        self._base_checksums = dict(checksums)
+        self.base_version = version
+        if manifest.kind == "full":
+            self.keyframe_version = version
+            self._deltas_since_keyframe = 0
+        else:
+            self.keyframe_version = manifest.keyframe_version
+            self._deltas_since_keyframe += 1
+
+    async def _write(
+        self,
+        version: int,
+        kind: str,
+        state: dict,
+        checksums: dict[str, str],
+        digest: str,
+        trainer_step: int,
+        base: dict | None,
+        keyframe_version: int,
+    ) -> Manifest:
+        loop = asyncio.get_running_loop()
+        cfg = self.cfg
+
+        def make_plan(name: str) -> TensorPlan:
+            return plan_tensor(
+                name, state[name], base.get(name) if base is not None else None,
+                chunk_bytes=cfg.chunk_bytes, level=cfg.zstd_level, byte_planes=cfg.byte_planes,
+                new_checksum=checksums[name],
+                base_checksum=self._base_checksums.get(name) if base is not None else None,
+            )
+
+        names = sorted(state)
+        plans = await gather_or_cancel((loop.run_in_executor(self._pool, make_plan, n) for n in names))
+        in_flight = asyncio.Semaphore(cfg.max_concurrency)
+
+        async def upload_chunk(index: int, plan: TensorPlan, j: int, start: int, count: int) -> ChunkRef:
+            key = chunk_key(self.model, version, kind, index, j)
+            async with in_flight:
+                def encode() -> tuple[bytes, str]:
+                    payload = encode_planned_chunk(plan, start, count, cfg.zstd_level)
+                    return payload, checksum(payload)
+
+                payload, chunk_digest = await loop.run_in_executor(self._pool, encode)
+                await self.store.put(key, payload)
+            return ChunkRef(
+                key=key, start=start, count=count, raw_bytes=count * plan.new_bits.dtype.itemsize,
+                stored_bytes=len(payload), checksum=chunk_digest,
+            )
+
+        async def encode_tensor(index: int, plan: TensorPlan):
+            chunks = await gather_or_cancel(
+                (upload_chunk(index, plan, j, s, c) for j, (s, c) in enumerate(plan.ranges))
+            )
+            return plan.entry(list(chunks))
+
+        entries = await gather_or_cancel((encode_tensor(i, p) for i, p in enumerate(plans)))
+        manifest = Manifest(
+            model=self.model,
+            version=version,
+            kind=kind,
+            base_version=self.base_version if kind == "delta" else -1,
+            keyframe_version=keyframe_version,
+            weights_hash=digest,
+            tensors=list(entries),
+            raw_bytes=sum(e.raw_bytes for e in entries),
+            stored_bytes=sum(e.stored_bytes for e in entries),
+            num_chunks=sum(len(e.chunks) for e in entries),
+            trainer_step=trainer_step,
+            codec=CodecInfo(level=cfg.zstd_level, chunk_bytes=cfg.chunk_bytes),
+            created_at=time.time(),
+        )
+        manifest.validate()
+        # Last: the manifest is the commit point of the version.
+        await self.store.put(manifest_key(self.model, version, kind), encode_manifest(manifest))
+        return manifest
+
+    def _event(self, manifest: Manifest, trainer_step: int, delta_base: int) -> WeightVersion:
+        return WeightVersion(
+            model=self.model,
+            version=manifest.version,
+            kind=manifest.kind,
+            # A keyframe that also stored a delta names the delta's base.
+            base_version=manifest.base_version if manifest.kind == "delta" else delta_base,
+            keyframe_version=manifest.keyframe_version,
+            manifest_url=self.store.url_for(manifest_key(self.model, manifest.version, manifest.kind)),
+            weights_hash=manifest.weights_hash,
+            num_tensors=len(manifest.tensors),
+            raw_bytes=manifest.raw_bytes,
+            stored_bytes=manifest.stored_bytes,
+            trainer_step=trainer_step,
+            created_at=time.time(),
+        )
+
+    async def _announce(self, event: WeightVersion) -> None:
+        if self.producer is not None:
+            await self.producer.publish(event)
+
+    async def apply_retention(self) -> int:
+        """Delete versions older than the newest ``keep_keyframes`` keyframes."""
+        catalog = await cat.load_catalog(self.store, self.model)
+        doomed = cat.versions_to_delete(catalog, self.cfg.keep_keyframes)
+        deleted = await cat.delete_versions(self.store, self.model, catalog, doomed)
+        for v in doomed:
+            self._reader.forget(v)
+        return deleted
+
+
+def _entries(state: Mapping[str, "torch.Tensor"], checksums: Mapping[str, str]):
+    from syncer.bits import dtype_name
+
+    return [(n, dtype_name(t.dtype), list(t.shape), checksums[n]) for n, t in state.items()]

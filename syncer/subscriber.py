@@ -1,0 +1,241 @@
+"""Sampler side: follow ``rollway.weights``, prefetch and verify the next version while
+the engine keeps serving, then apply it in one short, measured pause.
+
+The subscriber keeps a CPU copy of the weights it last applied (HF names): deltas are
+XORed against it, and it is what makes "verify before apply" possible. Update rules:
+
+* versions at or below the applied one are ignored (never out of order);
+* the delta path (current -> ... -> target) is taken when the chain connects;
+  a missed/pruned version, a new replica (no copy yet) or any integrity failure on the
+  delta path falls back to the keyframe path (newest keyframe <= target + deltas);
+* every chunk and tensor is checked before anything reaches the engine; a corrupt,
+  partial or wrong-base update is never applied, the engine keeps its weights.
+
+The target contract (``docs/contracts.md``)::
+
+    target.weight_version: int
+    await target.apply_weights(tensors, version) -> float   # pause seconds
+
+A target receives every tensor on each update unless it sets
+``accepts_partial_updates = True``; then only tensors that changed are sent (vLLM's
+CPU backend reloads whole layers and must not opt in).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from concurrent.futures import ThreadPoolExecutor
+from typing import TYPE_CHECKING, Any, Protocol
+
+import structlog
+
+from schemas import WeightVersion
+from syncer import catalog as cat
+from syncer.config import SyncerConfig
+from syncer.fetch import Reconstruction, Reconstructor
+from syncer.store import ObjectNotFound, ObjectStore
+from syncer.tensor_codec import IntegrityError
+
+if TYPE_CHECKING:
+    import torch
+
+    from bus.config import KafkaConfig
+
+log = structlog.get_logger(__name__)
+
+
+class WeightTarget(Protocol):
+    weight_version: int
+
+    async def apply_weights(self, tensors: dict[str, "torch.Tensor"], version: int) -> float: ...
+
+
+class UpdateFailed(RuntimeError):
+    """Neither the delta path nor the keyframe path produced verified weights."""
+
+
+class WeightSubscriber:
+    def __init__(
+        self,
+        cfg: SyncerConfig,
+        model: str,
+        store: ObjectStore,
+        target: WeightTarget,
+        *,
+        kafka_cfg: "KafkaConfig | None" = None,
+    ) -> None:
+        self.cfg = cfg
+        self.model = model
+        self.store = store
+        self.target = target
+        self.kafka_cfg = kafka_cfg
+        self._pool = ThreadPoolExecutor(max_workers=cfg.zstd_threads, thread_name_prefix="syncer-decode")
+        self._reader = cat.ManifestReader(store, model)
+        self._reconstructor = Reconstructor(store, self._pool, cfg.max_concurrency)
+        # The weights last applied to the target, and their checksums.
+        self._weights: dict[str, "torch.Tensor"] = {}
+        self._checksums: dict[str, str] = {}
+        self.version = -1
+        # True after a failed apply: the engine may hold a mix, so send everything next.
+        self._engine_dirty = False
+        self.announced = -1
+        self.last_pause_s = 0.0
+        self.last_update_s = 0.0
+        self.last_path = ""
+        self.updates_applied = 0
+        self.failures = 0
+        self.last_error = ""
+        self._lock = asyncio.Lock()
+        self._wake = asyncio.Event()
+        self._stop = asyncio.Event()
+
+    # -- what the sampler heartbeat reports ---------------------------------------------
+    @property
+    def last_pause_ms(self) -> float:
+        return self.last_pause_s * 1000.0
+
+    def heartbeat_fields(self) -> dict[str, Any]:
+        """Fields for ``schemas.Heartbeat``: weight_version, last_pause_ms, updates_applied."""
+        return {
+            "weight_version": self.version,
+            "last_pause_ms": round(self.last_pause_ms, 3),
+            "updates_applied": self.updates_applied,
+        }
+
+    @property
+    def weights(self) -> dict[str, "torch.Tensor"]:
+        """The CPU copy of the applied weights (read-only by convention)."""
+        return self._weights
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=True)
+
+    # -- updating -----------------------------------------------------------------------
+    async def update_to(self, version: int) -> bool:
+        """Reach ``version`` (False when already there or newer). Raises UpdateFailed
+        when no path yields verified weights; the target is then left untouched."""
+        async with self._lock:
+            if version <= self.version:
+                return False
+            t0 = time.perf_counter()
+            recon, plan = await self._prefetch(version)
+            await self._apply(recon, plan, time.perf_counter() - t0)
+            return True
+
+    async def update_to_latest(self) -> bool:
+        catalog = await cat.load_catalog(self.store, self.model)
+        if catalog.latest < 0:
+            return False
+        return await self.update_to(catalog.latest)
+
+    async def _prefetch(self, version: int) -> tuple[Reconstruction, cat.Plan]:
+        catalog = await cat.load_catalog(self.store, self.model)
+        if version not in catalog.kinds:
+            raise UpdateFailed(f"{self.model} v{version} is not in {self.store.url} (not published or pruned)")
+        current = self.version if self._weights else None
+        plan = await cat.plan_update(self._reader, catalog, version, current)
+        try:
+            return await self._reconstructor.run(plan, self._weights, self._checksums), plan
+        except (IntegrityError, ObjectNotFound, cat.NoPath, ValueError) as exc:
+            if plan.keyframe is not None:
+                self._reader.forget()
+                raise UpdateFailed(f"keyframe path to v{version} failed: {exc}") from exc
+            log.warning("delta path failed verification; taking the keyframe path",
+                        model=self.model, target=version, error=str(exc))
+        self._reader.forget()
+        catalog = await cat.load_catalog(self.store, self.model)
+        try:
+            plan = await cat.keyframe_plan(self._reader, catalog, version)
+            return await self._reconstructor.run(plan, {}, {}), plan
+        except (IntegrityError, ObjectNotFound, cat.NoPath, ValueError) as exc:
+            self._reader.forget()
+            raise UpdateFailed(f"keyframe path to v{version} failed: {exc}") from exc
+
+    async def _apply(self, recon: Reconstruction, plan: cat.Plan, prefetch_s: float) -> None:
+        partial_ok = bool(getattr(self.target, "accepts_partial_updates", False))
+        full = not partial_ok or self._engine_dirty or plan.keyframe is not None
+        if full:
+            tensors = dict(recon.tensors)
+        else:
+            # Unchanged tensors are the very objects we already hold.
+            tensors = {n: t for n, t in recon.tensors.items() if self._weights.get(n) is not t}
+        dropped = set(self._weights) - set(recon.tensors)
+        if dropped:
+            log.warning("tensors absent from the new version stay as they are in the engine",
+                        names=sorted(dropped)[:10], count=len(dropped))
+        try:
+            pause = await self.target.apply_weights(tensors, recon.version)
+        except BaseException:
+            self._engine_dirty = True
+            raise
+        self._engine_dirty = False
+        self._weights = recon.tensors
+        self._checksums = recon.checksums
+        self.version = recon.version
+        self.last_pause_s = float(pause)
+        self.last_update_s = prefetch_s
+        self.last_path = plan.describe()
+        self.updates_applied += 1
+        self.last_error = ""
+        log.info(
+            "weights applied",
+            model=self.model, version=recon.version, path=self.last_path,
+            tensors=len(tensors), downloaded_mb=round(recon.downloaded_bytes / 1e6, 3),
+            prefetch_s=round(prefetch_s, 3), pause_ms=round(self.last_pause_ms, 3),
+        )
+
+    # -- following the topic ------------------------------------------------------------
+    def notify(self, event: WeightVersion) -> None:
+        """Take note of an announcement (from Kafka or any other source)."""
+        if event.model == self.model and event.version > self.announced:
+            self.announced = event.version
+            self._wake.set()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._wake.set()
+
+    async def run(self) -> None:
+        """Follow ``rollway.weights`` as a plain reader (no group, reads every partition
+        from the beginning) and keep the target at the newest announced version.
+        Returns after :meth:`stop`."""
+        from bus import EventConsumer
+
+        if self.kafka_cfg is None:
+            raise ValueError("WeightSubscriber.run needs kafka_cfg")
+        consumer = EventConsumer(self.kafka_cfg, ["weights"], group_id=None, dead_letters=False)
+        updater = asyncio.create_task(self._update_loop(), name="weights-updater")
+        try:
+            async with consumer:
+                while not self._stop.is_set():
+                    envs = await consumer.getmany(timeout_ms=200)
+                    for env in envs:
+                        if isinstance(env.event, WeightVersion):
+                            self.notify(env.event)
+        finally:
+            self.stop()
+            await updater
+
+    async def _update_loop(self) -> None:
+        while not self._stop.is_set():
+            await self._wake.wait()
+            self._wake.clear()
+            if self._stop.is_set():
+                return
+            # Coalesce: a burst of announcements (a new replica reading the topic from
+            # the start) becomes one update to the newest.
+            target = self.announced
+            if target <= self.version:
+                continue
+            try:
+                await self.update_to(target)
+            except Exception as exc:  # keep serving old weights; retry later
+                self.failures += 1
+                self.last_error = str(exc)
+                log.error("weight update failed; keeping current weights",
+                          model=self.model, target=target, current=self.version, error=str(exc))
+                try:
+                    await asyncio.wait_for(self._stop.wait(), timeout=self.cfg.retry_delay_s)
+                except asyncio.TimeoutError:
+                    self._wake.set()

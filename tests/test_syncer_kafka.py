@@ -1,0 +1,77 @@
+"""The subscriber follows rollway.weights on a real Kafka broker."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from bus import EventProducer
+from schemas import WeightVersion
+from syncer.apply import ModuleTarget
+from syncer.config import SyncerConfig
+from syncer.publisher import WeightPublisher
+from syncer.store import LocalStore
+from syncer.subscriber import WeightSubscriber
+from tests.test_syncer_sync import MODEL, Toy, assert_same_bits, initial_state, optimizer_like_step, subscriber
+
+pytestmark = pytest.mark.kafka
+
+
+async def wait_for(predicate, timeout: float = 60.0) -> None:
+    deadline = asyncio.get_running_loop().time() + timeout
+    while not predicate():
+        if asyncio.get_running_loop().time() > deadline:
+            raise AssertionError("condition not reached in time")
+        await asyncio.sleep(0.05)
+
+
+async def test_subscribers_follow_weight_announcements(kafka_config, tmp_path):
+    cfg = SyncerConfig(chunk_bytes=4096, keyframe_every=3, zstd_threads=2, retry_delay_s=0.2)
+    states = {1: initial_state(7)}
+    for v in range(2, 5):
+        states[v] = optimizer_like_step(states[v - 1], v)
+    store = LocalStore(tmp_path / "weights")
+    async with EventProducer(kafka_config) as producer:
+        pub = WeightPublisher(cfg, MODEL, store, producer)
+        live, live_target = subscriber(cfg, store)
+        live.kafka_cfg = kafka_config
+        live_task = asyncio.create_task(live.run())
+        try:
+            for v in (1, 2):
+                await pub.publish(v, states[v], trainer_step=v)
+                await wait_for(lambda: live.version == v)
+            # Announcements of another model and of an already-applied version are ignored.
+            await producer.publish(WeightVersion(model="other", version=99, kind="full"))
+            await producer.publish(WeightVersion(model=MODEL, version=1, kind="full"))
+            await pub.publish(3, states[3], trainer_step=3)
+            await wait_for(lambda: live.version == 3)
+            assert live.last_path == "delta v2->v3"
+            assert_same_bits(dict(live_target.module.state_dict()), states[3])
+            assert live.failures == 0
+
+            # A replica that joins late reads the topic from the start and catches up.
+            late, late_target = subscriber(cfg, store)
+            late.kafka_cfg = kafka_config
+            late_task = asyncio.create_task(late.run())
+            await wait_for(lambda: late.version == 3)
+            assert late.last_path.startswith("keyframe v1")
+            await pub.publish(4, states[4], trainer_step=4)
+            await wait_for(lambda: late.version == 4 and live.version == 4)
+            assert live.last_path == "delta v3->v4"
+            assert_same_bits(dict(late_target.module.state_dict()), states[4])
+            assert late.heartbeat_fields()["weight_version"] == 4
+            late.stop()
+            await asyncio.wait_for(late_task, 30)
+        finally:
+            live.stop()
+            await asyncio.wait_for(live_task, 30)
+            pub.close()
+            live.close()
+
+
+async def test_run_needs_kafka_config(tmp_path):
+    sub = WeightSubscriber(SyncerConfig(), MODEL, LocalStore(tmp_path), ModuleTarget(Toy()))
+    with pytest.raises(ValueError, match="kafka_cfg"):
+        await sub.run()
+    sub.close()

