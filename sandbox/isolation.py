@@ -1,0 +1,188 @@
+"""How one command is isolated: the bubblewrap command line and the rlimits.
+
+Every command runs in ``bwrap`` with its own network (only ``lo``), pid, ipc, uts and
+cgroup namespaces, a read-only view of the system (``/usr``, ``/lib*``, ``/bin``,
+``/etc``) and of the Python it needs, the session workspace read-write at
+``/workspace``, a fresh size-capped tmpfs ``/tmp``, a minimal ``/dev`` and ``/proc``,
+and a scrubbed environment. Nothing else of the host is visible: not the repository,
+not the task store (hidden tests), not the service's files.
+
+Privileges. Run as root (as here), bwrap without a user namespace keeps *every*
+capability for the sandboxed command (checked: CapEff is full), and the kernel never
+applies RLIMIT_NPROC to uid 0 (also not inside a user namespace whose uid maps to 0:
+a fork bomb under ``bwrap --unshare-user --uid 1000 ... prlimit --nproc=20`` still
+reached 64 processes). So the command is started through ``setpriv``, which switches
+to an unprivileged uid/gid (``uid_base`` + session slot), clears supplementary groups,
+the bounding set and inheritable caps, and sets no-new-privs (setuid binaries cannot
+regain root). bwrap keeps only CAP_SETUID/SETGID/SETPCAP for that hand-over. With a
+non-root uid RLIMIT_NPROC holds (checked: the same bomb stops at the limit), and the
+per-command cgroup (``pids.max``, memory limit), when available, bounds the tree too.
+
+Run as an ordinary user, bwrap makes a user namespace instead; the command keeps the
+service's uid, so RLIMIT_NPROC counts the service user's own processes too: give the
+service a dedicated user, or cgroups.
+
+Killing. The outer bwrap is a session leader (its process group is killed on timeout)
+and ``--die-with-parent`` kills the sandbox's pid-1 when it dies; when pid 1 of a pid
+namespace dies the kernel kills every process in it, so no descendant survives a
+command, including daemonized ones.
+"""
+
+from __future__ import annotations
+
+import os
+import resource
+import shutil
+import sys
+from pathlib import Path
+
+import msgspec
+
+WORKSPACE = "/workspace"
+SANDBOX_PATH = "/usr/local/bin:/usr/bin:/bin"
+
+
+class Bind(msgspec.Struct, frozen=True):
+    """A host path made visible inside the sandbox."""
+
+    source: str
+    target: str
+    writable: bool = False
+
+
+class Limits(msgspec.Struct, frozen=True, kw_only=True):
+    cpu_seconds: int
+    memory_bytes: int
+    max_processes: int
+    max_file_bytes: int
+    max_open_files: int
+    tmp_bytes: int
+
+
+def python_binds(venv: str = "") -> list[Bind]:
+    """Read-only binds for a Python with pytest: the venv and the interpreter it points
+    to, at the same absolute paths (a venv's ``bin/python`` and ``pyvenv.cfg`` hold
+    absolute paths)."""
+    prefix = Path(venv or sys.prefix).resolve()
+    cfg = prefix / "pyvenv.cfg"
+    paths = [prefix]
+    if cfg.exists():
+        for line in cfg.read_text().splitlines():
+            key, _, value = line.partition("=")
+            if key.strip() == "home":
+                # home = <base>/bin; bind the whole installation (stdlib, lib-dynload).
+                paths.append(Path(value.strip()).resolve().parent)
+        python = prefix / "bin" / "python"
+        if python.exists():
+            paths.append(python.resolve().parent.parent)
+    elif venv == "":
+        paths.append(Path(sys.base_prefix).resolve())
+    out: list[Bind] = []
+    for p in dict.fromkeys(paths):
+        if not any(p.is_relative_to(q) for q in paths if q != p):
+            out.append(Bind(str(p), str(p)))
+    return out
+
+
+def _ancestors(path: str) -> list[str]:
+    parts = Path(path).parts[1:-1]
+    return ["/" + "/".join(parts[: i + 1]) for i in range(len(parts))]
+
+
+SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib64", "/lib32", "/libx32", "/etc")
+
+
+def bwrap_argv(
+    command: str,
+    *,
+    workspace: str,
+    uid: int,
+    limits: Limits,
+    binds: list[Bind],
+    privileged: bool,
+    env: dict[str, str],
+    hostname: str = "sandbox",
+) -> list[str]:
+    """The full argv: ``bwrap <namespaces, mounts, env> -- [setpriv ...] bash -c command``."""
+    bwrap = shutil.which("bwrap")
+    if bwrap is None:
+        raise RuntimeError("bubblewrap (bwrap) is not installed: apt-get install bubblewrap")
+    argv = [bwrap]
+    for d in SYSTEM_DIRS:
+        if os.path.lexists(d):
+            if os.path.islink(d):
+                argv += ["--symlink", os.readlink(d), d]
+            else:
+                argv += ["--ro-bind", d, d]
+    # Create parent dirs 0755 (bwrap would make them 0700, unreadable to the sandbox uid).
+    made: set[str] = set(SYSTEM_DIRS) | {"/"}
+    for bind in binds:
+        for parent in _ancestors(bind.target):
+            if parent not in made:
+                made.add(parent)
+                argv += ["--perms", "0755", "--dir", parent]
+    argv += ["--bind", workspace, WORKSPACE]
+    for bind in binds:
+        argv += ["--bind" if bind.writable else "--ro-bind", bind.source, bind.target]
+    argv += [
+        "--proc", "/proc",
+        "--dev", "/dev",
+        "--size", str(limits.tmp_bytes), "--perms", "1777", "--tmpfs", "/tmp",
+        "--unshare-ipc", "--unshare-pid", "--unshare-net", "--unshare-uts", "--unshare-cgroup-try",
+        "--hostname", hostname,
+        "--die-with-parent",
+        "--new-session",
+        "--chdir", WORKSPACE,
+        "--clearenv",
+    ]
+    for key, value in env.items():
+        argv += ["--setenv", key, value]
+    if privileged:
+        argv += ["--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID", "--cap-add", "CAP_SETPCAP", "--"]
+        setpriv = shutil.which("setpriv")
+        if setpriv is None:
+            raise RuntimeError("setpriv (util-linux) is not installed; it drops root inside the sandbox")
+        argv += [
+            setpriv, f"--reuid={uid}", f"--regid={uid}", "--clear-groups",
+            "--bounding-set=-all", "--inh-caps=-all", "--no-new-privs",
+        ]
+    else:
+        argv += ["--unshare-user", "--"]
+    argv += ["/bin/bash", "-c", command]
+    return argv
+
+
+def sandbox_env(venv: str = "", extra: dict[str, str] | None = None) -> dict[str, str]:
+    venv_bin = str(Path(venv or sys.prefix).resolve() / "bin")
+    env = {
+        "PATH": f"{venv_bin}:{SANDBOX_PATH}",
+        "HOME": "/tmp",
+        "TMPDIR": "/tmp",
+        "LANG": "C.UTF-8",
+        "LC_ALL": "C.UTF-8",
+        "TERM": "dumb",
+        "PYTHONDONTWRITEBYTECODE": "1",
+        "PYTHONUNBUFFERED": "1",
+        "PYTHONNOUSERSITE": "1",
+        # Installed pytest plugins stay off (faster, and entry points in the workspace
+        # cannot load a plugin); the grader passes the plugins it wants with -p.
+        "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1",
+        "PIP_NO_INDEX": "1",
+    }
+    if extra:
+        env.update(extra)
+    return env
+
+
+def apply_rlimits(limits: Limits) -> None:
+    """Set in the child before exec (inherited by bwrap and everything below it)."""
+    settings = {
+        resource.RLIMIT_CPU: (limits.cpu_seconds, limits.cpu_seconds + 1),
+        resource.RLIMIT_AS: (limits.memory_bytes, limits.memory_bytes),
+        resource.RLIMIT_NPROC: (limits.max_processes, limits.max_processes),
+        resource.RLIMIT_FSIZE: (limits.max_file_bytes, limits.max_file_bytes),
+        resource.RLIMIT_NOFILE: (limits.max_open_files, limits.max_open_files),
+        resource.RLIMIT_CORE: (0, 0),
+    }
+    for which, value in settings.items():
+        resource.setrlimit(which, value)

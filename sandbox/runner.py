@@ -1,0 +1,284 @@
+"""Run one command in a sandbox: limits, wall-clock timeout, capped output, a clear result.
+
+:class:`Jail` owns the isolation settings (:mod:`sandbox.isolation`), the optional
+per-command cgroups (:mod:`sandbox.cgroups`) and the bound on commands running at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import time
+from pathlib import Path
+
+import msgspec
+import structlog
+
+from sandbox.cgroups import CgroupManager, CommandCgroup
+from sandbox.config import SandboxConfig
+from sandbox.isolation import Bind, Limits, apply_rlimits, bwrap_argv, python_binds, sandbox_env
+
+log = structlog.get_logger(__name__)
+
+# Exit statuses of a process killed by these signals (bwrap reports 128 + signal).
+_SIGNAL_LIMITS = {
+    128 + signal.SIGXCPU: "cpu",
+    128 + signal.SIGXFSZ: "file_size",
+}
+_READ_CHUNK = 64 * 1024
+# After a kill, how long to wait for the process and its pipes to close.
+_REAP_GRACE_S = 5.0
+
+
+class CommandResult(msgspec.Struct, kw_only=True):
+    """The answer of ``POST /sessions/{id}/exec``.
+
+    ``killed``: why the service killed the command ('' = it ended by itself):
+    'timeout' (wall clock), 'output' (wrote more than max_output_total_bytes).
+    ``limits``: every limit the command ran into, including ones enforced by the
+    kernel: 'cpu' (RLIMIT_CPU), 'file_size' (RLIMIT_FSIZE), 'memory' (the cgroup's
+    memory limit; RLIMIT_AS shows as MemoryError / ENOMEM in the output),
+    'processes' (the cgroup's pids.max), 'timeout', 'output'.
+    """
+
+    exit_code: int
+    stdout: str
+    stderr: str
+    truncated: bool = False
+    timed_out: bool = False
+    duration_s: float = 0.0
+    killed: str = ""
+    limits: list[str] = []
+
+
+class Busy(RuntimeError):
+    """Every command slot stayed taken for command_queue_timeout_s (HTTP 429)."""
+
+
+class _Capture:
+    """Keeps the first ``keep`` bytes of a stream; counts everything."""
+
+    def __init__(self, keep: int) -> None:
+        self.keep = keep
+        self.buf = bytearray()
+        self.total = 0
+
+    def add(self, data: bytes) -> None:
+        self.total += len(data)
+        room = self.keep - len(self.buf)
+        if room > 0:
+            self.buf += data[:room]
+
+    @property
+    def truncated(self) -> bool:
+        return self.total > len(self.buf)
+
+    def text(self) -> str:
+        return self.buf.decode("utf-8", errors="replace")
+
+
+class Jail:
+    """Runs commands isolated. One per service; ``max_concurrent_commands`` at once."""
+
+    def __init__(self, cfg: SandboxConfig, cgroups: CgroupManager | None = None) -> None:
+        self.cfg = cfg
+        self.cgroups = cgroups
+        self.privileged = os.geteuid() == 0
+        self.binds = python_binds(cfg.python_venv) + [Bind(p, p) for p in cfg.extra_ro_binds]
+        self.env = sandbox_env(cfg.python_venv)
+        self.limits = Limits(
+            cpu_seconds=cfg.cpu_seconds,
+            memory_bytes=cfg.memory_bytes,
+            max_processes=cfg.max_processes,
+            max_file_bytes=cfg.max_file_bytes,
+            max_open_files=cfg.max_open_files,
+            tmp_bytes=cfg.tmp_bytes,
+        )
+        self._slots = asyncio.Semaphore(cfg.max_concurrent_commands)
+        self.running = 0
+
+    async def run(
+        self,
+        command: str,
+        *,
+        workspace: Path,
+        uid: int,
+        timeout_s: float,
+        binds: list[Bind] = (),
+        limits: Limits | None = None,
+        env: dict[str, str] | None = None,
+        label: str = "cmd",
+    ) -> CommandResult:
+        try:
+            await asyncio.wait_for(self._slots.acquire(), self.cfg.command_queue_timeout_s)
+        except TimeoutError:
+            raise Busy(
+                f"all {self.cfg.max_concurrent_commands} command slots stayed busy for "
+                f"{self.cfg.command_queue_timeout_s}s"
+            ) from None
+        self.running += 1
+        try:
+            return await self._run(
+                command, workspace=workspace, uid=uid, timeout_s=timeout_s,
+                binds=[*self.binds, *binds], limits=limits or self.limits,
+                env={**self.env, **(env or {})}, label=label,
+            )
+        finally:
+            self.running -= 1
+            self._slots.release()
+
+    async def _run(
+        self,
+        command: str,
+        *,
+        workspace: Path,
+        uid: int,
+        timeout_s: float,
+        binds: list[Bind],
+        limits: Limits,
+        env: dict[str, str],
+        label: str,
+    ) -> CommandResult:
+        argv = bwrap_argv(
+            command, workspace=str(workspace), uid=uid, limits=limits, binds=binds,
+            privileged=self.privileged, env=env,
+        )
+        group: CommandCgroup | None = None
+        if self.cgroups is not None:
+            group = await asyncio.to_thread(
+                self.cgroups.create, label, max_processes=limits.max_processes, memory_bytes=limits.memory_bytes
+            )
+        procs_files = group.procs_files() if group else []
+
+        def in_child() -> None:
+            # Runs between fork and exec: join the cgroup first, so nothing the command
+            # forks can start outside it, then set the rlimits bwrap and the command inherit.
+            pid = str(os.getpid()).encode()
+            for path in procs_files:
+                fd = os.open(path, os.O_WRONLY)
+                try:
+                    os.write(fd, pid)
+                finally:
+                    os.close(fd)
+            apply_rlimits(limits)
+
+        started = time.monotonic()
+        killed = ""
+        out, err = _Capture(self.cfg.max_output_bytes), _Capture(self.cfg.max_output_bytes)
+        try:
+            proc = await asyncio.create_subprocess_exec(
+                *argv,
+                stdin=asyncio.subprocess.DEVNULL,
+                stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.PIPE,
+                start_new_session=True,
+                preexec_fn=in_child,
+                close_fds=True,
+            )
+            too_much = asyncio.Event()
+
+            async def pump(stream: asyncio.StreamReader, capture: _Capture) -> None:
+                # Read to EOF even past the limit (the kill brings EOF soon), so the
+                # pipes close and the child never blocks on a full pipe meanwhile.
+                while chunk := await stream.read(_READ_CHUNK):
+                    capture.add(chunk)
+                    if out.total + err.total > self.cfg.max_output_total_bytes:
+                        too_much.set()
+
+            pumps = asyncio.gather(pump(proc.stdout, out), pump(proc.stderr, err))
+            finished = asyncio.ensure_future(_wait_all(pumps, proc))
+            flooded = asyncio.ensure_future(too_much.wait())
+            done, _ = await asyncio.wait({finished, flooded}, timeout=timeout_s, return_when=asyncio.FIRST_COMPLETED)
+            if finished not in done:
+                killed = "output" if flooded in done else "timeout"
+                self._kill(proc, group)
+                try:
+                    await asyncio.wait_for(asyncio.shield(finished), _REAP_GRACE_S)
+                except TimeoutError:
+                    # Something still holds the pipes; stop reading them.
+                    log.error("sandbox_pipes_stuck", label=label, pid=proc.pid)
+                    pumps.cancel()
+                    for stream in (proc.stdout, proc.stderr):
+                        stream.feed_eof()
+                    await asyncio.wait_for(proc.wait(), _REAP_GRACE_S)
+            flooded.cancel()
+            exit_code = proc.returncode if proc.returncode is not None else -1
+            if exit_code < 0:  # bwrap itself died by a signal (our kill)
+                exit_code = 128 - exit_code
+            limits_hit: list[str] = []
+            if killed:
+                limits_hit.append(killed)
+            if exit_code in _SIGNAL_LIMITS:
+                limits_hit.append(_SIGNAL_LIMITS[exit_code])
+            if group is not None:
+                limits_hit += [hit for hit in await asyncio.to_thread(group.limits_hit) if hit not in limits_hit]
+            result = CommandResult(
+                exit_code=exit_code,
+                stdout=out.text(),
+                stderr=err.text(),
+                truncated=out.truncated or err.truncated,
+                timed_out=killed == "timeout",
+                duration_s=round(time.monotonic() - started, 4),
+                killed=killed,
+                limits=limits_hit,
+            )
+            log.info(
+                "sandbox_command", label=label, uid=uid, exit_code=exit_code, killed=killed,
+                limits=limits_hit, duration_s=result.duration_s, output_bytes=out.total + err.total,
+            )
+            return result
+        finally:
+            if self.privileged:
+                # The uid belongs to this session alone, and its commands run one at a time:
+                # whatever still runs as it is left of this command (the pid namespace's
+                # teardown is asynchronous to bwrap's exit). Wait until it is all gone, so
+                # the next command starts with a clean process count.
+                await asyncio.to_thread(reap_uid, uid, _REAP_GRACE_S)
+            if group is not None:
+                await asyncio.to_thread(group.remove)
+
+    @staticmethod
+    def _kill(proc: asyncio.subprocess.Process, group: CommandCgroup | None) -> None:
+        # bwrap leads its own session: its process group is bwrap and the pid-1 of the
+        # sandbox; --die-with-parent and the pid namespace take every descendant along.
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        if group is not None:
+            group.kill_all()
+
+
+async def _wait_all(pumps: asyncio.Future, proc: asyncio.subprocess.Process) -> None:
+    await pumps
+    await proc.wait()
+
+
+def uid_pids(uid: int) -> list[int]:
+    """Host pids whose real uid is ``uid``."""
+    pids = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            if os.stat(f"/proc/{name}").st_uid == uid:
+                pids.append(int(name))
+        except OSError:
+            pass
+    return pids
+
+
+def reap_uid(uid: int, timeout_s: float) -> None:
+    """SIGKILL every process of ``uid`` until none is left (zombies vanish once reaped)."""
+    deadline = time.monotonic() + timeout_s
+    while pids := uid_pids(uid):
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+        if time.monotonic() > deadline:
+            log.error("sandbox_processes_survive", uid=uid, pids=pids[:20])
+            return
+        time.sleep(0.01)

@@ -1,0 +1,272 @@
+"""The sandbox service: HTTP API of docs/contracts.md over sessions, the jail and the grader.
+
+JSON in and out; errors are ``{"error": "..."}`` with a 4xx/5xx status: 400 bad input,
+404 unknown session/file/task, 409 the session is busy with another command, 413 too
+large, 429 no session slot / no command slot, 502 the reward could not be published.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import tempfile
+from pathlib import Path
+
+import msgspec
+import structlog
+from aiohttp import web
+
+from sandbox.cgroups import CgroupManager, make_cgroup_manager
+from sandbox.config import RewardConfig, SandboxConfig
+from sandbox.grader import Grader, Publisher, SubmitRequest
+from sandbox.runner import Busy, Jail
+from sandbox.sessions import PoolFull, Session, SessionBusy, SessionClosed, SessionPool
+from sandbox.workspace import FileMissing, WorkspaceError
+from tasks.store import TaskStore
+
+log = structlog.get_logger(__name__)
+
+
+class CreateSession(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    task_id: str
+    # Omitted: the task's repository files from the service's task store.
+    files: dict[str, str] | None = None
+
+
+class ExecRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    command: str
+    timeout_s: float | None = None
+
+
+class WriteFile(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    path: str
+    content: str
+
+
+class HttpError(Exception):
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+def _json(data: object, status: int = 200) -> web.Response:
+    return web.Response(body=msgspec.json.encode(data), status=status, content_type="application/json")
+
+
+async def _body(request: web.Request, kind: type):
+    raw = await request.read()
+    try:
+        return msgspec.json.decode(raw, type=kind)
+    except msgspec.ValidationError as exc:
+        raise HttpError(400, f"invalid {kind.__name__} body: {exc}") from None
+    except msgspec.DecodeError as exc:
+        raise HttpError(400, f"body is not JSON: {exc}") from None
+
+
+_STATUS_OF = [
+    (HttpError, None),
+    (SessionClosed, 404),
+    (FileMissing, 404),
+    (WorkspaceError, 400),
+    (PoolFull, 429),
+    (Busy, 429),
+    (SessionBusy, 409),
+]
+
+
+@web.middleware
+async def _errors(request: web.Request, handler):
+    try:
+        return await handler(request)
+    except web.HTTPException as exc:
+        if exc.status == 413:
+            return _json({"error": f"request body too large: {exc.text}"}, 413)
+        if exc.status >= 400:
+            return _json({"error": exc.reason}, exc.status)
+        raise
+    except Exception as exc:
+        for kind, status in _STATUS_OF:
+            if isinstance(exc, kind):
+                message = exc.args[0] if exc.args else str(exc)
+                return _json({"error": message}, status or exc.status)
+        log.exception("sandbox_request_failed", path=request.path)
+        return _json({"error": f"internal error: {type(exc).__name__}: {exc}"}, 500)
+
+
+class SandboxService:
+    """Owns the pool, the jail and the grader; ``app`` is the aiohttp application."""
+
+    def __init__(
+        self,
+        cfg: SandboxConfig,
+        reward_cfg: RewardConfig,
+        store: TaskStore,
+        publisher: Publisher | None = None,
+        cgroups: CgroupManager | None = None,
+    ) -> None:
+        self.cfg = cfg
+        self.store = store
+        root = Path(cfg.workspace_root or tempfile.gettempdir())
+        root.mkdir(parents=True, exist_ok=True)
+        self.cgroups = cgroups if cgroups is not None else make_cgroup_manager(
+            cfg.cgroups, max_processes=cfg.max_processes, memory_bytes=cfg.memory_bytes
+        )
+        self.jail = Jail(cfg, self.cgroups)
+        self.pool = SessionPool(root, capacity=cfg.max_sessions, uid_base=cfg.uid_base)
+        self.grader = Grader(cfg, reward_cfg, store, self.jail, publisher)
+        self._reaper: asyncio.Task | None = None
+        request_limit = max(cfg.max_snapshot_bytes, 2 * cfg.max_file_bytes_api) + 1024 * 1024
+        self.app = web.Application(middlewares=[_errors], client_max_size=request_limit)
+        self.app.add_routes([
+            web.post("/sessions", self.create_session),
+            web.post("/sessions/{id}/exec", self.exec),
+            web.get("/sessions/{id}/files", self.read_file),
+            web.put("/sessions/{id}/files", self.write_file),
+            web.post("/sessions/{id}/submit", self.submit),
+            web.delete("/sessions/{id}", self.close_session),
+            web.get("/health", self.health),
+        ])
+        self.app.on_startup.append(self._on_startup)
+        self.app.on_cleanup.append(self._on_cleanup)
+
+    async def _on_startup(self, app: web.Application) -> None:
+        self._reaper = asyncio.create_task(self._reap_idle())
+
+    async def _on_cleanup(self, app: web.Application) -> None:
+        if self._reaper is not None:
+            self._reaper.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._reaper
+        for session in self.pool.all():
+            await self.pool.close(session)
+        if self.cgroups is not None:
+            self.cgroups.close()
+
+    async def _reap_idle(self) -> None:
+        period = max(1.0, min(60.0, self.cfg.session_idle_timeout_s / 4))
+        while True:
+            await asyncio.sleep(period)
+            for session in self.pool.idle(self.cfg.session_idle_timeout_s):
+                log.warning("session_idle_closed", session_id=session.id, task_id=session.task_id)
+                await self.pool.close(session)
+
+    # --- handlers ---------------------------------------------------------------
+
+    async def create_session(self, request: web.Request) -> web.Response:
+        body = await _body(request, CreateSession)
+        files = body.files
+        if files is None:
+            try:
+                files = self.store.get(body.task_id).files
+            except KeyError as exc:
+                raise HttpError(404, f"{exc.args[0]}; send the task's files") from None
+        session, dropped = await asyncio.to_thread(self.pool.open, body.task_id, files)
+        return _json({"session_id": session.id, "dropped": dropped})
+
+    def _session(self, request: web.Request) -> Session:
+        session = self.pool.get(request.match_info["id"])
+        session.touch()
+        return session
+
+    async def exec(self, request: web.Request) -> web.Response:
+        session = self._session(request)
+        body = await _body(request, ExecRequest)
+        timeout = self.cfg.command_timeout_s if body.timeout_s is None else body.timeout_s
+        if not 0 < timeout <= self.cfg.max_command_timeout_s:
+            raise HttpError(400, f"timeout_s must be in (0, {self.cfg.max_command_timeout_s}], got {timeout}")
+        if session.lock.locked():
+            raise SessionBusy(f"session {session.id} is running another command")
+        async with session.lock:
+            if session.closed:
+                raise SessionClosed(f"no live session {session.id!r}")
+            result = await self.jail.run(
+                body.command, workspace=session.workspace.root, uid=session.uid, timeout_s=timeout,
+                label=f"s{session.slot}",
+            )
+            session.log_call(body.command, result.exit_code, result.stdout, result.stderr, result.killed,
+                             result.duration_s)
+        session.touch()
+        return _json(result)
+
+    async def read_file(self, request: web.Request) -> web.Response:
+        session = self._session(request)
+        path = request.query.get("path")
+        if not path:
+            raise HttpError(400, "query parameter 'path' is required")
+        data = await asyncio.to_thread(session.workspace.read, path, self.cfg.max_file_bytes_api)
+        try:
+            content = data.decode()
+        except UnicodeDecodeError:
+            raise HttpError(415, f"{path!r} is not UTF-8 text") from None
+        return _json({"path": path, "content": content})
+
+    async def write_file(self, request: web.Request) -> web.Response:
+        session = self._session(request)
+        body = await _body(request, WriteFile)
+        size = len(body.content.encode())
+        if size > self.cfg.max_file_bytes_api:
+            raise HttpError(413, f"{body.path!r} is {size} bytes, over the {self.cfg.max_file_bytes_api}-byte limit")
+        written = await asyncio.to_thread(session.workspace.write, body.path, body.content)
+        return _json({"path": body.path, "bytes": written})
+
+    async def submit(self, request: web.Request) -> web.Response:
+        session = self._session(request)
+        body = await _body(request, SubmitRequest)
+        if body.task_id and body.task_id != session.task_id:
+            raise HttpError(400, f"task_id {body.task_id!r} differs from the session's task {session.task_id!r}")
+        body.task_id = session.task_id
+        try:
+            self.store.get(body.task_id)
+        except KeyError as exc:
+            raise HttpError(404, f"cannot grade: {exc.args[0]}") from None
+        if session.lock.locked():
+            raise SessionBusy(f"session {session.id} is running a command; submit after it returns")
+        async with session.lock:
+            if session.closed:
+                raise SessionClosed(f"no live session {session.id!r}")
+            if session.reward is None or session.reward.trajectory_id != body.trajectory_id:
+                snapshot, error = None, ""
+                try:
+                    snapshot = await asyncio.to_thread(
+                        session.workspace.snapshot,
+                        max_bytes=self.cfg.max_snapshot_bytes, max_files=self.cfg.max_snapshot_files,
+                    )
+                except WorkspaceError as exc:
+                    error = str(exc)
+                session.reward = await self.grader.grade(
+                    body, snapshot=snapshot, calls=session.calls, uid=session.uid, snapshot_error=error,
+                )
+            try:
+                await self.grader.publish(session.reward)
+            except Exception as exc:
+                # Keep the session and its verdict: a retried submit publishes it again.
+                log.error("reward_publish_failed", trajectory_id=body.trajectory_id, error=repr(exc))
+                return _json({"error": f"grading done but publishing the reward failed: {exc!r}; retry submit",
+                              "reward": session.reward}, 502)
+            self.pool.release(session)
+        return _json(session.reward)
+
+    async def close_session(self, request: web.Request) -> web.Response:
+        session = self.pool.get(request.match_info["id"])
+        await self.pool.close(session)
+        return _json({"closed": True})
+
+    async def health(self, request: web.Request) -> web.Response:
+        return _json({
+            "sessions": len(self.pool),
+            "capacity": self.pool.capacity,
+            "commands_running": self.jail.running,
+            "command_slots": self.cfg.max_concurrent_commands,
+            "cgroups": self.cgroups is not None,
+            "privileged": self.jail.privileged,
+        })
+
+
+async def serve(service: SandboxService, host: str, port: int) -> web.AppRunner:
+    """Start listening; returns the runner (``await runner.cleanup()`` to stop)."""
+    runner = web.AppRunner(service.app)
+    await runner.setup()
+    site = web.TCPSite(runner, host, port)
+    await site.start()
+    log.info("sandbox_service_listening", host=host, port=port)
+    return runner

@@ -1,0 +1,59 @@
+"""A live sandbox service for tests (of this and other components): real HTTP on a free
+loopback port, real bubblewrap sandboxes."""
+
+from __future__ import annotations
+
+import contextlib
+from pathlib import Path
+from typing import AsyncIterator
+
+from sandbox.config import RewardConfig, SandboxConfig
+from sandbox.grader import Publisher
+from sandbox.service import SandboxService
+from tasks.spec import TaskSpec
+from tasks.store import TaskStore
+
+
+class LiveSandbox:
+    def __init__(self, service: SandboxService, url: str) -> None:
+        self.service = service
+        self.url = url
+
+
+@contextlib.asynccontextmanager
+async def live_sandbox(
+    cfg: SandboxConfig,
+    reward_cfg: RewardConfig | None = None,
+    store: TaskStore | None = None,
+    publisher: Publisher | None = None,
+) -> AsyncIterator[LiveSandbox]:
+    from aiohttp import web
+
+    service = SandboxService(cfg, reward_cfg or RewardConfig(), store or TaskStore(cfg.tasks_dir), publisher)
+    runner = web.AppRunner(service.app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    host, port = runner.addresses[0][:2]
+    try:
+        yield LiveSandbox(service, f"http://{host}:{port}")
+    finally:
+        await runner.cleanup()
+
+
+def write_task_dir(root: Path, spec: TaskSpec) -> Path:
+    """Write ``spec`` in the task folder format of :mod:`tasks.spec` under ``root``."""
+    import tomli_w
+
+    folder = root / spec.task_id
+    meta = {"instruction": spec.instruction, "difficulty": spec.difficulty, "test_command": spec.test_command}
+    if spec.metadata:
+        meta["metadata"] = dict(spec.metadata)
+    folder.mkdir(parents=True)
+    (folder / "task.toml").write_text(tomli_w.dumps(meta))
+    for sub, files in (("repo", spec.files), ("hidden_tests", spec.hidden_tests), ("solution", spec.solution)):
+        for rel, text in files.items():
+            path = folder / sub / rel
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(text)
+    return folder

@@ -1,0 +1,217 @@
+"""A session's workspace on the host: created from task files, read and written by the
+service without ever following a link out of it, snapshotted for grading.
+
+The service runs as root and the sandboxed code controls what is in the workspace, so
+every host-side access walks the path one component at a time with ``openat`` and
+``O_NOFOLLOW``: a symlink (``leak -> /etc/shadow``) or a swapped-in directory link is
+refused, never followed, with no window between a check and the use.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import shutil
+import stat
+from pathlib import Path, PurePosixPath
+
+import msgspec
+import structlog
+
+log = structlog.get_logger(__name__)
+
+# Version-control metadata never enters a workspace: no history for the agent to mine.
+VCS_DIRS = frozenset({".git", ".hg", ".svn", ".bzr", "CVS", "_darcs", ".jj"})
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+class WorkspaceError(ValueError):
+    """A bad path or an unsafe file in the workspace; the message says which and why."""
+
+
+class FileMissing(WorkspaceError):
+    pass
+
+
+class WorkspaceFile(msgspec.Struct, frozen=True):
+    path: str
+    data: bytes
+    mode: int = 0o644
+
+
+class Snapshot(msgspec.Struct, kw_only=True):
+    """Regular files of a workspace at one moment; links and special files are listed, not followed."""
+
+    files: dict[str, WorkspaceFile]
+    symlinks: dict[str, str] = {}
+    skipped: list[str] = []
+    total_bytes: int = 0
+
+
+def clean_relpath(path: str) -> str:
+    """Normalize a workspace-relative path; refuse absolute, parent, empty or VCS paths."""
+    if not isinstance(path, str) or not path or "\x00" in path:
+        raise WorkspaceError(f"invalid path {path!r}")
+    pure = PurePosixPath(path)
+    if pure.is_absolute():
+        raise WorkspaceError(f"path {path!r} is absolute; paths are relative to the workspace")
+    parts = [p for p in pure.parts if p not in ("", ".")]
+    if not parts:
+        raise WorkspaceError(f"path {path!r} names the workspace itself")
+    if ".." in parts:
+        raise WorkspaceError(f"path {path!r} leaves the workspace ('..')")
+    if VCS_DIRS.intersection(parts):
+        raise WorkspaceError(f"path {path!r} is version-control metadata, which workspaces never hold")
+    return "/".join(parts)
+
+
+class Workspace:
+    """A directory owned by the sandbox uid; the service touches it only through here."""
+
+    def __init__(self, root: Path, uid: int) -> None:
+        self.root = root
+        self.uid = uid
+
+    @classmethod
+    def create(cls, root: Path, uid: int, files: dict[str, str | bytes]) -> tuple["Workspace", list[str]]:
+        """Make the workspace from ``files``; returns it and the paths dropped (VCS metadata)."""
+        root.mkdir(mode=0o755)
+        os.chown(root, uid, uid)
+        ws = cls(root, uid)
+        dropped = []
+        for path, content in files.items():
+            try:
+                ws.write(path, content)
+            except WorkspaceError as exc:
+                if "version-control" in str(exc):
+                    dropped.append(path)
+                    continue
+                raise
+        if dropped:
+            log.info("workspace_vcs_dropped", paths=dropped[:20], count=len(dropped))
+        return ws, dropped
+
+    def _open_dir(self, parts: list[str], *, create: bool) -> int:
+        fd = os.open(self.root, _DIR_FLAGS)
+        try:
+            for part in parts:
+                try:
+                    nfd = os.open(part, _DIR_FLAGS, dir_fd=fd)
+                except FileNotFoundError:
+                    if not create:
+                        raise FileMissing(f"no such directory {part!r} in the workspace") from None
+                    os.mkdir(part, 0o755, dir_fd=fd)
+                    nfd = os.open(part, _DIR_FLAGS, dir_fd=fd)
+                    os.fchown(nfd, self.uid, self.uid)
+                except OSError as exc:
+                    raise _refusal(part, exc) from None
+                os.close(fd)
+                fd = nfd
+            return fd
+        except BaseException:
+            os.close(fd)
+            raise
+
+    def read(self, path: str, max_bytes: int) -> bytes:
+        rel = clean_relpath(path)
+        *dirs, name = rel.split("/")
+        dfd = self._open_dir(dirs, create=False)
+        try:
+            try:
+                # O_NONBLOCK: a FIFO planted by the agent must not hang the service.
+                fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK, dir_fd=dfd)
+            except FileNotFoundError:
+                raise FileMissing(f"no such file {rel!r} in the workspace") from None
+            except OSError as exc:
+                raise _refusal(rel, exc) from None
+        finally:
+            os.close(dfd)
+        try:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode):
+                kind = "a directory" if stat.S_ISDIR(st.st_mode) else "not a regular file"
+                raise WorkspaceError(f"{rel!r} is {kind}")
+            if st.st_size > max_bytes:
+                raise WorkspaceError(f"{rel!r} is {st.st_size} bytes, over the {max_bytes}-byte limit")
+            with os.fdopen(fd, "rb", closefd=False) as f:
+                return f.read(max_bytes + 1)[:max_bytes]
+        finally:
+            os.close(fd)
+
+    def write(self, path: str, content: str | bytes, mode: int = 0o644) -> int:
+        rel = clean_relpath(path)
+        data = content.encode() if isinstance(content, str) else content
+        *dirs, name = rel.split("/")
+        dfd = self._open_dir(dirs, create=True)
+        try:
+            try:
+                fd = os.open(
+                    name, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK,
+                    mode & 0o755, dir_fd=dfd,
+                )
+            except OSError as exc:
+                raise _refusal(rel, exc) from None
+        finally:
+            os.close(dfd)
+        try:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode):
+                raise WorkspaceError(f"{rel!r} is not a regular file")
+            os.fchown(fd, self.uid, self.uid)
+            os.fchmod(fd, mode & 0o755)
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view):]
+        finally:
+            os.close(fd)
+        return len(data)
+
+    def snapshot(self, *, max_bytes: int, max_files: int) -> Snapshot:
+        """Every regular file (VCS metadata excluded) without following links.
+
+        Raises WorkspaceError when the workspace is over the limits."""
+        snap = Snapshot(files={})
+        self._walk(os.open(self.root, _DIR_FLAGS), "", snap, max_bytes, max_files)
+        return snap
+
+    def _walk(self, dfd: int, prefix: str, snap: Snapshot, max_bytes: int, max_files: int) -> None:
+        try:
+            for entry in sorted(os.scandir(dfd), key=lambda e: e.name):
+                rel = f"{prefix}{entry.name}"
+                st = entry.stat(follow_symlinks=False)
+                if stat.S_ISLNK(st.st_mode):
+                    snap.symlinks[rel] = os.readlink(entry.name, dir_fd=dfd)
+                elif stat.S_ISDIR(st.st_mode):
+                    if entry.name in VCS_DIRS:
+                        snap.skipped.append(rel + "/")
+                        continue
+                    try:
+                        sub = os.open(entry.name, _DIR_FLAGS, dir_fd=dfd)
+                    except OSError:
+                        snap.skipped.append(rel + "/")
+                        continue
+                    self._walk(sub, rel + "/", snap, max_bytes, max_files)
+                elif stat.S_ISREG(st.st_mode):
+                    if len(snap.files) >= max_files:
+                        raise WorkspaceError(f"workspace has more than {max_files} files")
+                    snap.total_bytes += st.st_size
+                    if snap.total_bytes > max_bytes:
+                        raise WorkspaceError(f"workspace holds more than {max_bytes} bytes")
+                    fd = os.open(entry.name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK, dir_fd=dfd)
+                    with os.fdopen(fd, "rb") as f:
+                        snap.files[rel] = WorkspaceFile(rel, f.read(max_bytes), st.st_mode & 0o755)
+                else:
+                    snap.skipped.append(rel)
+        finally:
+            os.close(dfd)
+
+    def remove(self) -> None:
+        shutil.rmtree(self.root, ignore_errors=True)
+
+
+def _refusal(path: str, exc: OSError) -> WorkspaceError:
+    if exc.errno in (errno.ELOOP, errno.ENOTDIR):
+        return WorkspaceError(f"{path!r} is (or passes through) a symlink or a non-directory; refusing to follow it")
+    if exc.errno == errno.EISDIR:
+        return WorkspaceError(f"{path!r} is a directory")
+    return WorkspaceError(f"{path!r}: {exc.strerror}")
