@@ -3,6 +3,7 @@ broker acknowledged the record."""
 
 from __future__ import annotations
 
+import asyncio
 from typing import Sequence
 
 import structlog
@@ -44,6 +45,7 @@ class EventProducer:
             request_timeout_ms=cfg.request_timeout_ms,
         )
         self._started = False
+        self._enqueue = asyncio.Lock()
 
     @property
     def raw(self) -> AIOKafkaProducer:
@@ -102,7 +104,16 @@ class EventProducer:
             )
         if not self._started:
             raise RuntimeError("EventProducer.publish before start()")
-        meta = await self._producer.send_and_wait(
-            topic, value=value, key=key, headers=list(headers), partition=partition
-        )
+        # Enqueue one caller at a time, then wait for the ack outside the lock: with many
+        # concurrent publishers, aiokafka's full-buffer wait otherwise wakes every
+        # waiter on each drain (a thundering herd that halved throughput).
+        async with self._enqueue:
+            delivery = await self._producer.send(
+                topic, value=value, key=key, headers=list(headers), partition=partition
+            )
+        meta = await delivery
         return RecordRef(meta.topic, meta.partition, meta.offset)
+
+    async def publish_many(self, events: Sequence[Event]) -> list[RecordRef]:
+        """Publish in order, let the producer batch them, return once all are acked."""
+        return list(await asyncio.gather(*(self.publish(e) for e in events)))
