@@ -51,16 +51,30 @@ def load_task(folder: str | Path, task_set: str = "demo") -> TaskSpec:
 
 
 class TaskStore:
-    """All tasks of a folder, by id. The grader's and the feeder's view of the data."""
+    """All tasks of a folder, by id. The grader's and the feeder's view of the data.
+
+    ``tasks_dir`` is a folder of task folders (plus any ``*.jsonl`` files in it, read as
+    SWE-style tasks, see :mod:`tasks.swe`), or a single SWE-style ``.jsonl`` file."""
 
     def __init__(self, tasks_dir: str | Path) -> None:
+        from tasks.swe import load_swe_jsonl
+
         self.root = Path(tasks_dir)
-        if not self.root.is_dir():
-            raise TaskFormatError(f"tasks folder {self.root} does not exist")
         self._tasks: dict[str, TaskSpec] = {}
-        for folder in sorted(p for p in self.root.iterdir() if p.is_dir() and (p / "task.toml").exists()):
-            spec = load_task(folder, task_set=self.root.name)
-            self._tasks[spec.task_id] = spec
+        if self.root.is_file() and self.root.suffix == ".jsonl":
+            jsonl_files = [self.root]
+        elif self.root.is_dir():
+            for folder in sorted(p for p in self.root.iterdir() if p.is_dir() and (p / "task.toml").exists()):
+                spec = load_task(folder, task_set=self.root.name)
+                self._tasks[spec.task_id] = spec
+            jsonl_files = sorted(self.root.glob("*.jsonl"))
+        else:
+            raise TaskFormatError(f"tasks folder {self.root} does not exist")
+        for path in jsonl_files:
+            for spec in load_swe_jsonl(path):
+                if spec.task_id in self._tasks:
+                    raise TaskFormatError(f"{path}: task id {spec.task_id!r} is defined twice in {self.root}")
+                self._tasks[spec.task_id] = spec
 
     def get(self, task_id: str) -> TaskSpec:
         try:

@@ -1,0 +1,271 @@
+"""Load SWE-style tasks (SWE-bench rows plus the repository snapshot) from JSONL.
+
+One JSON object per line; blank lines and lines starting with ``#`` are skipped.
+Accepted fields (anything else is an error unless ``allow_unknown_fields``):
+
+================================  ========  ===============================================
+field                             required  meaning
+================================  ========  ===============================================
+``instance_id``                   yes       task id; ``[A-Za-z0-9_.-]+``, unique in the file
+``problem_statement``             yes       the instruction the agent sees
+``files``                         yes       repository snapshot at ``base_commit``:
+                                            ``{relative path: text}`` (what the agent gets)
+``FAIL_TO_PASS``                  yes       pytest node ids (``tests/test_x.py::test_a``)
+                                            that must pass after the fix; a JSON list, or a
+                                            string holding one (as SWE-bench stores them)
+``PASS_TO_PASS``                  no        node ids that must keep passing; same forms
+``test_patch``                    no        unified diff adding/changing the tests, applied
+                                            to ``files`` to make the hidden tests
+``test_files``                    no        instead of ``test_patch``: ``{path: text}`` of
+                                            the test files after the change
+``patch``                         no        the gold fix as a unified diff -> reference
+                                            solution (checked to apply)
+``solution_files``                no        instead of ``patch``: ``{path: text}``
+``difficulty``                    no        trivial/easy/medium/hard, or SWE-bench
+                                            Verified's "<15 min fix", "15 min - 1 hour",
+                                            "1-4 hours", ">4 hours" (default medium)
+``test_command``                  no        overrides the generated command
+``repo``, ``base_commit``,        no        kept as metadata
+``version``, ``created_at``,
+``hints_text``,
+``environment_setup_commit``
+================================  ========  ===============================================
+
+The task becomes a :class:`TaskSpec` with ``task_set`` = the file's stem:
+
+- ``files``: the snapshot, unchanged (existing tests included, as in SWE-bench);
+- ``hidden_tests``: every test file named by a FAIL_TO_PASS/PASS_TO_PASS id or touched by
+  the test patch, in its patched version, plus the ``__init__.py`` and ``conftest.py``
+  files on its folder path and the non-test helper modules beside it, so it imports
+  as it does in the repository. The grader lays them under ``hidden_tests/``;
+- ``test_command``: ``python -m pytest -q -p no:cacheprovider`` with each id prefixed by
+  ``hidden_tests/``; with ``scoring = "all"`` the score is 1 only when all of them pass;
+- ``metadata``: the extra fields, plus ``FAIL_TO_PASS``/``PASS_TO_PASS`` as JSON.
+
+A bad line raises :class:`SWEFormatError` naming the file, the line and the field.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+from pathlib import Path, PurePosixPath
+from typing import Any, Iterator
+
+from tasks.patch import PatchError, apply_patch, patched_paths
+from tasks.spec import TaskSpec
+
+HIDDEN_TESTS_DIR = "hidden_tests"
+TEST_COMMAND_PREFIX = "python -m pytest -q -p no:cacheprovider"
+METADATA_FIELDS = ("repo", "base_commit", "version", "created_at", "hints_text", "environment_setup_commit")
+REQUIRED_FIELDS = ("instance_id", "problem_statement", "files", "FAIL_TO_PASS")
+OPTIONAL_FIELDS = (
+    "PASS_TO_PASS", "test_patch", "test_files", "patch", "solution_files", "difficulty", "test_command",
+    *METADATA_FIELDS,
+)
+ACCEPTED_FIELDS = frozenset(REQUIRED_FIELDS + OPTIONAL_FIELDS)
+DIFFICULTIES = ("trivial", "easy", "medium", "hard")
+SWE_BENCH_DIFFICULTY = {"<15 min fix": "easy", "15 min - 1 hour": "medium", "1-4 hours": "hard", ">4 hours": "hard"}
+_ID = re.compile(r"[A-Za-z0-9_.-]+")
+
+
+class SWEFormatError(ValueError):
+    """A JSONL row is not a valid SWE-style task; the message names line and field."""
+
+    def __init__(self, source: str, line: int, field: str | None, message: str) -> None:
+        where = f"{source}:{line}" + (f": field {field!r}" if field else "")
+        super().__init__(f"{where}: {message}")
+        self.source, self.line, self.field = source, line, field
+
+
+def _is_test_module(path: str) -> bool:
+    name = PurePosixPath(path).name
+    return name.endswith(".py") and (name.startswith("test_") or name.endswith("_test.py"))
+
+
+def _test_file_of(node_id: str) -> str | None:
+    """``tests/test_x.py::Class::test_a[1]`` -> ``tests/test_x.py``; None when not a pytest id."""
+    path = node_id.split("::", 1)[0]
+    if not path.endswith(".py") or path.startswith("/") or ".." in PurePosixPath(path).parts:
+        return None
+    return path
+
+
+class _Row:
+    """Field access with errors that name the line and field."""
+
+    def __init__(self, source: str, line: int, data: dict[str, Any]) -> None:
+        self.source, self.line, self.data = source, line, data
+
+    def error(self, field: str | None, message: str) -> SWEFormatError:
+        return SWEFormatError(self.source, self.line, field, message)
+
+    def text(self, field: str, *, required: bool = False) -> str | None:
+        value = self.data.get(field)
+        if value is None:
+            if required:
+                raise self.error(field, "is required")
+            return None
+        if not isinstance(value, str):
+            raise self.error(field, f"must be a string, got {type(value).__name__}")
+        if required and not value.strip():
+            raise self.error(field, "must not be empty")
+        return value
+
+    def file_map(self, field: str, *, required: bool = False) -> dict[str, str] | None:
+        value = self.data.get(field)
+        if value is None:
+            if required:
+                raise self.error(field, "is required")
+            return None
+        if not isinstance(value, dict):
+            raise self.error(field, f"must be an object of path -> text, got {type(value).__name__}")
+        for path, text in value.items():
+            p = PurePosixPath(path)
+            if not path or p.is_absolute() or ".." in p.parts or path.startswith(HIDDEN_TESTS_DIR + "/"):
+                raise self.error(field, f"bad path {path!r} (relative, inside the repository, not under {HIDDEN_TESTS_DIR}/)")
+            if not isinstance(text, str):
+                raise self.error(field, f"{path!r}: content must be text, got {type(text).__name__}")
+        return dict(value)
+
+    def test_ids(self, field: str, *, required: bool = False) -> list[str]:
+        value = self.data.get(field)
+        if value is None:
+            if required:
+                raise self.error(field, "is required")
+            return []
+        if isinstance(value, str):  # SWE-bench stores these lists as JSON text
+            try:
+                value = json.loads(value)
+            except json.JSONDecodeError as exc:
+                raise self.error(field, f"is a string but not a JSON list: {exc}") from None
+        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+            raise self.error(field, "must be a list of pytest node ids (strings)")
+        if required and not value:
+            raise self.error(field, "must name at least one test")
+        for node_id in value:
+            if _test_file_of(node_id) is None:
+                raise self.error(field, f"{node_id!r} is not a pytest node id like 'tests/test_x.py::test_a'")
+        return list(value)
+
+
+def parse_row(data: Any, *, source: str = "<jsonl>", line: int = 1, task_set: str = "swe",
+              allow_unknown_fields: bool = False) -> TaskSpec:
+    if not isinstance(data, dict):
+        raise SWEFormatError(source, line, None, f"a line must hold a JSON object, got {type(data).__name__}")
+    row = _Row(source, line, data)
+    unknown = sorted(set(data) - ACCEPTED_FIELDS)
+    if unknown and not allow_unknown_fields:
+        raise row.error(unknown[0], f"unknown field (unknown: {', '.join(unknown)}; accepted: see tasks/swe.py)")
+    task_id = row.text("instance_id", required=True)
+    if not _ID.fullmatch(task_id):
+        raise row.error("instance_id", f"{task_id!r} may hold only letters, digits, '_', '.', '-'")
+    instruction = row.text("problem_statement", required=True)
+    files = row.file_map("files", required=True)
+    if not files:
+        raise row.error("files", "the repository snapshot is empty")
+    fail_to_pass = row.test_ids("FAIL_TO_PASS", required=True)
+    pass_to_pass = row.test_ids("PASS_TO_PASS")
+
+    # The repository after the test change: hidden tests are taken from it.
+    test_patch, test_files = row.text("test_patch"), row.file_map("test_files")
+    if test_patch is not None and test_files is not None:
+        raise row.error("test_files", "give either test_patch or test_files, not both")
+    with_tests = dict(files)
+    touched: list[str] = []
+    if test_patch:
+        try:
+            with_tests = apply_patch(files, test_patch)
+        except PatchError as exc:
+            raise row.error("test_patch", f"does not apply to files: {exc}") from None
+        touched = [p for p in patched_paths(test_patch) if p in with_tests]
+    elif test_files:
+        with_tests.update(test_files)
+        touched = list(test_files)
+
+    hidden: dict[str, str] = {}
+    for field, ids in (("FAIL_TO_PASS", fail_to_pass), ("PASS_TO_PASS", pass_to_pass)):
+        for node_id in ids:
+            path = _test_file_of(node_id)
+            if path not in with_tests:
+                raise row.error(field, f"{node_id!r}: {path} is neither in files nor made by the test patch")
+            hidden[path] = with_tests[path]
+    for path in touched:
+        hidden[path] = with_tests[path]
+    for path in list(hidden):
+        folder = PurePosixPath(path).parent
+        for other, text in with_tests.items():
+            o = PurePosixPath(other)
+            on_path = o.name in ("__init__.py", "conftest.py") and (folder == o.parent or o.parent in folder.parents)
+            helper = o.parent == folder and o.suffix == ".py" and not _is_test_module(other)
+            if on_path or helper:
+                hidden.setdefault(other, text)
+
+    solution: dict[str, str] = {}
+    gold, solution_files = row.text("patch"), row.file_map("solution_files")
+    if gold is not None and solution_files is not None:
+        raise row.error("solution_files", "give either patch or solution_files, not both")
+    if gold:
+        try:
+            fixed = apply_patch(files, gold)
+        except PatchError as exc:
+            raise row.error("patch", f"does not apply to files: {exc}") from None
+        solution = {p: t for p, t in fixed.items() if files.get(p) != t}
+    elif solution_files:
+        solution = solution_files
+
+    raw_difficulty = row.text("difficulty") or "medium"
+    difficulty = SWE_BENCH_DIFFICULTY.get(raw_difficulty, raw_difficulty)
+    if difficulty not in DIFFICULTIES:
+        raise row.error("difficulty", f"{raw_difficulty!r} is not one of {DIFFICULTIES} or {sorted(SWE_BENCH_DIFFICULTY)}")
+
+    command = row.text("test_command")
+    if command is None:
+        ids = [f"{HIDDEN_TESTS_DIR}/{i}" for i in dict.fromkeys(fail_to_pass + pass_to_pass)]
+        command = " ".join([TEST_COMMAND_PREFIX, *(shlex.quote(i) for i in ids)])
+    elif not command.strip():
+        raise row.error("test_command", "must not be empty")
+
+    metadata = {f: row.text(f) for f in METADATA_FIELDS if row.text(f) is not None}
+    metadata["FAIL_TO_PASS"] = json.dumps(fail_to_pass)
+    metadata["PASS_TO_PASS"] = json.dumps(pass_to_pass)
+    metadata["source"] = "swe"
+    return TaskSpec(
+        task_id=task_id,
+        instruction=instruction,
+        files=files,
+        hidden_tests=hidden,
+        solution=solution,
+        test_command=command,
+        difficulty=difficulty,
+        language="python",
+        task_set=task_set,
+        metadata=metadata,
+    )
+
+
+def iter_swe_jsonl(path: str | Path, *, task_set: str | None = None,
+                   allow_unknown_fields: bool = False) -> Iterator[TaskSpec]:
+    path = Path(path)
+    task_set = task_set or path.stem
+    seen: dict[str, int] = {}
+    with path.open(encoding="utf-8") as f:
+        for number, line in enumerate(f, start=1):
+            if not line.strip() or line.lstrip().startswith("#"):
+                continue
+            try:
+                data = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise SWEFormatError(str(path), number, None, f"not valid JSON: {exc}") from None
+            spec = parse_row(data, source=str(path), line=number, task_set=task_set,
+                             allow_unknown_fields=allow_unknown_fields)
+            if spec.task_id in seen:
+                raise SWEFormatError(str(path), number, "instance_id",
+                                     f"{spec.task_id!r} already defined on line {seen[spec.task_id]}")
+            seen[spec.task_id] = number
+            yield spec
+
+
+def load_swe_jsonl(path: str | Path, **kwargs: Any) -> list[TaskSpec]:
+    return list(iter_swe_jsonl(path, **kwargs))
