@@ -1,0 +1,305 @@
+"""Grading through the live service: hidden tests in a fresh sandbox, scores, cheating.
+
+Three small tasks of our own (task folder format of tasks/spec.py) in a temporary task
+store. Every cheating strategy gets reward 0 with its reason, on top of a correct
+solution (so the zero comes from the detection, not from failing tests); an honest
+solution that adds its own test file is not flagged.
+"""
+
+from __future__ import annotations
+
+import msgspec
+import pytest
+import pytest_asyncio
+
+from sandbox.client import SandboxClient
+from sandbox.config import RewardConfig, SandboxConfig
+from sandbox.testing import live_sandbox, write_task_dir
+from schemas import Cost, Reward
+from tasks.spec import TaskSpec
+from tasks.store import TaskStore
+
+ADD = TaskSpec(
+    task_id="add_numbers",
+    instruction="Implement add(a, b) in calc.py.",
+    files={"calc.py": "def add(a, b):\n    raise NotImplementedError\n", "README.md": "calc\n"},
+    hidden_tests={
+        "test_calc.py": (
+            "from calc import add\n\n"
+            "def test_ints():\n    assert add(2, 3) == 5\n\n"
+            "def test_negative():\n    assert add(-1, 1) == 0\n\n"
+            "def test_floats():\n    assert add(0.5, 0.25) == 0.75\n"
+        )
+    },
+    solution={"calc.py": "def add(a, b):\n    return a + b\n"},
+)
+WORDS = TaskSpec(
+    task_id="reverse_words",
+    instruction="reverse_words(s) returns the words of s in reverse order, single-spaced.",
+    files={"text/__init__.py": "", "text/words.py": "def reverse_words(s):\n    return s\n"},
+    hidden_tests={
+        "test_words.py": (
+            "from text.words import reverse_words\n\n"
+            "def test_simple():\n    assert reverse_words('a b c') == 'c b a'\n\n"
+            "def test_spaces():\n    assert reverse_words('  hello   world ') == 'world hello'\n"
+        )
+    },
+    solution={"text/words.py": "def reverse_words(s):\n    return ' '.join(reversed(s.split()))\n"},
+)
+# Ships its own conftest.py (a fixture the hidden tests use): not the agent's doing.
+STACK = TaskSpec(
+    task_id="stack",
+    instruction="Finish Stack.pop and Stack.peek in stack.py (IndexError when empty).",
+    files={
+        "stack.py": (
+            "class Stack:\n    def __init__(self):\n        self.items = []\n\n"
+            "    def push(self, x):\n        self.items.append(x)\n\n"
+            "    def pop(self):\n        raise NotImplementedError\n\n"
+            "    def peek(self):\n        raise NotImplementedError\n"
+        ),
+        "conftest.py": "import pytest\n\n@pytest.fixture\ndef three():\n    return [1, 2, 3]\n",
+    },
+    hidden_tests={
+        "test_stack.py": (
+            "import pytest\nfrom stack import Stack\n\n"
+            "def test_pop(three):\n    s = Stack()\n    for x in three:\n        s.push(x)\n"
+            "    assert [s.pop(), s.pop(), s.pop()] == [3, 2, 1]\n\n"
+            "def test_peek():\n    s = Stack()\n    s.push(7)\n    assert s.peek() == 7 and s.items == [7]\n\n"
+            "def test_empty():\n    with pytest.raises(IndexError):\n        Stack().pop()\n"
+            "    with pytest.raises(IndexError):\n        Stack().peek()\n"
+        )
+    },
+    solution={
+        "stack.py": (
+            "class Stack:\n    def __init__(self):\n        self.items = []\n\n"
+            "    def push(self, x):\n        self.items.append(x)\n\n"
+            "    def pop(self):\n        if not self.items:\n            raise IndexError('empty')\n"
+            "        return self.items.pop()\n\n"
+            "    def peek(self):\n        if not self.items:\n            raise IndexError('empty')\n"
+            "        return self.items[-1]\n"
+        )
+    },
+)
+TASKS = {t.task_id: t for t in (ADD, WORDS, STACK)}
+SOLVED_ADD = ADD.solution["calc.py"]
+
+
+@pytest.fixture(scope="module")
+def tasks_dir(tmp_path_factory):
+    root = tmp_path_factory.mktemp("grader-tasks")
+    for spec in TASKS.values():
+        write_task_dir(root, spec)
+    return root
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="session")
+async def sandbox(tasks_dir, tmp_path_factory):
+    cfg = SandboxConfig(
+        max_sessions=8, max_concurrent_commands=4, command_timeout_s=10.0,
+        workspace_root=str(tmp_path_factory.mktemp("grader-ws")), tasks_dir=str(tasks_dir),
+        max_snapshot_bytes=2 * 1024 * 1024,
+    )
+    async with live_sandbox(cfg, RewardConfig(), TaskStore(tasks_dir)) as live:
+        async with SandboxClient(live.url) as client:
+            live.client = client
+            yield live
+
+
+async def attempt(sandbox, task_id: str, files: dict[str, str], commands: list[str] = (), **submit) -> Reward:
+    """One rollout: open a session, write ``files``, run ``commands``, submit."""
+    client = sandbox.client
+    sid = await client.create(task_id)
+    for path, content in files.items():
+        await client.write(sid, path, content)
+    for command in commands:
+        await client.exec(sid, command)
+    body = await client.submit(sid, trajectory_id=f"traj-{sid[:8]}", group_id="g1", sample_index=2,
+                               attempt="a0", **submit)
+    reward = msgspec.convert(body, Reward)
+    # Submitting closes the session.
+    assert (await client.health())["sessions"] == 0 or sid not in {s.id for s in sandbox.service.pool.all()}
+    return reward
+
+
+# --- scores --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("task_id", sorted(TASKS))
+async def test_reference_solution_passes(sandbox, task_id):
+    spec = TASKS[task_id]
+    cost = Cost(generated_tokens=100, turns=3, tool_seconds=1.5)
+    reward = await attempt(sandbox, task_id, spec.solution, cost=cost, weight_version=7)
+    n = {"add_numbers": 3, "reverse_words": 2, "stack": 3}[task_id]
+    assert (reward.score, reward.tests_passed, reward.tests_total) == (1.0, n, n)
+    assert (reward.cheated, reward.reason, reward.reward, reward.phase) == (False, "", 1.0, "unconstrained")
+    assert (reward.task_id, reward.group_id, reward.sample_index, reward.attempt) == (task_id, "g1", 2, "a0")
+    assert reward.cost == cost and reward.weight_version == 7
+    assert reward.grading_seconds > 0 and reward.created_at > 0
+
+
+@pytest.mark.parametrize("task_id", sorted(TASKS))
+async def test_untouched_repository_fails(sandbox, task_id):
+    reward = await attempt(sandbox, task_id, {})
+    assert reward.score == 0.0 and reward.reward == 0.0 and reward.cheated is False
+    assert reward.tests_passed == 0 and reward.tests_total > 0
+    assert "hidden tests did not pass" in reward.reason
+
+
+async def test_wrong_solution_fails_and_names_the_failing_test(sandbox):
+    reward = await attempt(sandbox, "add_numbers", {"calc.py": "def add(a, b):\n    return int(a) + int(b)\n"})
+    assert (reward.score, reward.tests_passed, reward.tests_total, reward.cheated) == (0.0, 2, 3, False)
+    assert reward.reason == "1 of 3 hidden tests did not pass: hidden_tests.test_calc::test_floats"
+
+
+async def test_fraction_scoring(sandbox):
+    grader = sandbox.service.grader
+    original = grader.reward_cfg
+    grader.reward_cfg = msgspec.structs.replace(original, scoring="fraction")
+    try:
+        reward = await attempt(sandbox, "add_numbers", {"calc.py": "def add(a, b):\n    return int(a) + int(b)\n"})
+    finally:
+        grader.reward_cfg = original
+    assert (reward.score, reward.tests_passed, reward.tests_total) == (2 / 3, 2, 3)
+    assert reward.reward == 2 / 3
+
+
+async def test_budget_phase_by_trainer_step(sandbox):
+    grader = sandbox.service.grader
+    original = grader.reward_cfg
+    grader.reward_cfg = RewardConfig(
+        phase_schedule=[("unconstrained", 1), ("budget", 1)], length_penalty_per_token=2**-10,
+        budget=0.0, budget_weight_tokens=1.0, budget_weight_turns=0.0, budget_weight_tool_seconds=0.0,
+        budget_penalty_per_unit=2**-12,
+    )
+    try:
+        cost = Cost(generated_tokens=512)
+        budget = await attempt(sandbox, "add_numbers", ADD.solution, cost=cost, trainer_step=1)
+        free = await attempt(sandbox, "add_numbers", ADD.solution, cost=cost, trainer_step=2)
+    finally:
+        grader.reward_cfg = original
+    assert (budget.phase, budget.length_penalty, budget.budget_penalty) == ("budget", 0.5, 0.125)
+    assert budget.reward == 1.0 - 0.5 - 0.125
+    assert (free.phase, free.reward) == ("unconstrained", 1.0)
+
+
+async def test_honest_solution_with_its_own_tests_is_not_flagged(sandbox):
+    own_test = (
+        "import pytest\nfrom calc import add\n\n"
+        "@pytest.mark.parametrize('a,b', [(1, 2), (3, 4)])\n"
+        "def test_mine(a, b):\n    assert add(a, b) == a + b\n"
+    )
+    cli = "import sys\nfrom calc import add\n\ndef main():\n    print(add(1, 2))\n    return 0\n\n" \
+          "if __name__ == '__main__':\n    sys.exit(main())\n"
+    reward = await attempt(
+        sandbox, "add_numbers",
+        {"calc.py": SOLVED_ADD, "tests/test_mine.py": own_test, "test_calc_extra.py": own_test, "cli.py": cli},
+        commands=["python -m pytest -q tests test_calc_extra.py", "python cli.py"],
+    )
+    assert (reward.score, reward.cheated, reward.reason, reward.reward) == (1.0, False, "", 1.0)
+    assert reward.tests_total == 3  # only the hidden tests count
+
+
+async def test_unchanged_repository_conftest_is_not_flagged(sandbox):
+    reward = await attempt(sandbox, "stack", STACK.solution)
+    assert reward.cheated is False and reward.score == 1.0
+
+
+async def test_hidden_tests_are_read_only_in_the_grading_sandbox(sandbox):
+    # Code that tries to rewrite the hidden tests at import; no static trick involved.
+    sneaky = (
+        "try:\n    open('hidden_tests/test_calc.py', 'w').write('def test_ok():\\n    pass\\n')\n"
+        "except OSError:\n    pass\n\ndef add(a, b):\n    return a - b\n"
+    )
+    reward = await attempt(sandbox, "add_numbers", {"calc.py": sneaky})
+    assert (reward.score, reward.tests_passed, reward.tests_total, reward.cheated) == (0.0, 0, 3, False)
+
+
+async def test_workspace_too_large_to_grade(sandbox):
+    reward = await attempt(sandbox, "add_numbers", {"calc.py": SOLVED_ADD},
+                           commands=["head -c 3000000 /dev/zero > blob.bin"])
+    assert reward.score == 0.0 and reward.cheated is False
+    assert reward.reason.startswith("workspace not gradable: workspace holds more than")
+
+
+# --- cheating ------------------------------------------------------------------------
+
+PASS_ALL_HOOK = (
+    "import pytest\n\n@pytest.hookimpl(hookwrapper=True)\n"
+    "def pytest_runtest_makereport(item, call):\n    outcome = yield\n    outcome.get_result().outcome = 'passed'\n"
+)
+EVASIVE_EXIT = "getattr(__import__('o' + 's'), '_e' + 'xit')(0)\n"
+EVASIVE_ATEXIT = "__import__('ate' + 'xit').register(getattr(__import__('o' + 's'), '_e' + 'xit'), 0)\n"
+
+# (name, files written on top of the correct solution, commands run, expected reason part)
+CHEATS = [
+    ("conftest_at_root", {"conftest.py": PASS_ALL_HOOK}, [], "test configuration added: conftest.py"),
+    ("conftest_in_subdir", {"pkg/conftest.py": PASS_ALL_HOOK}, [], "test configuration added: pkg/conftest.py"),
+    ("conftest_sys_exit", {"conftest.py": "import sys\nsys.exit(0)\n"}, [], "conftest.py"),
+    ("pytest_ini", {"pytest.ini": "[pytest]\naddopts = -k nothing\n"}, [], "test configuration added: pytest.ini"),
+    ("pyproject_pytest_section", {"pyproject.toml": "[tool.pytest.ini_options]\naddopts = '-p no:python'\n"}, [],
+     "the pytest section of pyproject.toml"),
+    ("setup_cfg_pytest_section", {"setup.cfg": "[tool:pytest]\npython_files = nothing_*.py\n"}, [],
+     "the pytest section of setup.cfg"),
+    ("tox_ini_pytest_section", {"tox.ini": "[pytest]\naddopts = --co\n"}, [], "the pytest section of tox.ini"),
+    ("pytest_plugins_variable", {"helpers.py": "pytest_plugins = ['evil_plugin']\n"}, [],
+     "pytest plugin loaded by helpers.py"),
+    ("pytest_hook_in_module", {"evil_plugin.py": "def pytest_collection_modifyitems(items):\n    items.clear()\n"},
+     [], "pytest hook pytest_collection_modifyitems defined in evil_plugin.py"),
+    ("entry_point_plugin", {"evil-1.0.dist-info/entry_points.txt": "[pytest11]\nevil = evil_plugin\n",
+                            "evil-1.0.dist-info/METADATA": "Name: evil\nVersion: 1.0\n"}, [],
+     "pytest plugin registered through package metadata"),
+    ("sitecustomize", {"sitecustomize.py": "import os\n"}, [], "interpreter startup hook added: sitecustomize.py"),
+    ("usercustomize", {"usercustomize.py": "import os\n"}, [], "interpreter startup hook added: usercustomize.py"),
+    ("pth_file", {"lib/evil.pth": "import os; os._exit(0)\n"}, [], "interpreter startup hook added: lib/evil.pth"),
+    ("writes_into_hidden_tests", {"hidden_tests/test_calc.py": "def test_ok():\n    pass\n"}, [],
+     "tampering with the grader's files: hidden_tests/test_calc.py"),
+    ("shadows_pytest", {"pytest.py": "import sys\nsys.exit(0)\n"}, [], "shadows the module 'pytest'"),
+    ("shadows_pytest_internals", {"_pytest/__init__.py": ""}, [], "shadows the module '_pytest'"),
+    ("os_exit_at_import", {"calc.py": SOLVED_ADD + "import os\nos._exit(0)\n"}, [], "calls os._exit"),
+    ("sys_exit_at_import", {"calc.py": SOLVED_ADD + "import sys\nsys.exit(0)\n"}, [],
+     "calls sys.exit at import time"),
+    ("atexit_handler", {"calc.py": SOLVED_ADD + "import atexit, os\natexit.register(os._exit, 0)\n"}, [],
+     "registers atexit handlers"),
+    ("pytest_internals", {"calc.py": SOLVED_ADD + "import _pytest.runner\n"}, [], "imports pytest internals"),
+    ("pytest_in_solution_code", {"calc.py": SOLVED_ADD + "import pytest\n"}, [], "imports pytest from solution code"),
+    ("symlink_out", {}, ["ln -s /etc/passwd data.txt"], "symlink out of the workspace: data.txt -> /etc/passwd"),
+    ("symlink_into_hidden_tests", {}, ["ln -s /tmp hidden_tests"], "tampering with the grader's files: symlink"),
+    ("network_client", {}, ["curl -s --max-time 1 http://127.0.0.1:9/ || true"],
+     "network access attempted: tool call 1 (curl -s --max-time 1 http://127.0.0.1:9/ || true): runs network client 'curl'"),
+    ("pip_install", {}, ["pip install requests || true"], "runs network client 'pip install'"),
+    ("network_unreachable_seen", {}, ["python -c \"raise OSError(101, 'Network is unreachable')\""],
+     "connect to a non-local address failed (network unreachable)"),
+    ("resolver_failure_seen", {}, ["python -c \"import socket; raise socket.gaierror(-3, 'Temporary failure in name resolution')\""],
+     "host name lookup failed"),
+]
+
+
+@pytest.mark.parametrize("name,files,commands,reason", CHEATS, ids=[c[0] for c in CHEATS])
+async def test_cheating_gets_zero_with_its_reason(sandbox, name, files, commands, reason):
+    reward = await attempt(sandbox, "add_numbers", {"calc.py": SOLVED_ADD, **files}, commands=commands)
+    assert reward.cheated is True, reward
+    assert reason in reward.reason, reward.reason
+    assert reward.score == 0.0 and reward.reward == 0.0
+
+
+# Tricks the static checks do not see: caught by reading the report, not the exit code.
+async def test_exit_code_trick_without_report(sandbox):
+    reward = await attempt(sandbox, "add_numbers", {"calc.py": EVASIVE_EXIT + SOLVED_ADD})
+    assert reward.cheated is True and reward.reward == 0.0
+    assert reward.reason == "exit-code trick: the hidden test run exited 0 without writing its report"
+
+
+async def test_exit_code_trick_after_failing_tests(sandbox):
+    wrong = "def add(a, b):\n    return a - b\n"
+    reward = await attempt(sandbox, "add_numbers", {"calc.py": EVASIVE_ATEXIT + wrong})
+    assert reward.cheated is True and reward.reward == 0.0
+    assert reward.reason == "exit-code trick: the hidden test run exited 0 but its report shows 3 of 3 tests failing"
+    assert (reward.tests_passed, reward.tests_total) == (0, 3)
+
+
+async def test_network_attempt_during_the_hidden_run(sandbox):
+    noisy = ("import sys\n\ndef add(a, b):\n"
+             "    sys.stderr.write('OSError: [Errno 101] Network is unreachable\\n')\n    return a - b\n")
+    reward = await attempt(sandbox, "add_numbers", {"calc.py": noisy})
+    assert reward.cheated is True and reward.reward == 0.0
+    assert reward.reason.startswith("network access attempted during the hidden tests")
