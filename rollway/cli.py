@@ -16,6 +16,7 @@ COMMANDS: list[tuple[str, str, str]] = [
     ("tail", "rollway.commands.tail", "print decoded events of a topic"),
     ("model", "rollway.commands.model", "build the local tiny model and tokenizer"),
     ("analytics", "rollway.commands.analytics", "example analytics consumers (solve rate)"),
+    ("sandbox", "rollway.commands.sandbox", "run the sandbox service: isolated sessions, grading, rewards"),
 ]
 
 

@@ -1,0 +1,70 @@
+"""``rollway sandbox``: run the sandbox service (sessions, isolated commands, grading)."""
+
+from __future__ import annotations
+
+import argparse
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--host", help="listen address (default: sandbox.host)")
+    parser.add_argument("--port", type=int, help="listen port (default: sandbox.port)")
+    parser.add_argument("--tasks-dir", help="task store with the hidden tests (default: sandbox.tasks_dir)")
+    parser.add_argument("--no-publish", action="store_true",
+                        help="grade without publishing rewards to Kafka (local debugging only)")
+
+
+def run(args: argparse.Namespace) -> int:
+    import asyncio
+    import signal
+    import sys
+
+    import msgspec
+
+    from rollway.config import ConfigError, load_config
+    from rollway.logging import configure_logging
+
+    try:
+        cfg = load_config(args.config)
+    except ConfigError as exc:
+        print(f"rollway sandbox: {exc}", file=sys.stderr)
+        return 2
+    configure_logging("sandbox", level=cfg.logging.level)
+    overrides = {k: v for k, v in (("host", args.host), ("port", args.port), ("tasks_dir", args.tasks_dir)) if v is not None}
+    sandbox_cfg = msgspec.structs.replace(cfg.sandbox, **overrides)
+    publish = sandbox_cfg.publish_rewards and not args.no_publish
+
+    async def main() -> int:
+        from bus import EventProducer
+        from sandbox.cgroups import CgroupUnavailable
+        from sandbox.service import SandboxService, serve
+        from tasks.store import TaskFormatError, TaskStore
+
+        try:
+            store = TaskStore(sandbox_cfg.tasks_dir)
+        except TaskFormatError as exc:
+            print(f"rollway sandbox: {exc}", file=sys.stderr)
+            return 2
+        producer = EventProducer(cfg.kafka, client_id="rollway-sandbox") if publish else None
+        if producer is not None:
+            await producer.start()
+        try:
+            try:
+                service = SandboxService(sandbox_cfg, cfg.reward, store, publisher=producer)
+            except (CgroupUnavailable, RuntimeError) as exc:
+                print(f"rollway sandbox: {exc}", file=sys.stderr)
+                return 2
+            runner = await serve(service, sandbox_cfg.host, sandbox_cfg.port)
+            print(f"sandbox service on http://{sandbox_cfg.host}:{sandbox_cfg.port} "
+                  f"({len(store)} tasks, rewards {'published' if producer else 'not published'})", flush=True)
+            stop = asyncio.Event()
+            loop = asyncio.get_running_loop()
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                loop.add_signal_handler(sig, stop.set)
+            await stop.wait()
+            await runner.cleanup()
+            return 0
+        finally:
+            if producer is not None:
+                await producer.stop()
+
+    return asyncio.run(main())
