@@ -1,0 +1,228 @@
+"""Batching rules (trainer/assembler.py) on real chunk/reward events sampled from the
+tiny model. No Kafka here: envelopes carry made-up positions (the Kafka path is in
+tests/test_trainer_kafka.py)."""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+
+import msgspec
+import pytest
+
+from bus import Envelope
+from schemas import TrajectoryChunk
+from trainer.assembler import Assembler
+from trainer.config import TrainerConfig
+from trainer.synthetic import SampledTrajectory, load_tiny, make_task_groups, to_events
+
+_offsets = itertools.count()
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    """One intra-op thread: on a shared 2-core machine two OpenMP threads contend badly
+    (steps 20x slower), and bit-exact comparisons need a fixed thread count anyway."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="module")
+def sampled(tiny_model_path) -> list[list[SampledTrajectory]]:
+    model, tok = load_tiny(str(tiny_model_path))
+    return make_task_groups(model, tok, 3, group_size=4, max_new_tokens=8, env_after=3, seed=7)
+
+
+def envs(traj: SampledTrajectory, *, reward: float | None = None, chunk_tokens: int = 16):
+    chunks, rew = to_events(traj, reward=reward, chunk_tokens=chunk_tokens)
+    out = [Envelope(c, "t.trajectories", 0, next(_offsets), 0, None, ()) for c in chunks]
+    out.append(Envelope(rew, "t.rewards", 0, next(_offsets), 0, None, ()))
+    return out
+
+
+def with_versions(traj: SampledTrajectory, versions: list[int]) -> SampledTrajectory:
+    return dataclasses.replace(traj, versions=versions)
+
+
+def feed(asm: Assembler, items) -> None:
+    for env in items:
+        asm.add(env)
+
+
+def cfg(**kw) -> TrainerConfig:
+    base = dict(groups_per_step=1, max_staleness=4)
+    base.update(kw)
+    return TrainerConfig(**base)
+
+
+def test_complete_group_is_ready_with_records_in_order(sampled):
+    asm = Assembler(cfg())
+    group = sampled[0]
+    all_envs = [envs(t) for t in group]
+    # Interleave: every trajectory's first chunk, then the rest, rewards first for one.
+    feed(asm, [e[0] for e in all_envs])
+    assert asm.take_batch(0, 0) is None
+    feed(asm, [all_envs[2][-1]])  # a reward before its trajectory's last chunks
+    fed = {e[0].offset for e in all_envs} | {all_envs[2][-1].offset}
+    feed(asm, [x for e in all_envs for x in e if x.offset not in fed])
+    batch = asm.take_batch(0, 0)
+    assert batch is not None and len(batch) == 1
+    (g,) = batch
+    assert [t.sample_index for t in g.members] == [0, 1, 2, 3]
+    for t, e in zip(g.members, all_envs):
+        assert t.chunk_refs == [x.ref for x in e[:-1]]
+        assert t.reward_ref == e[-1].ref
+        assert sum(s.num_tokens for s in t.segments) == len(group[t.sample_index].token_ids)
+    assert asm.released() == []  # nothing is acked before the step is logged
+    acked = asm.mark_trained(batch)
+    assert sorted(x.offset for x in acked) == sorted(x.offset for e in all_envs for x in e)
+    # Records of a trained trajectory seen again (re-read after a restart) are released.
+    feed(asm, all_envs[0])
+    assert len(asm.released()) == len(all_envs[0])
+    assert asm.counters["records_already_done"] == len(all_envs[0])
+
+
+def test_first_complete_attempt_wins_and_duplicates_are_counted(sampled):
+    asm = Assembler(cfg())
+    group = sampled[1]
+    retry = dataclasses.replace(group[1], attempt="a1")  # another sampler redid sample 1
+    slow = envs(group[1])
+    fast = envs(retry)
+    feed(asm, slow[:1])  # the first attempt started first ...
+    feed(asm, fast)  # ... but the retry completed first: it wins
+    feed(asm, slow[1:])
+    assert asm.counters["dropped_duplicate"] == 1
+    assert {e.offset for e in asm.released()} == {e.offset for e in slow}
+    for i in (0, 2, 3):
+        feed(asm, envs(group[i]))
+    (g,) = asm.take_batch(0, 0)
+    assert g.members[1].attempt == "a1"
+    asm.mark_trained([g])
+    # A third attempt arriving after the group was trained is a late duplicate.
+    late = envs(dataclasses.replace(group[1], attempt="a2"))
+    feed(asm, late)
+    assert asm.counters["dropped_duplicate"] == 2
+    assert {e.offset for e in asm.released()} == {e.offset for e in late}
+    # A redelivered record of a trajectory in progress is ignored, not double counted.
+    asm2 = Assembler(cfg())
+    e = envs(group[0])
+    feed(asm2, [e[0], e[0]])
+    assert asm2.counters["duplicate_records"] == 1
+
+
+def test_zero_variance_group_is_dropped_and_counted(sampled):
+    asm = Assembler(cfg())
+    all_envs = [envs(t, reward=0.5) for t in sampled[2]]
+    for e in all_envs:
+        feed(asm, e)
+    assert asm.take_batch(0, 0) is None
+    assert asm.counters["dropped_zero_variance"] == 1
+    assert len(asm.released()) == sum(len(e) for e in all_envs)
+
+
+@pytest.mark.parametrize("policy", ["drop_group", "mask_tokens"])
+def test_stale_groups_are_dropped_and_counted(sampled, policy):
+    n = len(sampled[0][0].token_ids)
+    asm = Assembler(cfg(max_staleness=2, stale_policy=policy))
+    # Per-token versions come from the spans: sample 3 began at version 1, ended at 4.
+    versions = [[4] * n, [4] * n, [3] * n, [1] * (n - 3) + [4] * 3]
+    for t, v in zip(sampled[0], versions):
+        feed(asm, envs(with_versions(t, v)))
+    assert asm.ready[0].oldest_version == 1 and asm.ready[0].newest_version == 4
+    if policy == "drop_group":
+        # Training version 4: tokens of version 1 are 3 > 2 behind.
+        assert asm.take_batch(4, 4) is None
+        assert asm.counters["dropped_stale"] == 1
+        assert len(asm.released()) == sum(len(envs(t)) for t in sampled[0])
+    else:
+        # mask_tokens keeps the group while any token is fresh enough.
+        assert asm.take_batch(4, 4) is not None
+        assert asm.counters["dropped_stale"] == 0
+    # Training version 3 would have been fine in both policies.
+    asm = Assembler(cfg(max_staleness=2, stale_policy=policy))
+    for t, v in zip(sampled[0], versions):
+        feed(asm, envs(with_versions(t, v)))
+    assert asm.take_batch(3, 3) is not None
+
+
+def test_unfinished_stale_trajectories_are_evicted(sampled):
+    asm = Assembler(cfg(max_staleness=1))
+    n = len(sampled[0][0].token_ids)
+    e = envs(with_versions(sampled[0][0], [0] * n), chunk_tokens=8)
+    feed(asm, e[:2])  # never finishes: its sampler died
+    feed(asm, envs(with_versions(sampled[0][1], [0] * n)))
+    assert asm.take_batch(1, 1) is None and asm.partial  # 1 behind: still fine
+    assert asm.take_batch(2, 2) is None
+    assert not asm.partial and not asm.open_groups
+    assert asm.counters["dropped_stale"] == 1  # one group ...
+    assert asm.counters["unfinished_dropped_stale"] == 1  # ... with one unfinished trajectory
+    assert {x.offset for x in asm.released()} >= {x.offset for x in e[:2]}
+    # The rest of that group arriving later is dropped as late.
+    feed(asm, envs(with_versions(sampled[0][2], [2] * n)))
+    assert asm.counters["dropped_late"] == 1
+
+
+def test_version_cap_limits_one_old_version_per_batch(sampled):
+    n = len(sampled[0][0].token_ids)
+    c = cfg(groups_per_step=4, max_version_fraction=0.5, max_staleness=10)
+
+    def fill(asm: Assembler, version: int, copies: int, tag: str) -> None:
+        for k in range(copies):
+            for t in sampled[k % 3]:
+                t = dataclasses.replace(t, group_id=f"{tag}{k}", versions=[version] * n)
+                feed(asm, envs(t))
+
+    asm = Assembler(c)
+    fill(asm, 0, 5, "old")
+    fill(asm, 1, 2, "new")
+    batch = asm.take_batch(current=1, published=1)
+    assert sorted(g.newest_version for g in batch) == [0, 0, 1, 1]
+    assert asm.counters["version_cap_deferred"] >= 1
+    # Only old-version groups left (3 of v0): at most 2 per batch -> wait.
+    assert asm.take_batch(current=1, published=1) is None
+    # Groups of the newest published version are never capped (no deadlock at start).
+    asm = Assembler(c)
+    fill(asm, 0, 4, "v0")
+    assert len(asm.take_batch(current=0, published=0)) == 4
+    # A backlog beyond max_buffered_groups lifts the cap for that batch.
+    asm = Assembler(msgspec.structs.replace(c, max_buffered_groups=3))
+    fill(asm, 0, 5, "old")
+    assert len(asm.take_batch(current=1, published=1)) == 4
+    assert asm.counters["version_cap_relaxed"] == 2
+
+
+def test_invalid_chunk_is_dead_lettered_and_its_group_closed(sampled):
+    asm = Assembler(cfg())
+    group = sampled[0]
+    bad = envs(group[0])
+    broken = msgspec_replace(bad[0].event, logprobs=b"\x00\x00")
+    bad[0] = Envelope(broken, "t.trajectories", 0, next(_offsets), 0, None, ())
+    feed(asm, bad)
+    (env, error), = asm.take_invalid()
+    assert env is bad[0] and "logprobs" in error
+    assert asm.counters["dropped_invalid"] == 1
+    for t in group[1:]:
+        feed(asm, envs(t))
+    assert asm.take_batch(0, 0) is None  # the group lost a member for good
+    assert asm.counters["dropped_late"] == 3
+
+
+def test_generated_token_outside_its_kept_set_is_refused(sampled):
+    asm = Assembler(cfg())
+    t = sampled[0][0]
+    i = t.loss_mask.index(1)
+    kept = [list(k) for k in t.kept]
+    kept[i] = [x for x in kept[i] if x != t.token_ids[i]] or [t.token_ids[i] + 1]
+    feed(asm, envs(dataclasses.replace(t, kept=kept)))
+    (env, error), = asm.take_invalid()
+    assert "not in its kept set" in error
+
+
+def msgspec_replace(event: TrajectoryChunk, **changes) -> TrajectoryChunk:
+    import msgspec
+
+    return msgspec.structs.replace(event, **changes)

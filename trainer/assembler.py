@@ -1,0 +1,322 @@
+"""From a stream of chunk and reward records to complete groups ready to train.
+
+Rules (each drop is counted in :attr:`Assembler.counters`):
+
+* A trajectory is complete when its final chunk, every chunk before it and its reward
+  have arrived. Records of trajectories already trained (the train-step log says so)
+  or already dropped are released at once.
+* A group is the G samples of one ``(task_id, group_id)``. The first complete
+  trajectory for a sample index wins its slot; a later complete one (another attempt)
+  is a duplicate and is dropped (``dropped_duplicate``), also after the group was
+  trained.
+* A complete group whose rewards are all equal carries no signal: dropped
+  (``dropped_zero_variance``).
+* Staleness, against the version the next step trains (``current``): with
+  ``drop_group`` a group whose oldest generated token is more than ``max_staleness``
+  versions old is dropped (``dropped_stale``); with ``mask_tokens`` its stale tokens
+  are masked later and the group is dropped only when every token is stale. Unfinished
+  trajectories and groups that can no longer be trained are evicted by the same rule,
+  so a dead sampler cannot hold records (and the committed offsets) forever.
+* Buffer policy: a group is filed under its newest token version. Groups from a
+  version older than the newest published one fill at most
+  ``max(1, floor(max_version_fraction * groups_per_step))`` slots of a batch; the rest
+  wait for a later batch (or go stale). Groups from the newest published version are
+  never capped, so the trainer cannot deadlock waiting for versions that do not exist
+  yet; when more than ``max_buffered_groups`` groups are waiting the cap is lifted for
+  that batch (``version_cap_relaxed``).
+
+The assembler never touches Kafka: it hands back the records it is done with
+(:meth:`Assembler.released`) and the invalid ones (:attr:`Assembler.invalid`).
+"""
+
+from __future__ import annotations
+
+from collections import Counter, OrderedDict
+from dataclasses import dataclass, field
+from typing import Any, Iterable
+
+import structlog
+
+from schemas import Reward, TrajectoryChunk
+from trainer.config import TrainerConfig
+from trainer.loss import has_reward_variance
+from trainer.trajectory import Group, InvalidTrajectory, Trajectory, assemble, chunks_complete
+
+log = structlog.get_logger(__name__)
+
+GroupKey = tuple[str, str]
+CLOSED_MEMORY = 1_000_000  # group keys remembered as closed (duplicates after that still go stale)
+
+
+@dataclass
+class _Pending:
+    chunks: dict[tuple[int, int], tuple[TrajectoryChunk, Any]] = field(default_factory=dict)
+    reward: tuple[Reward, Any] | None = None
+    group: GroupKey | None = None
+
+    def envelopes(self) -> list[Any]:
+        out = [env for _, env in self.chunks.values()]
+        if self.reward is not None:
+            out.append(self.reward[1])
+        return out
+
+    def complete(self) -> bool:
+        return self.reward is not None and chunks_complete([c for c, _ in self.chunks.values()])
+
+    def versions(self) -> tuple[int, int] | None:
+        """(oldest, newest) version of the generated tokens seen so far."""
+        lo = hi = None
+        for chunk, _ in self.chunks.values():
+            try:
+                v = chunk.version_array()[chunk.loss_mask_array().astype(bool)]
+            except ValueError:
+                continue
+            if v.size:
+                lo = int(v.min()) if lo is None else min(lo, int(v.min()))
+                hi = int(v.max()) if hi is None else max(hi, int(v.max()))
+        if lo is None and self.reward is not None and self.reward[0].weight_version >= 0:
+            lo = hi = self.reward[0].weight_version
+        return None if lo is None else (lo, hi)
+
+
+@dataclass
+class _OpenGroup:
+    size: int
+    members: dict[int, Trajectory] = field(default_factory=dict)
+
+
+def _ref(env: Any):
+    return getattr(env, "ref", None)
+
+
+class Assembler:
+    def __init__(self, cfg: TrainerConfig, trained_ids: Iterable[str] = ()) -> None:
+        self.cfg = cfg
+        self.trained_ids: set[str] = set(trained_ids)
+        self.finished_ids: set[str] = set()  # dropped in this process
+        self.partial: dict[str, _Pending] = {}
+        self.open_groups: dict[GroupKey, _OpenGroup] = {}
+        self.ready: list[Group] = []
+        self.closed: OrderedDict[GroupKey, str] = OrderedDict()
+        self.counters: Counter[str] = Counter()
+        self.invalid: list[tuple[Any, str]] = []  # (envelope, error) to dead-letter
+        self._released: list[Any] = []
+
+    # -- input ----------------------------------------------------------------------------
+    def add(self, env: Any) -> None:
+        event = env.event
+        if not isinstance(event, (TrajectoryChunk, Reward)):
+            self.counters["ignored_events"] += 1
+            self._released.append(env)
+            return
+        tid = event.trajectory_id
+        if tid in self.trained_ids or tid in self.finished_ids:
+            self.counters["records_already_done"] += 1
+            self._released.append(env)
+            return
+        key = (event.task_id, event.group_id)
+        pending = self.partial.get(tid)
+        if pending is None:
+            if key in self.closed:
+                self._drop_late(tid, key, [env])
+                return
+            pending = self.partial[tid] = _Pending(group=key)
+        if isinstance(event, TrajectoryChunk):
+            try:
+                event.validate()
+            except ValueError as exc:
+                self._invalidate(tid, env, f"chunk {event.chunk_index}: {exc}")
+                return
+            ck = (event.segment_index, event.chunk_index)
+            if ck in pending.chunks:
+                self.counters["duplicate_records"] += 1
+                self._released.append(env)
+                return
+            pending.chunks[ck] = (event, env)
+        else:
+            if pending.reward is not None:
+                self.counters["duplicate_records"] += 1
+                self._released.append(env)
+                return
+            pending.reward = (event, env)
+        if pending.complete():
+            self._complete(tid, pending, env)
+
+    def _complete(self, tid: str, pending: _Pending, last_env: Any) -> None:
+        items = sorted(pending.chunks.items())
+        chunks = [c for _, (c, _) in items]
+        refs = [_ref(e) for _, (_, e) in items]
+        reward, reward_env = pending.reward  # type: ignore[misc]
+        try:
+            traj = assemble(chunks, refs, reward, _ref(reward_env))
+        except InvalidTrajectory as exc:
+            self._invalidate(tid, last_env, str(exc))
+            return
+        del self.partial[tid]
+        traj.envelopes = pending.envelopes()
+        self.counters["trajectories_complete"] += 1
+        self._place(traj)
+
+    def _place(self, traj: Trajectory) -> None:
+        key = (traj.task_id, traj.group_id)
+        if key in self.closed:
+            self._drop_late(traj.trajectory_id, key, traj.envelopes)
+            return
+        group = self.open_groups.setdefault(key, _OpenGroup(size=traj.group_size))
+        if traj.group_size != group.size:
+            self._invalidate(traj.trajectory_id, traj.envelopes[-1] if traj.envelopes else None,
+                             f"group_size {traj.group_size} differs from the group's {group.size}",
+                             envelopes=traj.envelopes)
+            return
+        if traj.sample_index in group.members:
+            self.counters["dropped_duplicate"] += 1
+            self._finish(traj.trajectory_id, traj.envelopes)
+            log.info("duplicate attempt dropped", trajectory_id=traj.trajectory_id, task_id=traj.task_id,
+                     group_id=traj.group_id, sample_index=traj.sample_index)
+            return
+        group.members[traj.sample_index] = traj
+        if len(group.members) < group.size:
+            return
+        del self.open_groups[key]
+        complete = Group(traj.task_id, traj.group_id, [group.members[i] for i in sorted(group.members)])
+        import torch
+
+        if not has_reward_variance(torch.tensor(complete.rewards(), dtype=torch.float64)):
+            self.counters["dropped_zero_variance"] += 1
+            self._close(key, "zero_variance", complete.members)
+            return
+        self._mark_closed(key, "ready")
+        self.ready.append(complete)
+
+    def _drop_late(self, tid: str, key: GroupKey, envelopes: list[Any]) -> None:
+        reason = self.closed.get(key, "")
+        name = "dropped_duplicate" if reason in ("ready", "training", "trained") else "dropped_late"
+        self.counters[name] += 1
+        self._finish(tid, envelopes)
+
+    def _invalidate(self, tid: str, env: Any, error: str, envelopes: list[Any] | None = None) -> None:
+        self.counters["dropped_invalid"] += 1
+        log.warning("invalid trajectory dropped", trajectory_id=tid, error=error)
+        pending = self.partial.pop(tid, None)
+        others = envelopes if envelopes is not None else (pending.envelopes() if pending else [])
+        if env is not None:
+            self.invalid.append((env, error))
+        self._finish(tid, [e for e in others if e is not env])
+        if pending is not None and pending.group is not None:
+            # A group missing a member can never be trained.
+            self._close_group(pending.group, "invalid")
+
+    def _finish(self, tid: str, envelopes: Iterable[Any]) -> None:
+        self.finished_ids.add(tid)
+        self._released.extend(envelopes)
+
+    def _mark_closed(self, key: GroupKey, reason: str) -> None:
+        self.closed[key] = reason
+        self.closed.move_to_end(key)
+        while len(self.closed) > CLOSED_MEMORY:
+            self.closed.popitem(last=False)
+
+    def _close(self, key: GroupKey, reason: str, members: Iterable[Trajectory]) -> None:
+        self._mark_closed(key, reason)
+        for t in members:
+            self._finish(t.trajectory_id, t.envelopes)
+
+    def _close_group(self, key: GroupKey, reason: str) -> None:
+        """Close a group that is not complete: its members and unfinished trajectories go."""
+        group = self.open_groups.pop(key, None)
+        self._close(key, reason, group.members.values() if group else [])
+        for tid, pending in list(self.partial.items()):
+            if pending.group == key:
+                del self.partial[tid]
+                self.counters[f"unfinished_dropped_{reason}"] += 1
+                self._finish(tid, pending.envelopes())
+
+    # -- output ----------------------------------------------------------------------------
+    def released(self) -> list[Any]:
+        """Records this assembler is done with (safe to acknowledge), drained."""
+        out, self._released = self._released, []
+        return out
+
+    def take_invalid(self) -> list[tuple[Any, str]]:
+        out, self.invalid = self.invalid, []
+        return out
+
+    def _too_old(self, oldest: int, newest: int, current: int) -> bool:
+        bound = current - self.cfg.max_staleness
+        return (oldest if self.cfg.stale_policy == "drop_group" else newest) < bound
+
+    def evict_stale(self, current: int) -> None:
+        """Drop ready groups, open groups and unfinished trajectories that are too old."""
+        keep: list[Group] = []
+        for g in self.ready:
+            if self._too_old(g.oldest_version, g.newest_version, current):
+                self.counters["dropped_stale"] += 1
+                self._close(g.key, "stale", g.members)
+            else:
+                keep.append(g)
+        self.ready = keep
+        for key, group in list(self.open_groups.items()):
+            members = list(group.members.values())
+            if members and self._too_old(min(t.oldest_version for t in members),
+                                         max(t.newest_version for t in members), current):
+                self.counters["dropped_stale"] += 1
+                self._close_group(key, "stale")
+        for tid, pending in list(self.partial.items()):
+            if tid not in self.partial:  # gone with its group already
+                continue
+            versions = pending.versions()
+            if versions is None or not self._too_old(*versions, current):
+                continue
+            self.counters["dropped_stale"] += 1
+            if pending.group is not None:
+                self._close_group(pending.group, "stale")
+            else:
+                del self.partial[tid]
+                self.counters["unfinished_dropped_stale"] += 1
+                self._finish(tid, pending.envelopes())
+
+    def take_batch(self, current: int, published: int) -> list[Group] | None:
+        """``groups_per_step`` groups for the step that trains version ``current``, or
+        None (nothing removed) when not enough are eligible yet."""
+        self.evict_stale(current)
+        want = self.cfg.groups_per_step
+        frac = self.cfg.max_version_fraction
+        limit = want if frac >= 1.0 else max(1, int(frac * want))
+        relax = len(self.ready) > self.cfg.max_buffered_groups
+        per_version: Counter[int] = Counter()
+        chosen: list[int] = []
+        deferred = relaxed = 0
+        for i, g in enumerate(self.ready):
+            v = g.newest_version
+            if v < published and per_version[v] >= limit:
+                if not relax:
+                    deferred += 1
+                    continue
+                relaxed += 1
+            chosen.append(i)
+            per_version[v] += 1
+            if len(chosen) == want:
+                break
+        if len(chosen) < want:
+            return None
+        self.counters["version_cap_deferred"] += deferred
+        self.counters["version_cap_relaxed"] += relaxed
+        picked = set(chosen)
+        batch = [self.ready[i] for i in chosen]
+        self.ready = [g for i, g in enumerate(self.ready) if i not in picked]
+        for g in batch:
+            self._mark_closed(g.key, "training")
+        return batch
+
+    def mark_trained(self, groups: Iterable[Group]) -> list[Any]:
+        """Record a logged step's groups as trained; returns their records to ack."""
+        out: list[Any] = []
+        for g in groups:
+            self._mark_closed(g.key, "trained")
+            for t in g.members:
+                self.trained_ids.add(t.trajectory_id)
+                out.extend(t.envelopes)
+        return out
+
+    def buffered(self) -> dict[str, int]:
+        return {"partial": len(self.partial), "open_groups": len(self.open_groups), "ready": len(self.ready)}

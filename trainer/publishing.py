@@ -1,0 +1,98 @@
+"""Where new weights go: a small interface, the syncer behind it, a stand-in for tests.
+
+The trainer only needs ``await sink.publish(version, state_dict, trainer_step)`` with
+HF parameter names and CPU tensors (docs/contracts.md). Publishing runs as a background
+task, so training overlaps the upload; versions are published strictly in order.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import TYPE_CHECKING, Protocol
+
+import structlog
+
+if TYPE_CHECKING:
+    import torch
+
+    from bus import EventProducer
+    from rollway.config import RollwayConfig
+
+log = structlog.get_logger(__name__)
+
+
+class WeightSink(Protocol):
+    async def publish(self, version: int, state_dict: dict[str, "torch.Tensor"], trainer_step: int) -> None: ...
+
+    async def close(self) -> None: ...
+
+
+class RecordingSink:
+    """Keeps (version, trainer_step, weights hash) of every publish; for tests and dry runs."""
+
+    def __init__(self) -> None:
+        self.published: list[tuple[int, int, str]] = []
+
+    async def publish(self, version: int, state_dict: dict[str, "torch.Tensor"], trainer_step: int) -> None:
+        from trainer.model import weights_hash
+
+        self.published.append((version, trainer_step, weights_hash(state_dict)))
+
+    async def close(self) -> None:
+        pass
+
+
+class SyncerSink:
+    """The real thing: ``syncer.publisher.WeightPublisher`` over the configured store."""
+
+    def __init__(self, cfg: "RollwayConfig", producer: "EventProducer | None") -> None:
+        from syncer.publisher import WeightPublisher
+        from syncer.store import open_store
+
+        self._store = open_store(cfg.syncer.store_url, cfg.syncer)
+        self._publisher = WeightPublisher(cfg.syncer, cfg.model_name, self._store, producer)
+        self._started = False
+
+    async def publish(self, version: int, state_dict: dict[str, "torch.Tensor"], trainer_step: int) -> None:
+        if not self._started:
+            await self._store.start()
+            self._started = True
+        # The tensors are fresh copies made for this publish: hand them over.
+        await self._publisher.publish(version, state_dict, trainer_step, owned=True)
+
+    async def close(self) -> None:
+        self._publisher.close()
+        if self._started:
+            await self._store.close()
+
+
+class BackgroundPublisher:
+    """Runs one publish at a time in the background; the next waits for the previous."""
+
+    def __init__(self, sink: WeightSink) -> None:
+        self.sink = sink
+        self._task: asyncio.Task | None = None
+        self.last_version = -1
+        self.failures = 0
+
+    async def submit(self, version: int, state_dict: dict[str, "torch.Tensor"], trainer_step: int) -> None:
+        await self.wait()
+        self._task = asyncio.create_task(self._run(version, state_dict, trainer_step))
+
+    async def _run(self, version: int, state_dict, trainer_step: int) -> None:
+        try:
+            await self.sink.publish(version, state_dict, trainer_step)
+            self.last_version = version
+            log.info("weights published", version=version, trainer_step=trainer_step)
+        except Exception as exc:  # samplers keep the older version; the next publish retries
+            self.failures += 1
+            log.error("weight publish failed", version=version, error=str(exc))
+
+    async def wait(self) -> None:
+        if self._task is not None:
+            await self._task
+            self._task = None
+
+    async def close(self) -> None:
+        await self.wait()
+        await self.sink.close()

@@ -1,0 +1,112 @@
+"""Re-executing logged steps: the trainer's restart path and ``rollway replay``.
+
+A replay starts from the newest checkpoint at or before the first step to re-execute
+whose weights hash agrees with the log (or from the initial model, step 0), fetches
+each step's exact records with ``bus.fetch_records``, trains on them and compares the
+resulting weights hash with the logged one. The next step's records are fetched while
+the current one trains.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+from typing import Callable
+
+import structlog
+
+from bus.config import KafkaConfig
+from trainer.checkpoint import CheckpointInfo, list_checkpoints, load_checkpoint
+from trainer.core import StepResult, TrainCore
+from trainer.steplog import LoggedStep, StepLogError, fetch_step_groups
+
+log = structlog.get_logger(__name__)
+
+
+class ReplayMismatch(RuntimeError):
+    """A re-executed step produced weights whose hash differs from the log."""
+
+
+@dataclass(frozen=True)
+class ReplayRow:
+    step: int
+    logged_hash: str
+    replayed_hash: str
+    seconds: float
+
+    @property
+    def match(self) -> bool:
+        return self.logged_hash == self.replayed_hash
+
+
+def choose_checkpoint(directory: str, steps: dict[int, LoggedStep], at_most: int) -> CheckpointInfo | None:
+    """Newest checkpoint with step <= at_most whose hash the log confirms."""
+    for info in reversed(list_checkpoints(directory)):
+        if info.step > at_most:
+            continue
+        logged = steps.get(info.step)
+        if logged is None:
+            log.warning("checkpoint has no logged step; skipped", step=info.step, path=str(info.path))
+            continue
+        if logged.event.weights_hash != info.weights_hash:
+            log.warning("checkpoint hash differs from the log; skipped", step=info.step,
+                        checkpoint_hash=info.weights_hash, logged_hash=logged.event.weights_hash)
+            continue
+        return info
+    return None
+
+
+def restore_checkpoint(core: TrainCore, info: CheckpointInfo | None) -> int:
+    """Load ``info`` into ``core`` (or leave the initial model); returns the step."""
+    if info is None:
+        log.info("no usable checkpoint; starting from the initial model", step=0)
+        return core.step
+    state = load_checkpoint(info)
+    core.restore(state)
+    digest = core.weights_hash()
+    if digest != info.weights_hash:
+        raise StepLogError(f"checkpoint {info.path} loads to hash {digest}, its metadata says {info.weights_hash}")
+    log.info("checkpoint loaded", step=info.step, path=str(info.path))
+    return core.step
+
+
+async def replay_steps(
+    kafka: KafkaConfig,
+    core: TrainCore,
+    steps: dict[int, LoggedStep],
+    until: int,
+    *,
+    on_step: Callable[[StepResult, ReplayRow], None] | None = None,
+    fail_on_mismatch: bool = True,
+) -> list[ReplayRow]:
+    """Re-execute logged steps ``core.step + 1 .. until`` and compare hashes."""
+    import time
+
+    rows: list[ReplayRow] = []
+    first = core.step + 1
+    if first > until:
+        return rows
+    for s in range(first, until + 1):
+        if s not in steps:
+            raise StepLogError(f"step {s} is not in the train-step log")
+    pending = asyncio.create_task(fetch_step_groups(kafka, steps[first].event))
+    for s in range(first, until + 1):
+        groups = await pending
+        if s < until:
+            pending = asyncio.create_task(fetch_step_groups(kafka, steps[s + 1].event))
+        logged = steps[s].event
+        started = time.perf_counter()
+        result = await asyncio.to_thread(core.train_step, groups, logged.seed)
+        row = ReplayRow(s, logged.weights_hash, result.weights_hash, time.perf_counter() - started)
+        rows.append(row)
+        log.info("replayed step", step=s, match=row.match, logged_hash=row.logged_hash[:16],
+                 replayed_hash=row.replayed_hash[:16])
+        if on_step is not None:
+            on_step(result, row)
+        if not row.match and fail_on_mismatch:
+            if s < until:
+                pending.cancel()
+            raise ReplayMismatch(
+                f"step {s}: replayed weights hash {row.replayed_hash} differs from the logged {row.logged_hash}"
+            )
+    return rows

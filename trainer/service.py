@@ -1,0 +1,220 @@
+"""The trainer process: restore from checkpoint + log, then train live from Kafka.
+
+Start-up:
+  1. read the whole train-step log; it must hold steps 1..N without a gap;
+  2. load the newest checkpoint the log confirms (hash agrees), else the initial model;
+  3. re-execute logged steps after it from exactly their records, checking each hash
+     (a mismatch stops the trainer: the log would no longer describe its weights);
+  4. go live: consume trajectories and rewards in the trainer's consumer group.
+
+Live, per step (the order is what makes restarts exact):
+  train -> publish ``TrainStep`` (acknowledged) -> ack the step's records and commit
+  -> metrics -> checkpoint snapshot (written in the background) -> weights publish.
+
+Offsets are committed only up to the oldest record not yet trained or dropped (the
+bus commits the contiguous acknowledged prefix), so after a crash the trainer re-reads
+every record that might still matter; records of trajectories the log says were
+trained are recognised and skipped. Nothing is trained twice (the log is checked) and
+nothing is skipped (uncommitted records are re-read).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import TYPE_CHECKING, Any, Iterable
+
+import structlog
+
+from rollway.config import RollwayConfig
+from schemas import Metrics, now
+from trainer.assembler import Assembler
+from trainer.checkpoint import AsyncCheckpointer
+from trainer.publishing import BackgroundPublisher, WeightSink
+from trainer.replay import ReplayMismatch, choose_checkpoint, replay_steps, restore_checkpoint
+from trainer.steplog import last_contiguous_step, read_step_log, step_event, trained_ids
+from trainer.trajectory import Group
+
+if TYPE_CHECKING:
+    from bus import EventConsumer, EventProducer
+    from trainer.core import StepResult, TrainCore
+
+log = structlog.get_logger(__name__)
+
+# Log lines carry these metrics; all of them go to rollway.metrics and the step log.
+LOGGED_METRICS = ("loss", "reward_mean", "solve_rate", "entropy_full", "entropy_kept", "mismatch_kl_k3",
+                  "is_ratio_mean", "is_truncated_frac", "kept_one_frac", "staleness_mean", "step_time_s",
+                  "tokens_per_s")
+
+
+class Trainer:
+    def __init__(self, cfg: RollwayConfig, sink: WeightSink | None = None, core: "TrainCore | None" = None) -> None:
+        self.cfg = cfg
+        self.tcfg = cfg.trainer
+        self._core = core
+        self._sink = sink
+        self.assembler: Assembler | None = None
+        self.replayed: list = []
+        self.checkpointer = AsyncCheckpointer(self.tcfg.checkpoint_dir, self.tcfg.keep_checkpoints)
+        self.publisher: BackgroundPublisher | None = None
+        self.consumer: "EventConsumer | None" = None
+        self._stop = asyncio.Event()
+
+    @property
+    def core(self) -> "TrainCore":
+        if self._core is None:
+            from trainer.core import TrainCore
+
+            self._core = TrainCore(self.tcfg)
+        return self._core
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self.consumer is not None:
+            self.consumer.stop()
+
+    def published_version(self) -> int:
+        """Newest version the samplers can have: the last publish step (0 = initial)."""
+        k = self.tcfg.publish_every
+        return (self.core.step // k) * k if k > 0 else 0
+
+    # -- start-up ------------------------------------------------------------------------------
+    async def restore(self) -> int:
+        """Checkpoint + replay of the logged steps after it. Returns the last logged step."""
+        from bus import ensure_topics
+
+        await ensure_topics(self.cfg.kafka)
+        steps = await read_step_log(self.cfg.kafka)
+        last = last_contiguous_step(steps)
+        core = self.core
+        info = choose_checkpoint(self.tcfg.checkpoint_dir, steps, last)
+        restore_checkpoint(core, info)
+        log.info("restoring", checkpoint_step=core.step, logged_steps=last)
+
+        def after_replayed(result: "StepResult", row) -> None:
+            if self.tcfg.checkpoint_every and result.step % self.tcfg.checkpoint_every == 0:
+                self.checkpointer.save(core.snapshot(), result.weights_hash)
+
+        try:
+            self.replayed = await replay_steps(
+                self.cfg.kafka, core, steps, last, on_step=after_replayed,
+                fail_on_mismatch=self.tcfg.on_replay_mismatch == "fail",
+            )
+        except ReplayMismatch:
+            log.error("replay diverged from the log; refusing to train on", step=core.step)
+            raise
+        mismatches = [r.step for r in self.replayed if not r.match]
+        log.info("replay done", replayed=len(self.replayed), first=self.replayed[0].step if self.replayed else None,
+                 last=last, mismatches=mismatches)
+        self.assembler = Assembler(self.tcfg, trained_ids(steps))
+        return last
+
+    # -- live ------------------------------------------------------------------------------------
+    async def run(self, max_steps: int | None = None, exit_when_idle_s: float | None = None) -> int:
+        """Restore, then train until stopped, ``max_steps`` reached or idle too long.
+        Returns the last step."""
+        from bus import EventConsumer, EventProducer
+
+        try:
+            await self.restore()
+            if max_steps is not None and self.core.step >= max_steps:
+                return self.core.step
+            async with EventProducer(self.cfg.kafka) as producer:
+                self.publisher = BackgroundPublisher(self._make_sink(producer))
+                if self.replayed and self.tcfg.publish_every and self.core.step % self.tcfg.publish_every == 0:
+                    # The crash may have come before this version's publish finished.
+                    await self._publish_weights()
+                async with EventConsumer(
+                    self.cfg.kafka, ["trajectories", "rewards"], group_id=self.tcfg.group_id,
+                    max_poll_interval_ms=600_000,
+                ) as consumer:
+                    self.consumer = consumer
+                    if self._stop.is_set():
+                        consumer.stop()
+                    await self._live(consumer, producer, max_steps, exit_when_idle_s)
+                    self.consumer = None
+                await self.publisher.close()
+        finally:
+            self.checkpointer.close()
+        return self.core.step
+
+    def _make_sink(self, producer: "EventProducer") -> WeightSink:
+        if self._sink is not None:
+            return self._sink
+        from trainer.publishing import SyncerSink
+
+        return SyncerSink(self.cfg, producer)
+
+    async def _live(self, consumer: "EventConsumer", producer: "EventProducer", max_steps: int | None,
+                    exit_when_idle_s: float | None) -> None:
+        assembler = self.assembler
+        assert assembler is not None
+        idle_since = time.monotonic()
+        log.info("live", step=self.core.step, group_id=self.tcfg.group_id)
+        while not consumer.stopping and not self._stop.is_set():
+            envs = await consumer.getmany(timeout_ms=200)
+            for env in envs:
+                assembler.add(env)
+            if envs:
+                idle_since = time.monotonic()
+            await self._settle(consumer, assembler)
+            batch = assembler.take_batch(self.core.step, self.published_version())
+            await self._settle(consumer, assembler)  # stale drops are released too
+            if batch is not None:
+                await self._step(batch, consumer, producer)
+                idle_since = time.monotonic()
+                if max_steps is not None and self.core.step >= max_steps:
+                    log.info("max steps reached", step=self.core.step)
+                    break
+            elif exit_when_idle_s is not None and time.monotonic() - idle_since > exit_when_idle_s:
+                log.info("idle; exiting", step=self.core.step, buffered=assembler.buffered())
+                break
+
+    async def _settle(self, consumer: "EventConsumer", assembler: Assembler) -> None:
+        for env, error in assembler.take_invalid():
+            await consumer.dead_letter(env, error, "invalid")
+        await self._ack(consumer, assembler.released())
+
+    async def _ack(self, consumer: "EventConsumer", envelopes: Iterable[Any]) -> None:
+        any_acked = False
+        for env in envelopes:
+            await consumer.ack(env, commit=False)
+            any_acked = True
+        if any_acked:
+            await consumer.commit()
+
+    async def _step(self, groups: list[Group], consumer: "EventConsumer", producer: "EventProducer") -> None:
+        core = self.core
+        result = await asyncio.to_thread(core.train_step, groups)
+        assert self.assembler is not None
+        metrics = dict(result.metrics)
+        metrics.update({f"count_{k}": float(v) for k, v in sorted(self.assembler.counters.items())})
+        metrics.update({f"buffered_{k}": float(v) for k, v in self.assembler.buffered().items()})
+        metrics["published_version"] = float(self.published_version())
+        # The log entry must be durable before anything depends on this step.
+        await producer.publish(step_event(result.step, result.weights_hash, groups, metrics, self.tcfg.seed))
+        await self._ack(consumer, self.assembler.mark_trained(groups))
+        await producer.publish(Metrics(
+            source=self.tcfg.metrics_source, step=result.step, weight_version=result.weight_version,
+            values=metrics, histograms=result.histograms, created_at=now(),
+        ))
+        log.info("train step", step=result.step, weights_hash=result.weights_hash[:16],
+                 groups=len(groups), staleness_hist=result.histograms.get("staleness"),
+                 **{k: round(metrics[k], 6) for k in LOGGED_METRICS})
+        if self.tcfg.checkpoint_every and result.step % self.tcfg.checkpoint_every == 0:
+            started = time.perf_counter()
+            snapshot = await asyncio.to_thread(core.snapshot)
+            # Returns at once unless the previous write is still running (then waits,
+            # off the event loop so Kafka heartbeats continue).
+            await asyncio.to_thread(self.checkpointer.save, snapshot, result.weights_hash)
+            log.info("checkpoint snapshot taken", step=result.step,
+                     snapshot_s=round(time.perf_counter() - started, 4))
+        if self.tcfg.publish_every and result.step % self.tcfg.publish_every == 0:
+            await self._publish_weights()
+
+    async def _publish_weights(self) -> None:
+        from trainer.model import publishable_state
+
+        assert self.publisher is not None
+        state = await asyncio.to_thread(publishable_state, self.core.model, self.tcfg.publish_dtype)
+        await self.publisher.submit(self.core.step, state, self.core.step)

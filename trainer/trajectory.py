@@ -1,0 +1,221 @@
+"""A trajectory put back together from its chunks and reward, and groups of them.
+
+Chunks are ordered by ``(segment_index, chunk_index)``; a segment's chunks concatenate
+to its token sequence. ``chunk_index`` may count within the segment (0, 1, ... per
+segment) or across the whole trajectory (0..n-1): both layouts are accepted, anything
+else (a gap, a repeat) is refused.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+import numpy as np
+
+from schemas import RecordRef, Reward, TrajectoryChunk
+
+
+class InvalidTrajectory(ValueError):
+    """The chunks and reward of a trajectory cannot be trained on (the message says why)."""
+
+
+@dataclass
+class Segment:
+    """One model context: prompt, generated and environment tokens, per-token data."""
+
+    token_ids: np.ndarray  # int64 [n]
+    loss_mask: np.ndarray  # bool [n]; True = sampled by the policy
+    behaviour: np.ndarray  # float32 [n]; behaviour log-prob (over the kept set)
+    kept: list[np.ndarray]  # per token, int32 ids (empty for masked tokens)
+    capped: np.ndarray  # bool [n]
+    versions: np.ndarray  # int64 [n]
+    temperature: np.ndarray  # float32 [n]
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.token_ids.size)
+
+
+@dataclass
+class Trajectory:
+    trajectory_id: str
+    task_id: str
+    group_id: str
+    sample_index: int
+    group_size: int
+    attempt: str
+    segments: list[Segment]
+    reward: Reward
+    chunk_refs: list[RecordRef]
+    reward_ref: RecordRef
+    finish_reason: str = ""
+    # Live records to acknowledge once this trajectory is trained or dropped.
+    envelopes: list[Any] = field(default_factory=list, repr=False)
+
+    @property
+    def generated_tokens(self) -> int:
+        return int(sum(s.loss_mask.sum() for s in self.segments))
+
+    def generated_versions(self) -> np.ndarray:
+        parts = [s.versions[s.loss_mask] for s in self.segments]
+        return np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
+
+    @property
+    def oldest_version(self) -> int:
+        v = self.generated_versions()
+        return int(v.min()) if v.size else self.reward.weight_version
+
+    @property
+    def newest_version(self) -> int:
+        v = self.generated_versions()
+        return int(v.max()) if v.size else self.reward.weight_version
+
+
+@dataclass
+class Group:
+    """The G samples of one (task, group): the unit of advantage normalisation."""
+
+    task_id: str
+    group_id: str
+    members: list[Trajectory]  # ordered by sample_index
+
+    @property
+    def key(self) -> tuple[str, str]:
+        return (self.task_id, self.group_id)
+
+    def rewards(self) -> list[float]:
+        return [t.reward.reward for t in self.members]
+
+    @property
+    def oldest_version(self) -> int:
+        return min(t.oldest_version for t in self.members)
+
+    @property
+    def newest_version(self) -> int:
+        """The version a group is filed under for the buffer policy."""
+        return max(t.newest_version for t in self.members)
+
+
+def order_chunks(chunks: Sequence[TrajectoryChunk]) -> list[int]:
+    """Indices of ``chunks`` in trajectory order; raises on gaps or repeats."""
+    order = sorted(range(len(chunks)), key=lambda i: (chunks[i].segment_index, chunks[i].chunk_index))
+    keys = [(chunks[i].segment_index, chunks[i].chunk_index) for i in order]
+    if len(set(keys)) != len(keys):
+        raise InvalidTrajectory(f"repeated (segment, chunk) index among {keys}")
+    global_ok = [k[1] for k in keys] == list(range(len(keys)))
+    per_segment_ok = True
+    expected: dict[int, int] = {}
+    for seg, idx in keys:
+        if idx != expected.get(seg, 0):
+            per_segment_ok = False
+            break
+        expected[seg] = idx + 1
+    segments = sorted({k[0] for k in keys})
+    if segments != list(range(len(segments))):
+        raise InvalidTrajectory(f"segment indices {segments} are not 0..{len(segments) - 1}")
+    if not (global_ok or per_segment_ok):
+        raise InvalidTrajectory(f"chunk indices have a gap: {keys}")
+    return order
+
+
+def chunks_complete(chunks: Sequence[TrajectoryChunk]) -> bool:
+    """True when the final chunk is here and no chunk before it is missing."""
+    if not any(c.final for c in chunks):
+        return False
+    try:
+        order_chunks(chunks)
+    except InvalidTrajectory:
+        return False
+    last = max(chunks, key=lambda c: (c.segment_index, c.chunk_index))
+    return last.final
+
+
+def assemble(
+    chunks: Sequence[TrajectoryChunk],
+    chunk_refs: Sequence[RecordRef],
+    reward: Reward,
+    reward_ref: RecordRef,
+) -> Trajectory:
+    """Check and concatenate a trajectory's chunks; raise :class:`InvalidTrajectory`."""
+    if not chunks:
+        raise InvalidTrajectory(f"trajectory {reward.trajectory_id}: reward without chunks")
+    first = chunks[0]
+    tid = first.trajectory_id
+    for c in chunks:
+        same = (c.trajectory_id, c.task_id, c.group_id, c.sample_index, c.group_size, c.attempt)
+        if same != (tid, first.task_id, first.group_id, first.sample_index, first.group_size, first.attempt):
+            raise InvalidTrajectory(f"trajectory {tid}: chunks disagree on identity fields")
+        try:
+            c.validate()
+        except ValueError as exc:
+            raise InvalidTrajectory(f"trajectory {tid} chunk {c.chunk_index}: {exc}") from None
+    if (reward.trajectory_id, reward.task_id, reward.group_id, reward.sample_index) != (
+        tid, first.task_id, first.group_id, first.sample_index,
+    ):
+        raise InvalidTrajectory(f"trajectory {tid}: reward identity differs from the chunks'")
+    if not 0 <= first.sample_index < first.group_size:
+        raise InvalidTrajectory(f"trajectory {tid}: sample_index {first.sample_index} outside group of {first.group_size}")
+    order = order_chunks(chunks)
+    if not chunks[order[-1]].final:
+        raise InvalidTrajectory(f"trajectory {tid}: last chunk is not final")
+
+    by_segment: dict[int, list[int]] = {}
+    for i in order:
+        by_segment.setdefault(chunks[i].segment_index, []).append(i)
+    segments = [_segment([chunks[i] for i in idx], tid) for _, idx in sorted(by_segment.items())]
+    return Trajectory(
+        trajectory_id=tid,
+        task_id=first.task_id,
+        group_id=first.group_id,
+        sample_index=first.sample_index,
+        group_size=first.group_size,
+        attempt=first.attempt,
+        segments=segments,
+        reward=reward,
+        chunk_refs=[chunk_refs[i] for i in order],
+        reward_ref=reward_ref,
+        finish_reason=chunks[order[-1]].finish_reason,
+    )
+
+
+def _segment(chunks: list[TrajectoryChunk], tid: str) -> Segment:
+    tokens = np.concatenate([c.token_array() for c in chunks]).astype(np.int64)
+    mask = np.concatenate([c.loss_mask_array() for c in chunks]).astype(bool)
+    behaviour = np.concatenate([c.logprob_array() for c in chunks]).astype(np.float32)
+    kept: list[np.ndarray] = []
+    for c in chunks:
+        kept.extend(c.kept_sets())
+    capped = np.concatenate([c.kept_capped_array() for c in chunks]).astype(bool)
+    versions = np.concatenate([c.version_array() for c in chunks]).astype(np.int64)
+    temperature = np.concatenate(
+        [np.full(c.num_tokens, c.temperature, dtype=np.float32) for c in chunks]
+    )
+    if tokens.size == 0:
+        raise InvalidTrajectory(f"trajectory {tid}: empty segment")
+    if mask[0]:
+        raise InvalidTrajectory(f"trajectory {tid}: a segment starts with a generated token (no context)")
+    if versions.size != tokens.size:
+        raise InvalidTrajectory(f"trajectory {tid}: version spans cover {versions.size} of {tokens.size} tokens")
+    if np.any(temperature[mask] <= 0):
+        raise InvalidTrajectory(f"trajectory {tid}: temperature must be > 0 for generated tokens")
+    for t in np.flatnonzero(mask):
+        k = kept[t]
+        if k.size == 0:
+            raise InvalidTrajectory(f"trajectory {tid}: generated token {t} has an empty kept set")
+        if not np.any(k == tokens[t]):
+            raise InvalidTrajectory(f"trajectory {tid}: generated token {t} ({tokens[t]}) is not in its kept set")
+    if not np.all(np.isfinite(behaviour[mask])):
+        raise InvalidTrajectory(f"trajectory {tid}: non-finite behaviour log-prob")
+    return Segment(tokens, mask, behaviour, kept, capped, versions, temperature)
+
+
+def groups_from_trajectories(trajectories: Sequence[Trajectory]) -> list[Group]:
+    """Groups in order of first appearance, members ordered by sample index (replay)."""
+    groups: dict[tuple[str, str], list[Trajectory]] = {}
+    for t in trajectories:
+        groups.setdefault((t.task_id, t.group_id), []).append(t)
+    return [
+        Group(task_id=k[0], group_id=k[1], members=sorted(m, key=lambda t: t.sample_index))
+        for k, m in groups.items()
+    ]
