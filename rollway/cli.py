@@ -17,6 +17,7 @@ COMMANDS: list[tuple[str, str, str]] = [
     ("model", "rollway.commands.model", "build the local tiny model and tokenizer"),
     ("analytics", "rollway.commands.analytics", "example analytics consumers (solve rate)"),
     ("sandbox", "rollway.commands.sandbox", "run the sandbox service: isolated sessions, grading, rewards"),
+    ("feeder", "rollway.commands.feeder", "publish task groups, favouring tasks the policy sometimes solves"),
 ]
 
 

@@ -6,11 +6,55 @@ import msgspec
 
 
 class FeederConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    # A task folder (task folders and SWE-style *.jsonl files) or one .jsonl file.
     tasks_dir: str = "tasks/demo"
-    group_id: str = "rollway-feeder"
     group_size: int = 4
+    # Pace: at most this many groups per second (a steady rate, no bursts).
     groups_per_second: float = 1.0
-    # Stop publishing while this many published groups are not yet rewarded.
+    # Backpressure: stop publishing while this many published groups are not yet fully
+    # rewarded (samplers or graders are behind); resume as groups complete.
     max_outstanding_groups: int = 16
+    # A group still incomplete after this long stops counting as outstanding (a lost
+    # group must not block the feeder forever).
+    outstanding_timeout_s: float = 900.0
+    # Stop after publishing this many groups (0 = run until stopped or nothing is left).
+    max_groups: int = 0
+    # Rebuild solve statistics from the whole rewards log on start (the log is the
+    # system of record), rather than only counting rewards from now on.
+    replay_rewards: bool = True
+    metrics_interval_s: float = 30.0
+    # --- selection policy (tasks.selection.TaskSelector) ---
+    # A reward counts as solved when not cheated and score >= success_threshold.
+    success_threshold: float = 1.0
+    # Beta prior on each task's solve rate; unseen tasks get the prior's p(1 - p).
+    prior_successes: float = 1.0
+    prior_failures: float = 1.0
+    # Solve rates are over each task's most recent outcomes, so they follow the policy.
+    solve_rate_window: int = 64
+    # Retire a task once it has this many outcomes in its window and its window solve
+    # rate is >= retire_at_or_above or <= retire_at_or_below (too easy / too hard);
+    # 0 = never retire.
     min_attempts_to_retire: int = 16
+    retire_at_or_above: float = 1.0
+    retire_at_or_below: float = 0.0
     seed: int = 0
+
+    def __post_init__(self) -> None:
+        checks = [
+            (self.group_size >= 1, f"feeder.group_size must be at least 1, got {self.group_size}"),
+            (self.groups_per_second > 0, f"feeder.groups_per_second must be positive, got {self.groups_per_second}"),
+            (self.max_outstanding_groups >= 1, "feeder.max_outstanding_groups must be at least 1"),
+            (self.outstanding_timeout_s > 0, "feeder.outstanding_timeout_s must be positive"),
+            (self.max_groups >= 0, "feeder.max_groups must not be negative"),
+            (self.prior_successes > 0 and self.prior_failures > 0, "feeder.prior_successes and prior_failures must be positive"),
+            (self.solve_rate_window >= 1, "feeder.solve_rate_window must be at least 1"),
+            (0 <= self.min_attempts_to_retire <= self.solve_rate_window,
+             f"feeder.min_attempts_to_retire must be within 0..solve_rate_window ({self.solve_rate_window}), "
+             f"got {self.min_attempts_to_retire}"),
+            (0.0 <= self.retire_at_or_below < self.retire_at_or_above <= 1.0,
+             "feeder: need 0 <= retire_at_or_below < retire_at_or_above <= 1"),
+            (0.0 < self.success_threshold <= 1.0, "feeder.success_threshold must be in (0, 1]"),
+        ]
+        for ok, message in checks:
+            if not ok:
+                raise ValueError(message)

@@ -1,0 +1,63 @@
+"""``rollway feeder``: publish task groups for the samplers, favouring learnable tasks."""
+
+from __future__ import annotations
+
+import argparse
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--tasks-dir", help="task folder or SWE-style .jsonl (default: feeder.tasks_dir)")
+    parser.add_argument("--group-size", type=int, help="samples per group (default: feeder.group_size)")
+    parser.add_argument("--rate", type=float, help="groups per second (default: feeder.groups_per_second)")
+    parser.add_argument("--max-outstanding", type=int,
+                        help="pause while this many groups await rewards (default: feeder.max_outstanding_groups)")
+    parser.add_argument("--max-groups", type=int, help="stop after this many groups (default: feeder.max_groups, 0 = no limit)")
+    parser.add_argument("--seed", type=int, help="selection seed (default: feeder.seed)")
+
+
+def run(args: argparse.Namespace) -> int:
+    import asyncio
+    import signal
+    import sys
+
+    import msgspec
+
+    from rollway.config import ConfigError, load_config
+    from rollway.logging import configure_logging
+
+    try:
+        cfg = load_config(args.config)
+        overrides = {
+            field: value
+            for field, value in (
+                ("tasks_dir", args.tasks_dir), ("group_size", args.group_size), ("groups_per_second", args.rate),
+                ("max_outstanding_groups", args.max_outstanding), ("max_groups", args.max_groups), ("seed", args.seed),
+            )
+            if value is not None
+        }
+        feeder_cfg = msgspec.convert({**msgspec.to_builtins(cfg.feeder), **overrides}, type(cfg.feeder))
+    except (ConfigError, msgspec.ValidationError) as exc:
+        print(f"rollway feeder: {exc}", file=sys.stderr)
+        return 2
+    configure_logging("feeder", level=cfg.logging.level)
+
+    from tasks.feeder import Feeder
+    from tasks.store import TaskFormatError, TaskStore
+    from tasks.swe import SWEFormatError
+
+    try:
+        store = TaskStore(feeder_cfg.tasks_dir)
+        feeder = Feeder(feeder_cfg, cfg.kafka, store)
+    except (TaskFormatError, SWEFormatError, ValueError) as exc:
+        print(f"rollway feeder: {exc}", file=sys.stderr)
+        return 2
+
+    async def main() -> int:
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, feeder.stop)
+        reason = await feeder.run()
+        print(f"feeder stopped: {reason}; published {feeder.published} groups", flush=True)
+        return 0
+
+    return asyncio.run(main())

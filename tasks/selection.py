@@ -1,0 +1,153 @@
+"""Which task to sample next: favour tasks the current policy sometimes solves.
+
+Pure and seeded (no I/O, no clock), so the feeder's choices are reproducible and the
+policy is unit-testable with exact numbers.
+
+For each task, over its last ``window`` outcomes (``n`` attempts, ``s`` solved), with a
+Beta(``a``, ``b``) prior::
+
+    p      = (s + a) / (n + a + b)        posterior mean solve rate
+    weight = p * (1 - p)                   Bernoulli variance: the learning signal of a
+                                           group is largest when its samples disagree
+    P(task) = weight / sum of weights over active tasks
+
+An unseen task has p = a / (a + b) (0.25 weight with the default a = b = 1, the
+maximum), so new tasks are tried early. A task is retired for good once it has at least
+``min_attempts_to_retire`` outcomes in its window and its window solve rate ``s / n`` is
+>= ``retire_at_or_above`` (always solved: nothing left to learn) or <=
+``retire_at_or_below`` (never solved: no signal, only cost). ``min_attempts_to_retire
+= 0`` never retires.
+"""
+
+from __future__ import annotations
+
+import random
+from collections import deque
+from typing import Iterable
+
+import msgspec
+
+from tasks.config import FeederConfig
+
+RETIRED_SOLVED = "always solved"
+RETIRED_UNSOLVED = "never solved"
+
+
+class TaskStats(msgspec.Struct, kw_only=True):
+    window: deque = msgspec.field(default_factory=deque)  # recent outcomes, 1 = solved
+    attempts: int = 0  # all outcomes ever recorded
+    solved: int = 0
+    retired: str = ""  # reason, empty while active
+
+    @property
+    def window_attempts(self) -> int:
+        return len(self.window)
+
+    @property
+    def window_solved(self) -> int:
+        return sum(self.window)
+
+
+class TaskSelector:
+    def __init__(
+        self,
+        task_ids: Iterable[str],
+        *,
+        prior_successes: float = 1.0,
+        prior_failures: float = 1.0,
+        window: int = 64,
+        min_attempts_to_retire: int = 16,
+        retire_at_or_above: float = 1.0,
+        retire_at_or_below: float = 0.0,
+        seed: int = 0,
+    ) -> None:
+        if not 0 <= min_attempts_to_retire <= window:
+            raise ValueError(f"min_attempts_to_retire must be within 0..window ({window}), got {min_attempts_to_retire}")
+        self.prior_successes = prior_successes
+        self.prior_failures = prior_failures
+        self.window = window
+        self.min_attempts_to_retire = min_attempts_to_retire
+        self.retire_at_or_above = retire_at_or_above
+        self.retire_at_or_below = retire_at_or_below
+        self._rng = random.Random(seed)
+        # insertion order is the order of the cumulative walk in choose(): keep it fixed
+        self.stats: dict[str, TaskStats] = {}
+        for task_id in task_ids:
+            if task_id in self.stats:
+                raise ValueError(f"duplicate task id {task_id!r}")
+            self.stats[task_id] = TaskStats(window=deque(maxlen=window))
+        if not self.stats:
+            raise ValueError("no tasks to select from")
+
+    @classmethod
+    def from_config(cls, task_ids: Iterable[str], cfg: FeederConfig) -> "TaskSelector":
+        return cls(
+            task_ids,
+            prior_successes=cfg.prior_successes,
+            prior_failures=cfg.prior_failures,
+            window=cfg.solve_rate_window,
+            min_attempts_to_retire=cfg.min_attempts_to_retire,
+            retire_at_or_above=cfg.retire_at_or_above,
+            retire_at_or_below=cfg.retire_at_or_below,
+            seed=cfg.seed,
+        )
+
+    # -- observations ---------------------------------------------------------------
+    def record(self, task_id: str, solved: bool) -> str:
+        """Count one outcome; returns the retirement reason when this outcome retired the task."""
+        stats = self.stats[task_id]
+        stats.window.append(1 if solved else 0)
+        stats.attempts += 1
+        stats.solved += bool(solved)
+        if stats.retired or not self.min_attempts_to_retire or stats.window_attempts < self.min_attempts_to_retire:
+            return ""
+        rate = stats.window_solved / stats.window_attempts
+        if rate >= self.retire_at_or_above:
+            stats.retired = RETIRED_SOLVED
+        elif rate <= self.retire_at_or_below:
+            stats.retired = RETIRED_UNSOLVED
+        return stats.retired
+
+    # -- the policy -----------------------------------------------------------------
+    def solve_rate(self, task_id: str) -> float:
+        """Posterior mean solve rate over the task's window."""
+        stats = self.stats[task_id]
+        a, b = self.prior_successes, self.prior_failures
+        return (stats.window_solved + a) / (stats.window_attempts + a + b)
+
+    def weight(self, task_id: str) -> float:
+        if self.stats[task_id].retired:
+            return 0.0
+        p = self.solve_rate(task_id)
+        return p * (1.0 - p)
+
+    def weights(self) -> dict[str, float]:
+        return {task_id: self.weight(task_id) for task_id in self.stats}
+
+    def probabilities(self) -> dict[str, float]:
+        weights = self.weights()
+        total = sum(weights.values())
+        return {t: (w / total if total else 0.0) for t, w in weights.items()}
+
+    def active(self) -> list[str]:
+        return [t for t, s in self.stats.items() if not s.retired]
+
+    def retired(self) -> dict[str, str]:
+        return {t: s.retired for t, s in self.stats.items() if s.retired}
+
+    def choose(self) -> str | None:
+        """A task drawn with probability proportional to its weight; None when all are retired."""
+        weights = self.weights()
+        total = sum(weights.values())
+        if total <= 0:
+            return None
+        x = self._rng.random() * total
+        last = None
+        for task_id, w in weights.items():
+            if w <= 0:
+                continue
+            last = task_id
+            x -= w
+            if x < 0:
+                return task_id
+        return last  # floating-point remainder: the last active task
