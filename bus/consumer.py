@@ -348,6 +348,11 @@ class EventConsumer:
         running: set[asyncio.Task] = set()
         async for env in self:
             await slots.acquire()
+            if self.stopping:
+                # Fetched before the stop but not started: leave it unacked, so the
+                # commit stops short of it and the next owner handles it.
+                slots.release()
+                break
             task = asyncio.create_task(self._handle(env, handler, retry_delay_s))
             running.add(task)
             task.add_done_callback(lambda t: (running.discard(t), slots.release()))

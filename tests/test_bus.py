@@ -198,3 +198,59 @@ async def test_oversized_record_is_refused_before_the_broker(kafka_config):
     async with EventProducer(kafka_config) as producer:
         with pytest.raises(RecordTooLarge, match="max_record_bytes"):
             await producer.publish(big)
+
+
+def start_slow_consumer(cfg, group: str, delay: float):
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "KAFKA_BOOTSTRAP_SERVERS": cfg.bootstrap_servers}
+    return subprocess.Popen([sys.executable, "-m", "tests.procs.slow_consumer", cfg.topic_prefix, group, str(delay)],
+                            stdout=subprocess.PIPE, text=True, env=env)
+
+
+async def read_line(proc, timeout: float = 60.0) -> str:
+    return (await asyncio.wait_for(asyncio.to_thread(proc.stdout.readline), timeout)).strip()
+
+
+async def test_sigkilled_consumer_process_gets_unacked_records_again(kafka_config):
+    import signal
+
+    async with EventProducer(kafka_config) as producer:
+        for i in range(3):
+            await producer.publish(task(i), key=b"one-partition")
+    proc = start_slow_consumer(kafka_config, "g-kill", delay=0.2)
+    try:
+        assert await read_line(proc) == "start task-0"
+        assert await read_line(proc) == "done task-0"
+        assert await read_line(proc) == "start task-1"
+        proc.send_signal(signal.SIGKILL)  # task-1 in flight, never acked
+        proc.wait(timeout=30)
+    finally:
+        proc.kill()
+    async with EventConsumer(kafka_config, ["tasks"], group_id="g-kill") as again:
+        envs = await collect(again, 2)
+    assert [e.event.task_id for e in envs] == ["task-1", "task-2"]
+
+
+async def test_sigterm_finishes_in_flight_work_commits_and_leaves(kafka_config):
+    import signal
+
+    async with EventProducer(kafka_config) as producer:
+        for i in range(3):
+            await producer.publish(task(i), key=b"one-partition")
+    proc = start_slow_consumer(kafka_config, "g-term", delay=1.5)
+    try:
+        assert await read_line(proc) == "start task-0"
+        proc.send_signal(signal.SIGTERM)
+        assert await read_line(proc) == "done task-0"  # in-flight work finished
+        assert await read_line(proc) == "exited cleanly"
+        assert proc.wait(timeout=30) == 0
+    finally:
+        proc.kill()
+    # task-0 was committed; the group (left cleanly, so no session timeout to wait for)
+    # resumes at task-1 at once.
+    async with EventConsumer(kafka_config, ["tasks"], group_id="g-term") as again:
+        envs = await collect(again, 2, timeout=10)
+    assert [e.event.task_id for e in envs] == ["task-1", "task-2"]
