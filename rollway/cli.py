@@ -18,6 +18,8 @@ COMMANDS: list[tuple[str, str, str]] = [
     ("analytics", "rollway.commands.analytics", "example analytics consumers (solve rate)"),
     ("sandbox", "rollway.commands.sandbox", "run the sandbox service: isolated sessions, grading, rewards"),
     ("feeder", "rollway.commands.feeder", "publish task groups, favouring tasks the policy sometimes solves"),
+    ("trainer", "rollway.commands.trainer", "train from trajectories and rewards; restore and replay after a crash"),
+    ("replay", "rollway.commands.replay", "re-execute logged train steps and verify their weights hashes"),
 ]
 
 

@@ -1,0 +1,79 @@
+"""``rollway replay``: re-execute logged train steps and check their weights hashes."""
+
+from __future__ import annotations
+
+import argparse
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--from-step", type=int, required=True, help="first step to report (>= 1)")
+    parser.add_argument("--to-step", type=int, help="last step to re-execute (default: the last logged)")
+    parser.add_argument("--verify", action="store_true",
+                        help="exit 1 unless every re-executed step's hash matches the log")
+    parser.add_argument("--checkpoint-dir", help="checkpoints to start from (default: trainer.checkpoint_dir)")
+    parser.add_argument("--no-checkpoint", action="store_true",
+                        help="start from the initial model (step 0) instead of a checkpoint")
+    parser.add_argument("--json", action="store_true", help="one JSON object per step")
+
+
+def run(args: argparse.Namespace) -> int:
+    import asyncio
+    import json
+    import sys
+
+    import msgspec
+
+    from rollway.config import ConfigError, load_config
+    from rollway.logging import configure_logging
+
+    try:
+        cfg = load_config(args.config)
+    except ConfigError as exc:
+        print(f"rollway replay: {exc}", file=sys.stderr)
+        return 2
+    configure_logging("replay", level="warning" if args.json else cfg.logging.level)
+
+    from trainer.core import TrainCore
+    from trainer.replay import choose_checkpoint, replay_steps, restore_checkpoint
+    from trainer.steplog import StepLogError, read_step_log
+
+    tcfg = cfg.trainer
+    if args.checkpoint_dir:
+        tcfg = msgspec.structs.replace(tcfg, checkpoint_dir=args.checkpoint_dir)
+
+    async def main():
+        steps = await read_step_log(cfg.kafka)
+        if not steps:
+            raise StepLogError("the train-step log is empty")
+        last = max(steps)
+        to_step = last if args.to_step is None else args.to_step
+        if not 1 <= args.from_step <= to_step <= last:
+            raise StepLogError(f"need 1 <= --from-step ({args.from_step}) <= --to-step ({to_step}) "
+                               f"<= last logged step ({last})")
+        core = TrainCore(tcfg)
+        info = None if args.no_checkpoint else choose_checkpoint(tcfg.checkpoint_dir, steps, args.from_step - 1)
+        start = restore_checkpoint(core, info)
+        rows = await replay_steps(cfg.kafka, core, steps, to_step, fail_on_mismatch=False)
+        return start, rows
+
+    try:
+        start, rows = asyncio.run(main())
+    except (StepLogError, FileNotFoundError) as exc:
+        print(f"rollway replay: {exc}", file=sys.stderr)
+        return 2
+    shown = [r for r in rows if r.step >= args.from_step]
+    if args.json:
+        for r in shown:
+            print(json.dumps({"step": r.step, "match": r.match, "logged_hash": r.logged_hash,
+                              "replayed_hash": r.replayed_hash, "seconds": round(r.seconds, 4)}))
+    else:
+        print(f"started from step {start} ({'checkpoint' if start else 'initial model'}); "
+              f"re-executed {len(rows)} steps")
+        print(f"{'step':>6}  {'logged':<16}  {'replayed':<16}  match")
+        for r in shown:
+            print(f"{r.step:>6}  {r.logged_hash[:16]:<16}  {r.replayed_hash[:16]:<16}  {'yes' if r.match else 'NO'}")
+        bad = [r.step for r in rows if not r.match]
+        print(f"{len(rows) - len(bad)}/{len(rows)} steps match" + (f"; mismatches: {bad}" if bad else ""))
+    if args.verify and any(not r.match for r in rows):
+        return 1
+    return 0

@@ -1,0 +1,57 @@
+"""``rollway trainer``: restore from checkpoint and the train-step log, then train live."""
+
+from __future__ import annotations
+
+import argparse
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--max-steps", type=int, help="stop after this many steps in total")
+    parser.add_argument("--exit-when-idle", type=float, metavar="SECONDS",
+                        help="stop when no record arrived and no step ran for this long")
+    parser.add_argument("--no-publish", action="store_true",
+                        help="do not publish weights through the syncer (dry run)")
+
+
+def run(args: argparse.Namespace) -> int:
+    import asyncio
+    import signal
+    import sys
+
+    import structlog
+
+    from rollway.config import ConfigError, load_config
+    from rollway.logging import configure_logging
+
+    try:
+        cfg = load_config(args.config)
+    except ConfigError as exc:
+        print(f"rollway trainer: {exc}", file=sys.stderr)
+        return 2
+    configure_logging("trainer", level=cfg.logging.level)
+    log = structlog.get_logger("rollway.trainer")
+
+    from trainer.publishing import RecordingSink
+    from trainer.replay import ReplayMismatch
+    from trainer.service import Trainer
+    from trainer.steplog import StepLogError
+
+    trainer = Trainer(cfg, sink=RecordingSink() if args.no_publish else None)
+
+    async def main() -> int:
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, trainer.stop)
+        return await trainer.run(max_steps=args.max_steps, exit_when_idle_s=args.exit_when_idle)
+
+    try:
+        step = asyncio.run(main())
+    except (ReplayMismatch, StepLogError) as exc:
+        log.error("trainer stopped", error=str(exc))
+        print(f"rollway trainer: {exc}", file=sys.stderr)
+        return 3
+    except FileNotFoundError as exc:
+        print(f"rollway trainer: {exc}", file=sys.stderr)
+        return 2
+    log.info("trainer exited", step=step)
+    return 0
