@@ -10,6 +10,7 @@ import sys
 
 # (name, module, one-line help). Add a line here to add a command.
 COMMANDS: list[tuple[str, str, str]] = [
+    ("up", "rollway.commands.up", "run the whole stack as local processes (no Docker)"),
     ("broker", "rollway.commands.broker", "start/stop/status a local Apache Kafka (KRaft)"),
     ("config", "rollway.commands.config", "show the effective configuration"),
     ("topics", "rollway.commands.topics", "create topics; list partitions, end offsets and group lag"),
@@ -20,6 +21,7 @@ COMMANDS: list[tuple[str, str, str]] = [
     ("feeder", "rollway.commands.feeder", "publish task groups, favouring tasks the policy sometimes solves"),
     ("trainer", "rollway.commands.trainer", "train from trajectories and rewards; restore and replay after a crash"),
     ("replay", "rollway.commands.replay", "re-execute logged train steps and verify their weights hashes"),
+    ("weights", "rollway.commands.weights", "list, verify, export and prune weight versions in the store"),
 ]
 
 

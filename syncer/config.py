@@ -26,7 +26,9 @@ class SyncerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     # Upper bound on the raw (uncompressed) bytes of one chunk: the unit of upload,
     # download, decode and of memory held per in-flight transfer.
     chunk_bytes: int = 64 * 1024 * 1024
-    zstd_level: int = 3
+    # Level 1: on XOR deltas higher levels spend time matching mantissa noise for no
+    # smaller output (benchmarks/weight_sync.py).
+    zstd_level: int = 1
     # Worker threads for XOR + zstd + checksums (chunks are coded in parallel).
     zstd_threads: int = 2
     # auto: per tensor, keep whichever of interleaved / byte planes compresses smaller

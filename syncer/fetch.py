@@ -116,3 +116,20 @@ class Reconstructor:
         sizes = await gather_or_cancel((chunk(ref) for ref in entry.chunks))
         await loop.run_in_executor(self.pool, verify_tensor, entry, out)
         return out, sum(sizes)
+
+
+async def load_version(store: ObjectStore, model: str, version: int | None = None, threads: int = 2,
+                       max_concurrency: int = 8) -> Reconstruction:
+    """Rebuild one stored version from scratch (newest keyframe at or before it plus
+    deltas), fully verified. ``version=None``: the newest."""
+    from syncer import catalog as cat
+
+    catalog = await cat.load_catalog(store, model)
+    if catalog.latest < 0:
+        raise cat.NoPath(f"no versions of {model!r} in {store.url}")
+    target = catalog.latest if version is None else version
+    if target not in catalog.kinds:
+        raise cat.NoPath(f"{model} v{target} is not in {store.url}; versions: {catalog.versions}")
+    plan = await cat.keyframe_plan(cat.ManifestReader(store, model), catalog, target)
+    with ThreadPoolExecutor(max_workers=threads, thread_name_prefix="syncer-load") as pool:
+        return await Reconstructor(store, pool, max_concurrency).run(plan, {}, {})
