@@ -17,6 +17,7 @@ COMMANDS: list[tuple[str, str, str]] = [
     ("tail", "rollway.commands.tail", "print decoded events of a topic"),
     ("model", "rollway.commands.model", "build the local tiny model and tokenizer"),
     ("analytics", "rollway.commands.analytics", "example analytics consumers (solve rate)"),
+    ("sampler", "rollway.commands.sampler", "run a sampler replica: tasks -> agent rollouts -> trajectory chunks"),
     ("sandbox", "rollway.commands.sandbox", "run the sandbox service: isolated sessions, grading, rewards"),
     ("feeder", "rollway.commands.feeder", "publish task groups, favouring tasks the policy sometimes solves"),
     ("trainer", "rollway.commands.trainer", "train from trajectories and rewards; restore and replay after a crash"),

@@ -10,18 +10,68 @@ class SamplerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     engine: str = "vllm"  # vllm | torch
     group_id: str = "rollway-samplers"
     sandbox_url: str = "http://127.0.0.1:8300"
+    # Sampling distribution (recorded on every chunk).
     temperature: float = 1.0
     top_p: float = 0.95
     top_k: int = -1
+    seed: int = 0
+    # Engine.
+    dtype: str = "bfloat16"
     max_model_len: int = 1024
+    # vLLM's KV cache on CPU is VLLM_CPU_KVCACHE_SPACE (GiB); on GPU this fraction.
+    gpu_memory_utilization: float = 0.1
+    # Where kept sets come from: "auto" (native sampling mask when the installed vLLM
+    # supports it on this platform, else processed logprobs), "native", "logprobs".
+    kept_set_source: str = "auto"
+    # Kept sets are read from the top (cap + 1) processed log-probs; larger sets are
+    # cut to the cap and flagged per token (TrajectoryChunk.kept_capped).
+    kept_set_cap: int = 64
+    # Record MoE routed experts when the model is MoE and the engine offers them.
+    record_routed_experts: bool = True
+    # Agent budgets.
     max_tokens_per_turn: int = 256
     max_turns: int = 8
     max_total_tokens: int = 4096
     max_tool_seconds: float = 60.0
+    # Per tool call; the remaining tool-seconds budget caps it further.
+    tool_timeout_s: float = 10.0
+    # Tool output beyond this many tokens is cut (with a marker) before it is appended.
+    max_tool_output_tokens: int = 256
     # Compact when a segment's context reaches this fraction of max_model_len.
     compaction_fraction: float = 0.85
-    # Kept sets are read from the top-k processed log-probs; sets larger than this are capped.
-    kept_set_cap: int = 64
-    max_in_flight: int = 8
+    summary_max_tokens: int = 128
+    max_segments: int = 4
+    # Text placed (as environment tokens, loss-masked) at the start of every assistant
+    # turn, e.g. "<tool>run\n" to force a tool call from a weak model. Empty = none.
+    assistant_prefill: str = ""
+    # Service.
+    max_in_flight: int = 8  # rollouts (samples) at once on this replica
+    max_tasks_in_flight: int = 2  # tasks (groups) handled at once
     chunk_tokens: int = 256
+    # Records stay under the bus limit by construction: a chunk is flushed before its
+    # packed arrays would exceed this many bytes.
+    max_chunk_bytes: int = 512 * 1024
     heartbeat_interval_s: float = 2.0
+    # A replica silent this long loses its tasks to the others (Kafka group session).
+    consumer_session_timeout_ms: int = 10_000
+    # Follow rollway.weights through the syncer's WeightSubscriber.
+    follow_weights: bool = True
+    sandbox_request_timeout_s: float = 60.0
+
+    def __post_init__(self) -> None:
+        if self.engine not in ("vllm", "torch"):
+            raise ValueError(f"sampler.engine must be 'vllm' or 'torch', not {self.engine!r}")
+        if self.kept_set_source not in ("auto", "native", "logprobs"):
+            raise ValueError(
+                f"sampler.kept_set_source must be auto|native|logprobs, not {self.kept_set_source!r}"
+            )
+        if not 0.0 < self.top_p <= 1.0:
+            raise ValueError(f"sampler.top_p must be in (0, 1], not {self.top_p}")
+        if self.temperature < 0:
+            raise ValueError(f"sampler.temperature must be >= 0, not {self.temperature}")
+        if not 0.1 <= self.compaction_fraction <= 1.0:
+            raise ValueError(f"sampler.compaction_fraction must be in [0.1, 1], not {self.compaction_fraction}")
+        if self.kept_set_cap < 1:
+            raise ValueError(f"sampler.kept_set_cap must be >= 1, not {self.kept_set_cap}")
+        if self.chunk_tokens < 1 or self.max_chunk_bytes < 4096:
+            raise ValueError("sampler.chunk_tokens must be >= 1 and sampler.max_chunk_bytes >= 4096")

@@ -1,0 +1,56 @@
+"""``rollway sampler``: a sampler replica (tasks -> rollouts -> trajectories)."""
+
+from __future__ import annotations
+
+import argparse
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--replica-id", help="this replica's id (default: $ROLLWAY_REPLICA_ID or sampler-HOST-PID)")
+    parser.add_argument("--engine", choices=["vllm", "torch"], help="inference engine (default: sampler.engine)")
+    parser.add_argument("--model", help="model folder (default: sampler.model_path)")
+    parser.add_argument("--sandbox-url", help="sandbox service URL (default: sampler.sandbox_url)")
+    parser.add_argument("--no-weights", action="store_true", help="do not follow rollway.weights")
+
+
+def run(args: argparse.Namespace) -> int:
+    import asyncio
+    import sys
+
+    import msgspec
+
+    from rollway.config import ConfigError, load_config
+    from rollway.logging import configure_logging, default_replica_id
+
+    try:
+        cfg = load_config(args.config)
+        overrides = {k: v for k, v in (("engine", args.engine), ("model_path", args.model),
+                                       ("sandbox_url", args.sandbox_url)) if v is not None}
+        if args.no_weights:
+            overrides["follow_weights"] = False
+        cfg = msgspec.structs.replace(cfg, sampler=msgspec.structs.replace(cfg.sampler, **overrides))
+        cfg.sampler.__post_init__()
+    except (ConfigError, ValueError) as exc:
+        print(f"rollway sampler: {exc}", file=sys.stderr)
+        return 2
+    replica_id = args.replica_id or default_replica_id("sampler")
+    configure_logging("sampler", replica_id, level=cfg.logging.level)
+
+    async def main() -> int:
+        from pathlib import Path
+
+        from sampler.service import SamplerService, make_engine
+
+        if not (Path(cfg.sampler.model_path) / "config.json").exists():
+            print(f"rollway sampler: no model at {cfg.sampler.model_path} (set sampler.model_path; "
+                  "`rollway model` builds the tiny one)", file=sys.stderr)
+            return 2
+        engine = make_engine(cfg)
+        await engine.start()
+        try:
+            await SamplerService(cfg, engine, replica_id=replica_id).run()
+        finally:
+            await engine.close()
+        return 0
+
+    return asyncio.run(main())

@@ -1,0 +1,295 @@
+"""The agent loop: one rollout of one sample of a task, against the sandbox service.
+
+A rollout is a sequence of *segments*; a segment is one context window::
+
+    <task prompt>                                  environment (loss mask 0)
+    <|im_start|>assistant\\n[prefill]               environment
+    ...model text... <tool>run\\nls</tool>          policy (loss mask 1)
+    <|im_end|>\\n<|im_start|>tool\\n<output>..</output><|im_end|>\\n   environment
+    <|im_start|>assistant\\n ...                    next turn
+
+Tool calls follow :mod:`sampler.tool_format`. A message without a well-formed tool
+call gets an error reply and costs a turn. Budgets: ``max_turns`` (assistant
+messages), ``max_total_tokens`` (generated tokens, summaries included) and
+``max_tool_seconds`` (wall time of tool calls); the first one exhausted ends the
+rollout with ``budget_<name>``.
+
+Self-compaction: before a turn, when the segment holds ``compaction_fraction`` of
+``max_model_len`` tokens, the agent is asked for a summary (``<summary>`` prefilled,
+generated until ``</summary>``; those tokens are trainable), then a new segment starts
+from the task prompt and the summary. Every segment's tokens are published, so all
+segments train. The context never grows past ``max_model_len - reserve`` where the
+reserve fits the compaction request and a full summary, so compaction always fits.
+
+When the rollout ends (submit, budget, context exhausted) the final chunk is
+published, then the sandbox grades the workspace (``submit``), which publishes the
+``Reward``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from dataclasses import dataclass, field
+
+import structlog
+
+from sampler import tool_format as fmt
+from sampler.config import SamplerConfig
+from sampler.engine import Engine, SampleDone, SampledToken
+from sampler.recorder import Publish, TrajectoryIdentity, TrajectoryRecorder
+from sampler.sampling import SamplingParams
+from sampler.sandbox_client import SandboxClient, SandboxError
+from schemas import Cost, Reward, Task
+
+log = structlog.get_logger(__name__)
+
+TRUNCATED_MARK = "\n[... output truncated]"
+
+
+def trajectory_id(task: Task, sample_index: int, attempt: str) -> str:
+    """Unique per task, group, sample and delivery attempt."""
+    return f"{task.task_id}/{task.group_id}/{sample_index}/{attempt}"
+
+
+@dataclass
+class RolloutResult:
+    trajectory_id: str
+    finish_reason: str
+    cost: Cost
+    reward: Reward | None
+    chunks: int
+    segments: int
+    weight_versions: list[int] = field(default_factory=list)
+    summaries: list[str] = field(default_factory=list)
+
+
+@dataclass
+class _RolloutState:
+    turns: int = 0
+    tool_seconds: float = 0.0
+    summaries: list[str] = field(default_factory=list)
+
+
+class AgentLoop:
+    """Runs rollouts with one engine and one sandbox client (both shared)."""
+
+    def __init__(
+        self,
+        engine: Engine,
+        sandbox: SandboxClient,
+        cfg: SamplerConfig,
+        publish: Publish,
+        *,
+        replica_id: str = "",
+    ) -> None:
+        self.engine = engine
+        self.sandbox = sandbox
+        self.cfg = cfg
+        self.publish = publish
+        self.replica_id = replica_id
+        tok = engine.tokenizer
+        self.tok = tok
+        self._tool_stop = self._single_token(fmt.TOOL_CLOSE)
+        self._im_end = self._single_token(fmt.IM_END)
+        self._summary_stop = self._single_token(fmt.SUMMARY_CLOSE)
+        self.max_len = min(cfg.max_model_len, engine.max_model_len)
+        # Room kept free so a compaction (request + full summary) always fits.
+        # (+32: markup of a tool reply or turn header that may land after the last check.)
+        self.reserve = len(self.encode(fmt.compaction_request())) + cfg.summary_max_tokens + 32
+        self.hard_limit = self.max_len - self.reserve
+        self.compact_at = min(int(cfg.compaction_fraction * self.max_len), self.hard_limit)
+        if self.hard_limit < 16:
+            raise ValueError(
+                f"max_model_len {self.max_len} leaves no room for turns after reserving {self.reserve} "
+                "tokens for compaction (lower sampler.summary_max_tokens or raise max_model_len)"
+            )
+
+    def _single_token(self, text: str) -> int | None:
+        ids = self.tok.encode(text, add_special_tokens=False)
+        return ids[0] if len(ids) == 1 else None
+
+    def encode(self, pieces: list[fmt.Piece]) -> list[int]:
+        out: list[int] = []
+        for text, trusted in pieces:
+            if text:
+                out.extend(self.tok.encode(text, add_special_tokens=False, split_special_tokens=not trusted))
+        return out
+
+    def decode(self, ids: list[int]) -> str:
+        return self.tok.decode(ids, skip_special_tokens=False)
+
+    def sampling(self, max_tokens: int, stops: list[int | None], stop_strings: tuple[str, ...]) -> SamplingParams:
+        ids = tuple(t for t in stops if t is not None)
+        return SamplingParams(
+            temperature=self.cfg.temperature,
+            top_p=self.cfg.top_p,
+            top_k=self.cfg.top_k,
+            max_tokens=max(1, max_tokens),
+            stop_token_ids=ids,
+            stop=stop_strings,
+        )
+
+    # -- one rollout --------------------------------------------------------------------------
+    async def run(self, task: Task, sample_index: int, attempt: str) -> RolloutResult:
+        cfg = self.cfg
+        tid = trajectory_id(task, sample_index, attempt)
+        base = self.sampling(1, [], ())
+        effective = getattr(self.engine, "effective_params", lambda p: p)(base)
+        rec = TrajectoryRecorder(
+            TrajectoryIdentity(
+                trajectory_id=tid, task_id=task.task_id, group_id=task.group_id, sample_index=sample_index,
+                group_size=task.group_size, attempt=attempt, replica_id=self.replica_id,
+                temperature=effective.temperature, top_p=effective.top_p, top_k=effective.top_k,
+            ),
+            self.publish, chunk_tokens=cfg.chunk_tokens, max_chunk_bytes=cfg.max_chunk_bytes,
+        )
+        logger = log.bind(trajectory_id=tid)
+        session = await self.sandbox.create_session(task.task_id, dict(task.files))
+        submitted = False
+        state = _RolloutState()
+        try:
+            await rec.add_env(self.encode(fmt.task_prompt(task.instruction, task.files)), self.engine.weight_version)
+            reason = await self._turns(task, rec, session, state, logger)
+            cost = Cost(
+                generated_tokens=rec.generated_tokens,
+                env_tokens=rec.env_tokens,
+                turns=state.turns,
+                tool_seconds=round(state.tool_seconds, 6),
+                segments=rec.segment_index + 1,
+            )
+            await rec.finish(reason, cost)
+            version = rec.newest_generated_version
+            reward = await self.sandbox.submit(
+                session, trajectory_id=tid, task_id=task.task_id, group_id=task.group_id,
+                sample_index=sample_index, attempt=attempt, cost=cost,
+                weight_version=version if version >= 0 else self.engine.weight_version,
+            )
+            submitted = True
+            logger.info("rollout done", reason=reason, turns=state.turns, tokens=rec.generated_tokens,
+                        segments=cost.segments, chunks=rec.chunks_published, score=reward.score)
+            return RolloutResult(tid, reason, cost, reward, rec.chunks_published, cost.segments,
+                                 sorted(rec.generated_versions), state.summaries)
+        finally:
+            if not submitted:
+                with contextlib.suppress(Exception):
+                    await self.sandbox.close_session(session)
+
+    async def _turns(self, task: Task, rec: TrajectoryRecorder, session: str, state: "_RolloutState", logger) -> str:
+        """Assistant turns until a submit or an exhausted budget; returns the finish reason."""
+        cfg = self.cfg
+        if len(rec.segment_tokens) >= self.compact_at:
+            logger.warning("task prompt alone reaches the compaction threshold",
+                           tokens=len(rec.segment_tokens), compact_at=self.compact_at)
+            return "context_exhausted"
+        while True:
+            if state.turns >= cfg.max_turns:
+                return "budget_turns"
+            if rec.generated_tokens >= cfg.max_total_tokens:
+                return "budget_tokens"
+            if state.tool_seconds >= cfg.max_tool_seconds:
+                return "budget_tool_seconds"
+            if len(rec.segment_tokens) >= self.compact_at:
+                if rec.segment_index + 1 >= cfg.max_segments:
+                    return "context_exhausted"
+                summary = await self._compact(task, rec)
+                state.summaries.append(summary)
+                logger.info("compacted", segment=rec.segment_index, summary_chars=len(summary))
+                continue
+            prefill = cfg.assistant_prefill
+            await rec.add_env(self.encode(fmt.assistant_header(prefill)), self.engine.weight_version)
+            room = self.hard_limit - len(rec.segment_tokens)
+            budget = cfg.max_total_tokens - rec.generated_tokens
+            stop_strings = (fmt.TOOL_CLOSE,) if self._tool_stop is None else ()
+            params = self.sampling(min(cfg.max_tokens_per_turn, room, budget),
+                                   [self._tool_stop, self._im_end], stop_strings)
+            generated, _ = await self._generate(rec, params)
+            state.turns += 1
+            message = prefill + self.decode(generated)
+            closed = bool(generated) and generated[-1] == self._im_end
+            try:
+                call = fmt.parse_tool_call(message)
+            except fmt.ToolCallError as exc:
+                body = f"error: {exc}"
+            else:
+                if call.name == "submit":
+                    return "submitted"
+                t0 = time.perf_counter()
+                body = await self._execute(session, call, cfg.max_tool_seconds - state.tool_seconds)
+                state.tool_seconds += time.perf_counter() - t0
+            await rec.add_env(self._reply_tokens(body, closed, rec), self.engine.weight_version)
+
+    async def _generate(self, rec: TrajectoryRecorder, params: SamplingParams) -> tuple[list[int], SampleDone | None]:
+        """Stream one completion of the segment into the recorder."""
+        generated: list[int] = []
+        done: SampleDone | None = None
+        stream = self.engine.generate(list(rec.segment_tokens), params)
+        async with contextlib.aclosing(stream):
+            async for event in stream:
+                if isinstance(event, SampledToken):
+                    await rec.add_sampled(event)
+                    generated.append(event.token_id)
+                elif isinstance(event, SampleDone):
+                    done = event
+                    if event.routed_experts is not None:
+                        rec.attach_routed_experts(event.routed_experts)
+        return generated, done
+
+    async def _compact(self, task: Task, rec: TrajectoryRecorder) -> str:
+        """Ask for a summary, then start a new segment from the task and the summary."""
+        await rec.add_env(self.encode(fmt.compaction_request()), self.engine.weight_version)
+        room = self.max_len - 1 - len(rec.segment_tokens)
+        budget = self.cfg.max_total_tokens - rec.generated_tokens
+        params = self.sampling(min(self.cfg.summary_max_tokens, room, max(budget, 1)),
+                               [self._summary_stop, self._im_end], ())
+        generated, _ = await self._generate(rec, params)
+        summary = self.decode(generated)
+        for marker in (fmt.SUMMARY_CLOSE, fmt.IM_END):
+            summary = summary.split(marker)[0]
+        summary = summary.strip()
+        await rec.new_segment()
+        resume = self.encode(fmt.task_prompt(task.instruction, task.files) + fmt.summary_resume_prompt(summary))
+        if len(resume) >= self.compact_at:
+            # The summary is too long to help: keep its head so the new segment has room.
+            keep = max(0, len(self.encode([(summary, False)])) - (len(resume) - self.compact_at) - 16)
+            summary = self.decode(self.encode([(summary, False)])[:keep])
+            resume = self.encode(fmt.task_prompt(task.instruction, task.files) + fmt.summary_resume_prompt(summary))
+        await rec.add_env(resume, self.engine.weight_version)
+        return summary
+
+    def _reply_tokens(self, body: str, closed: bool, rec: TrajectoryRecorder) -> list[int]:
+        """The tool reply, its body cut to the token limit and to what the context allows."""
+        markup = len(self.encode(fmt.tool_reply("", closed)))
+        limit = min(self.cfg.max_tool_output_tokens, self.hard_limit - len(rec.segment_tokens) - markup)
+        body_ids = self.encode([(body, False)])
+        if len(body_ids) > max(limit, 0):
+            mark = self.encode([(TRUNCATED_MARK, False)])
+            body_ids = body_ids[: max(0, limit - len(mark))] + (mark if limit >= len(mark) else [])
+        head, _, tail = fmt.tool_reply("", closed)
+        return self.encode([head]) + body_ids + self.encode([tail])
+
+    async def _execute(self, session: str, call: fmt.ToolCall, seconds_left: float) -> str:
+        """Run one tool call; sandbox-side refusals (4xx) become the reply text."""
+        try:
+            if call.name == "run":
+                timeout = max(0.1, min(self.cfg.tool_timeout_s, seconds_left))
+                res = await self.sandbox.exec(session, call.arg, timeout_s=timeout)
+                out = res.stdout + (("\n" if res.stdout and res.stderr else "") + res.stderr if res.stderr else "")
+                notes = []
+                if res.timed_out:
+                    notes.append(f"timed out after {timeout:.1f}s")
+                if res.killed:
+                    notes.append(f"killed: {res.killed}")
+                if res.exit_code not in (0, None):
+                    notes.append(f"exit code {res.exit_code}")
+                return out + (f"\n[{'; '.join(notes)}]" if notes else "")
+            if call.name == "read":
+                return await self.sandbox.read_file(session, call.arg)
+            if call.name == "write":
+                written = await self.sandbox.write_file(session, call.arg, call.content)
+                return f"wrote {call.arg} ({written} bytes)"
+        except SandboxError as exc:
+            if exc.status >= 500:
+                raise
+            return f"error: {exc.message}"
+        raise ValueError(f"unknown tool {call.name!r}")

@@ -1,0 +1,135 @@
+"""The engine interface every sampler backend implements.
+
+An engine turns prompt token ids into sampled tokens and reports, for each token,
+exactly what the sampler decided: the behaviour log-prob (after temperature,
+renormalized over the kept set), the kept set itself (and whether a cap cut it), the
+weight version that produced the token and, for MoE models where the engine offers
+it, the routed experts.
+
+    async for event in engine.generate(prompt_ids, params, request_id="r1"):
+        if isinstance(event, SampledToken): ...
+        else: ...  # SampleDone: one per sample, after its last token
+
+Engines are also the weight target of ``docs/contracts.md``: ``weight_version`` and
+``apply_weights(tensors, version) -> pause seconds``; ``pause()``/``resume()`` hold
+generation between two decoding steps (requests stay alive and continue after).
+"""
+
+from __future__ import annotations
+
+import abc
+import uuid
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, AsyncIterator
+
+import numpy as np
+
+from sampler.sampling import SamplingParams
+
+if TYPE_CHECKING:
+    import torch
+
+
+@dataclass(slots=True)
+class SampledToken:
+    """One generated token and what the sampler decided for it."""
+
+    sample_index: int
+    token_id: int
+    logprob: float  # behaviour log-prob under the kept-set-renormalized distribution
+    kept_ids: np.ndarray  # int32, contains token_id
+    kept_capped: bool  # True when the kept set was larger than the engine's cap
+    weight_version: int
+    routed_experts: np.ndarray | None = None  # [layers, top_k] for MoE models
+
+
+@dataclass(slots=True)
+class SampleDone:
+    """A sample finished: ``stop`` (stop token/string or EOS), ``length``, ``abort``."""
+
+    sample_index: int
+    finish_reason: str
+    num_tokens: int
+    stop_reason: int | str | None = None
+    # MoE routed experts of the sample's generated tokens [tokens, layers, top_k], for
+    # engines that hand them over only when the sample ends (vLLM does).
+    routed_experts: np.ndarray | None = None
+
+
+EngineEvent = SampledToken | SampleDone
+
+
+class EngineClosed(RuntimeError):
+    """The engine was closed; no more requests."""
+
+
+def new_request_id() -> str:
+    return uuid.uuid4().hex
+
+
+class Engine(abc.ABC):
+    """Async sampler backend. Subclasses: :class:`sampler.vllm_engine.VLLMEngine`,
+    :class:`sampler.torch_engine.TorchEngine`."""
+
+    #: Which path produces kept sets ("native" sampling mask, "logprobs", "exact").
+    kept_set_source: str = ""
+    kept_set_cap: int | None = None
+
+    @property
+    @abc.abstractmethod
+    def weight_version(self) -> int: ...
+
+    @property
+    @abc.abstractmethod
+    def max_model_len(self) -> int: ...
+
+    @property
+    @abc.abstractmethod
+    def tokenizer(self): ...
+
+    @abc.abstractmethod
+    def generate(
+        self, prompt_ids: list[int], params: SamplingParams, request_id: str | None = None
+    ) -> AsyncIterator[EngineEvent]:
+        """Stream tokens of ``params.n`` samples (interleaved); each sample ends with a
+        :class:`SampleDone`. Breaking out of the iteration aborts the request."""
+
+    @abc.abstractmethod
+    async def abort(self, request_id: str) -> None:
+        """Stop a request; its open samples end with ``SampleDone('abort')``."""
+
+    @abc.abstractmethod
+    async def pause(self) -> None:
+        """Return once no decoding step runs and none will start until resume()."""
+
+    @abc.abstractmethod
+    async def resume(self) -> None: ...
+
+    @property
+    @abc.abstractmethod
+    def paused(self) -> bool: ...
+
+    @abc.abstractmethod
+    async def apply_weights(self, tensors: dict[str, "torch.Tensor"], version: int) -> float:
+        """Pause, load ``tensors`` (HF names) in place, set the version, resume.
+        Returns the seconds generation was held."""
+
+    @abc.abstractmethod
+    async def close(self) -> None: ...
+
+    async def __aenter__(self):
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        await self.close()
+
+
+def validate_prompt(prompt_ids: list[int], params: SamplingParams, max_model_len: int, vocab_size: int) -> None:
+    """Clear errors for prompts no engine can serve."""
+    if not prompt_ids:
+        raise ValueError("prompt_ids is empty")
+    if len(prompt_ids) >= max_model_len:
+        raise ValueError(f"prompt has {len(prompt_ids)} tokens; max_model_len is {max_model_len}")
+    bad = [t for t in prompt_ids if not 0 <= t < vocab_size]
+    if bad:
+        raise ValueError(f"prompt token ids out of range [0, {vocab_size}): {bad[:5]}")

