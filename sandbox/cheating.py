@@ -39,7 +39,7 @@ PYTEST_INI_NAMES = frozenset({"pytest.ini", ".pytest.ini"})
 STARTUP_HOOKS = frozenset({"sitecustomize.py", "usercustomize.py"})
 HARNESS_MODULES = frozenset({
     "pytest", "_pytest", "pluggy", "iniconfig", "packaging", "py", "exceptiongroup", "tomli",
-    "pygments", "colorama", "xml", "sitecustomize", "usercustomize",
+    "pygments", "colorama", "xml",
 })
 EXIT_CALLS = frozenset({
     "sys.exit", "exit", "quit", "os._exit", "os.abort", "os.kill", "os.killpg", "_exit", "abort",
@@ -153,28 +153,27 @@ def _python_findings(path: str, data: bytes) -> list[str]:
             out.append(f"pytest plugin loaded by {path} (pytest_plugins)")
         if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef)) and stmt.name.startswith("pytest_"):
             out.append(f"pytest hook {stmt.name} defined in {path}")
-    for call in _import_time_calls(tree.body):
-        name = _dotted(call.func)
+    for name, lineno in _import_time_calls(tree.body):
         if name in EXIT_CALLS and name != "os._exit":
-            out.append(f"exit-code trick: {path} calls {name} at import time (line {call.lineno})")
+            out.append(f"exit-code trick: {path} calls {name} at import time (line {lineno})")
     return list(dict.fromkeys(out))
 
 
 def _import_time_calls(body: list[ast.stmt]):
-    """Calls executed when the module is imported: not inside functions (or lambdas),
-    not under ``if __name__ == "__main__"``. Class bodies do run at import."""
+    """(dotted name, line) of what runs when the module is imported: calls outside
+    functions (and lambdas) and not under ``if __name__ == "__main__"``, and decorators,
+    which are called on definition. Class bodies do run at import."""
     for stmt in body:
-        if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef)):
+        if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
             for deco in stmt.decorator_list:
+                if not isinstance(deco, ast.Call):
+                    yield _dotted(deco), deco.lineno
                 yield from _calls_outside_functions(deco)
+            if isinstance(stmt, ast.ClassDef):
+                yield from _import_time_calls(stmt.body)
             continue
         if isinstance(stmt, ast.If) and _is_main_guard(stmt.test):
             yield from _import_time_calls(stmt.orelse)
-            continue
-        if isinstance(stmt, ast.ClassDef):
-            for deco in stmt.decorator_list:
-                yield from _calls_outside_functions(deco)
-            yield from _import_time_calls(stmt.body)
             continue
         nested = [getattr(stmt, f, []) for f in ("body", "orelse", "finalbody")]
         nested += [h.body for h in getattr(stmt, "handlers", [])]
@@ -194,7 +193,7 @@ def _calls_outside_functions(node: ast.AST):
     if isinstance(node, ast.Lambda):
         return
     if isinstance(node, ast.Call):
-        yield node
+        yield _dotted(node.func), node.lineno
     for child in ast.iter_child_nodes(node):
         yield from _calls_outside_functions(child)
 

@@ -7,6 +7,7 @@ per-command cgroups (:mod:`sandbox.cgroups`) and the bound on commands running a
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 import time
@@ -189,7 +190,17 @@ class Jail:
             pumps = asyncio.gather(pump(proc.stdout, out), pump(proc.stderr, err))
             finished = asyncio.ensure_future(_wait_all(pumps, proc))
             flooded = asyncio.ensure_future(too_much.wait())
-            done, _ = await asyncio.wait({finished, flooded}, timeout=timeout_s, return_when=asyncio.FIRST_COMPLETED)
+            try:
+                done, _ = await asyncio.wait(
+                    {finished, flooded}, timeout=timeout_s, return_when=asyncio.FIRST_COMPLETED
+                )
+            except asyncio.CancelledError:
+                # The caller went away (client disconnect, shutdown): the command goes too.
+                self._kill(proc, group)
+                flooded.cancel()
+                with contextlib.suppress(BaseException):
+                    await asyncio.wait_for(asyncio.shield(finished), _REAP_GRACE_S)
+                raise
             if finished not in done:
                 killed = "output" if flooded in done else "timeout"
                 self._kill(proc, group)
@@ -256,15 +267,20 @@ async def _wait_all(pumps: asyncio.Future, proc: asyncio.subprocess.Process) -> 
 
 
 def uid_pids(uid: int) -> list[int]:
-    """Host pids whose real uid is ``uid``."""
+    """Host pids whose real uid is ``uid`` (from /proc/PID/status: the owner of /proc/PID
+    is root for a process that made itself non-dumpable)."""
     pids = []
     for name in os.listdir("/proc"):
         if not name.isdigit():
             continue
         try:
-            if os.stat(f"/proc/{name}").st_uid == uid:
-                pids.append(int(name))
-        except OSError:
+            with open(f"/proc/{name}/status", "rb") as f:
+                for line in f:
+                    if line.startswith(b"Uid:"):
+                        if int(line.split()[1]) == uid:
+                            pids.append(int(name))
+                        break
+        except (OSError, ValueError):
             pass
     return pids
 

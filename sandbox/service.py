@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import tempfile
 from pathlib import Path
 
@@ -21,7 +22,7 @@ from sandbox.config import RewardConfig, SandboxConfig
 from sandbox.grader import Grader, Publisher, SubmitRequest
 from sandbox.runner import Busy, Jail
 from sandbox.sessions import PoolFull, Session, SessionBusy, SessionClosed, SessionPool
-from sandbox.workspace import FileMissing, WorkspaceError
+from sandbox.workspace import FileMissing, Workspace, WorkspaceError
 from tasks.store import TaskStore
 
 log = structlog.get_logger(__name__)
@@ -128,6 +129,25 @@ class SandboxService:
         ])
         self.app.on_startup.append(self._on_startup)
         self.app.on_cleanup.append(self._on_cleanup)
+
+    async def self_check(self) -> None:
+        """Run one command through the whole isolation (bwrap, uid switch, Python with
+        pytest); raise RuntimeError naming what is broken. ``rollway sandbox`` calls it
+        before serving, so a broken host fails at start, not on the first rollout."""
+        expected = self.cfg.uid_base if self.jail.privileged else os.geteuid()
+        with tempfile.TemporaryDirectory(dir=self.pool.root, prefix="rollway-selfcheck-") as tmp:
+            ws, _ = await asyncio.to_thread(Workspace.create, Path(tmp) / "ws", expected, {})
+            result = await self.jail.run(
+                "id -u && python -c 'import pytest'", workspace=ws.root, uid=expected, timeout_s=30.0,
+                label="selfcheck",
+            )
+        if result.exit_code != 0 or result.stdout.split()[:1] != [str(expected)]:
+            raise RuntimeError(
+                f"sandbox self-check failed (exit {result.exit_code}): expected uid {expected} and a Python "
+                f"with pytest; stdout={result.stdout[-300:]!r} stderr={result.stderr[-600:]!r}"
+            )
+        log.info("sandbox_self_check_ok", uid=expected, cgroups=self.cgroups is not None,
+                 privileged=self.jail.privileged, seconds=result.duration_s)
 
     async def _on_startup(self, app: web.Application) -> None:
         self._reaper = asyncio.create_task(self._reap_idle())

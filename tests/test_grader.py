@@ -8,6 +8,8 @@ solution that adds its own test file is not flagged.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import msgspec
 import pytest
 import pytest_asyncio
@@ -15,6 +17,7 @@ import pytest_asyncio
 from sandbox.client import SandboxClient
 from sandbox.config import RewardConfig, SandboxConfig
 from sandbox.testing import live_sandbox, write_task_dir
+from sandbox.workspace import Snapshot, WorkspaceFile
 from schemas import Cost, Reward
 from tasks.spec import TaskSpec
 from tasks.store import TaskStore
@@ -97,7 +100,7 @@ async def sandbox(tasks_dir, tmp_path_factory):
     cfg = SandboxConfig(
         max_sessions=8, max_concurrent_commands=4, command_timeout_s=10.0,
         workspace_root=str(tmp_path_factory.mktemp("grader-ws")), tasks_dir=str(tasks_dir),
-        max_snapshot_bytes=2 * 1024 * 1024,
+        max_snapshot_bytes=2 * 1024 * 1024, grading_timeout_s=5.0,
     )
     async with live_sandbox(cfg, RewardConfig(), TaskStore(tasks_dir)) as live:
         async with SandboxClient(live.url) as client:
@@ -303,3 +306,51 @@ async def test_network_attempt_during_the_hidden_run(sandbox):
     reward = await attempt(sandbox, "add_numbers", {"calc.py": noisy})
     assert reward.cheated is True and reward.reward == 0.0
     assert reward.reason.startswith("network access attempted during the hidden tests")
+
+
+async def test_hanging_solution_is_killed_and_fails(sandbox):
+    hang = "def add(a, b):\n    while True:\n        pass\n"
+    reward = await attempt(sandbox, "add_numbers", {"calc.py": hang})
+    assert (reward.score, reward.cheated) == (0.0, False)
+    assert reward.reason.startswith("hidden tests did not finish: exit code 137 (killed: timeout), no report")
+    assert 5.0 <= reward.grading_seconds < 15.0
+
+
+# --- defense in depth: the hidden run itself, with the static checks bypassed -----------
+
+
+def snapshot_of(files: dict[str, str]) -> Snapshot:
+    return Snapshot(files={p: WorkspaceFile(p, c.encode()) for p, c in files.items()})
+
+
+async def test_hidden_run_ignores_a_root_conftest(sandbox):
+    grader = sandbox.service.grader
+    wrong = "def add(a, b):\n    return a - b\n"
+    verdict = await grader.run_hidden_tests(ADD, snapshot_of({"calc.py": wrong, "conftest.py": PASS_ALL_HOOK}),
+                                            uid=sandbox.service.cfg.uid_base + 100)
+    assert (verdict.score, verdict.tests_passed, verdict.tests_total) == (0.0, 0, 3)
+
+
+async def test_hidden_run_cannot_be_shadowed_by_workspace_modules(sandbox):
+    grader = sandbox.service.grader
+    fake = "import sys\nprint('all passed')\nsys.exit(0)\n"
+    files = {"calc.py": "def add(a, b):\n    return a - b\n", "pytest.py": fake, "json.py": fake, "xml/__init__.py": fake}
+    verdict = await grader.run_hidden_tests(ADD, snapshot_of(files), uid=sandbox.service.cfg.uid_base + 100)
+    assert (verdict.score, verdict.tests_passed, verdict.tests_total, verdict.cheated) == (0.0, 0, 3, False)
+
+
+async def test_hidden_run_drops_compiled_files(sandbox, tmp_path):
+    # An unchecked-hash .pyc is used without looking at the source: left in place, the
+    # graded code would be the correct one hidden in bytecode, not the wrong source.
+    import py_compile
+    import sys
+
+    grader = sandbox.service.grader
+    (tmp_path / "calc.py").write_text(SOLVED_ADD)
+    pyc = py_compile.compile(str(tmp_path / "calc.py"), cfile=str(tmp_path / "calc.pyc"),
+                             invalidation_mode=py_compile.PycInvalidationMode.UNCHECKED_HASH)
+    snap = snapshot_of({"calc.py": "def add(a, b):\n    return a - b\n"})
+    cached = f"__pycache__/calc.{sys.implementation.cache_tag}.pyc"
+    snap.files[cached] = WorkspaceFile(cached, Path(pyc).read_bytes())
+    verdict = await grader.run_hidden_tests(ADD, snap, uid=sandbox.service.cfg.uid_base + 100)
+    assert (verdict.score, verdict.tests_passed, verdict.tests_total) == (0.0, 0, 3)

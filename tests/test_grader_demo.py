@@ -18,6 +18,8 @@ from sandbox.testing import live_sandbox
 from schemas import Reward
 from tasks.store import TaskStore
 
+pytestmark = pytest.mark.slow
+
 DEMO = Path(__file__).resolve().parents[1] / "tasks" / "demo"
 STORE = TaskStore(DEMO)
 

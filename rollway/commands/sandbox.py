@@ -50,6 +50,7 @@ def run(args: argparse.Namespace) -> int:
         try:
             try:
                 service = SandboxService(sandbox_cfg, cfg.reward, store, publisher=producer)
+                await service.self_check()
             except (CgroupUnavailable, RuntimeError) as exc:
                 print(f"rollway sandbox: {exc}", file=sys.stderr)
                 return 2
