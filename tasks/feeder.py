@@ -89,6 +89,31 @@ class Feeder:
                 self.observe(env.event)
             await consumer.ack(env, commit=False)  # plain reader: only frees the in-flight slot
 
+    async def _catch_up(self, consumer: EventConsumer, reader: asyncio.Task, timeout_s: float = 60.0) -> None:
+        """Wait until the rewards already in the log are read, so the first choices use
+        the rebuilt statistics rather than a cold start."""
+        from aiokafka import TopicPartition
+        from aiokafka.errors import IllegalStateError
+
+        raw = consumer.raw
+        await raw.topics()  # refresh metadata
+        tps = [TopicPartition(t, p) for t in consumer.topics for p in sorted(raw.partitions_for_topic(t) or ())]
+        ends = await raw.end_offsets(tps) if tps else {}
+        deadline = self.clock() + timeout_s
+        while not self._stop.is_set() and not reader.done():
+            try:
+                positions = {tp: await raw.position(tp) for tp, end in ends.items() if end > 0}
+            except IllegalStateError:  # partitions not assigned yet
+                positions = None
+            if positions is not None and all(positions[tp] >= ends[tp] for tp in positions):
+                log.info("rewards log replayed", rewards=self.rewards_seen,
+                         retired=len(self.selector.retired()), seconds_left=round(deadline - self.clock(), 2))
+                return
+            if self.clock() > deadline:
+                log.warning("rewards log not replayed in time; starting anyway", rewards=self.rewards_seen)
+                return
+            await asyncio.sleep(0.05)
+
     # -- tasks out -------------------------------------------------------------------
     async def run(self) -> str:
         """Publish until stopped, ``max_groups`` reached, or every task retired; returns why."""
@@ -100,6 +125,8 @@ class Feeder:
             await consumer.start()
             reader = asyncio.create_task(self._read_rewards(consumer), name="feeder-rewards")
             try:
+                if self.cfg.replay_rewards:
+                    await self._catch_up(consumer, reader)
                 reason = await self._publish_loop(producer, reader)
             finally:
                 consumer.stop()
@@ -138,7 +165,7 @@ class Feeder:
             if len(self.outstanding) >= cfg.max_outstanding_groups:
                 if blocked_since is None:
                     blocked_since = t
-                    log.info("backpressure: waiting for rewards", outstanding=len(self.outstanding))
+                    log.debug("backpressure: waiting for rewards", outstanding=len(self.outstanding))
                 self._progress.clear()
                 await self._wait(self._progress, timeout=1.0)
                 continue

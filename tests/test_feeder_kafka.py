@@ -1,0 +1,231 @@
+"""The feeder against real Kafka: Task events out, real Reward events back in.
+
+A small driver in the test stands in for samplers and graders: it reads the Task events
+the feeder published and answers each sample with a Reward event on rollway.rewards,
+solving according to a per-task schedule the test controls.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from pathlib import Path
+from typing import Callable
+
+import pytest
+
+from bus import EventConsumer, EventProducer
+from bus.config import KafkaConfig
+from schemas import Metrics, Reward, Task
+from tasks.config import FeederConfig
+from tasks.feeder import Feeder
+from tasks.store import TaskStore
+
+pytestmark = pytest.mark.kafka
+
+
+def make_store(root: Path, ids: list[str]) -> TaskStore:
+    for task_id in ids:
+        folder = root / task_id
+        (folder / "hidden_tests").mkdir(parents=True)
+        (folder / "repo").mkdir()
+        (folder / "repo" / "m.py").write_text("x = 1\n")
+        (folder / "task.toml").write_text(f'instruction = "task {task_id}"\ndifficulty = "easy"\n')
+        (folder / "hidden_tests" / "test_m.py").write_text("def test_m():\n    assert True\n")
+    return TaskStore(root)
+
+
+def reward_for(task: Task, index: int, solved: bool) -> Reward:
+    return Reward(
+        trajectory_id=f"{task.group_id}-{index}", task_id=task.task_id, group_id=task.group_id,
+        sample_index=index, attempt="0", score=1.0 if solved else 0.0, tests_passed=int(solved), tests_total=1,
+    )
+
+
+class Driver:
+    """Answers every sample of every Task event with a Reward (or holds them back)."""
+
+    def __init__(self, kafka: KafkaConfig, solves: Callable[[int, Task, int], bool] | None) -> None:
+        self.kafka = kafka
+        self.solves = solves  # (groups seen so far, task, sample index) -> solved; None = never answer
+        self.tasks: list[Task] = []
+        self.new_task = asyncio.Event()
+
+    async def run(self) -> None:
+        async with EventProducer(self.kafka, client_id="test-driver") as producer, \
+                EventConsumer(self.kafka, ["tasks"], group_id=f"test-driver-{uuid.uuid4().hex[:6]}") as consumer:
+            async for env in consumer:
+                task = env.event
+                assert isinstance(task, Task)
+                self.tasks.append(task)
+                self.new_task.set()
+                if self.solves is not None:
+                    n = len(self.tasks) - 1
+                    for i in range(task.group_size):
+                        await producer.publish(reward_for(task, i, self.solves(n, task, i)))
+                await consumer.ack(env)
+
+    async def wait_for(self, count: int, timeout: float = 30.0) -> None:
+        async def loop():
+            while len(self.tasks) < count:
+                self.new_task.clear()
+                await self.new_task.wait()
+        await asyncio.wait_for(loop(), timeout)
+
+
+async def run_feeder(feeder: Feeder, driver: Driver, timeout: float = 120.0) -> str:
+    """Run the feeder to its end; the driver keeps going until it saw every published group."""
+    driving = asyncio.create_task(driver.run())
+    try:
+        reason = await asyncio.wait_for(feeder.run(), timeout)
+        await driver.wait_for(feeder.published)
+        return reason
+    finally:
+        driving.cancel()
+        await asyncio.gather(driving, return_exceptions=True)
+
+
+async def test_task_mix_shifts_as_solve_rates_change(kafka_config, tmp_path):
+    """Phase 1: alpha is solved by half its samples, beta by none -> alpha dominates.
+    Phase 2: alpha is solved always, beta by half -> beta dominates."""
+    store = make_store(tmp_path, ["alpha", "beta"])
+    per_phase = 80
+    cfg = FeederConfig(
+        group_size=2, groups_per_second=500, max_outstanding_groups=3, max_groups=2 * per_phase,
+        solve_rate_window=8, min_attempts_to_retire=0, prior_successes=0.5, prior_failures=0.5,
+        metrics_interval_s=3600, seed=1,
+    )
+
+    def solves(n: int, task: Task, index: int) -> bool:
+        learnable = index == 0  # one of the two samples solved
+        if n < per_phase:
+            return learnable if task.task_id == "alpha" else False
+        return True if task.task_id == "alpha" else learnable
+
+    feeder = Feeder(cfg, kafka_config, store)
+    driver = Driver(kafka_config, solves)
+    reason = await run_feeder(feeder, driver)
+    assert reason == f"published max_groups={2 * per_phase}"
+    assert len(driver.tasks) == 2 * per_phase
+    order = [t.task_id for t in driver.tasks]
+    tail1 = order[per_phase - 50:per_phase]
+    tail2 = order[2 * per_phase - 50:]
+    share_alpha_1 = tail1.count("alpha") / len(tail1)
+    share_beta_2 = tail2.count("beta") / len(tail2)
+    # stationary mix: 0.25 / (0.25 + 0.0525) = 0.83 for the learnable task in each phase
+    print(f"mix: phase-1 alpha share {share_alpha_1:.2f}, phase-2 beta share {share_beta_2:.2f}")
+    assert share_alpha_1 > 0.6, (share_alpha_1, order)
+    assert share_beta_2 > 0.6, (share_beta_2, order)
+    assert feeder.rewards_seen >= 2 * (2 * per_phase - cfg.max_outstanding_groups)
+    assert all(t.group_size == 2 and t.instruction == f"task {t.task_id}" and t.files == {"m.py": "x = 1\n"}
+               for t in driver.tasks)
+    assert len({t.group_id for t in driver.tasks}) == 2 * per_phase
+
+
+async def test_backpressure_stops_publishing_until_groups_are_rewarded(kafka_config, tmp_path):
+    store = make_store(tmp_path, ["only"])
+    cfg = FeederConfig(group_size=3, groups_per_second=200, max_outstanding_groups=3, metrics_interval_s=3600)
+    feeder = Feeder(cfg, kafka_config, store)
+    driver = Driver(kafka_config, solves=None)  # holds every reward back
+    feeding = asyncio.create_task(feeder.run())
+    driving = asyncio.create_task(driver.run())
+    try:
+        await driver.wait_for(3)
+        await asyncio.sleep(1.0)  # 200 groups/s would have published ~200 more by now
+        assert (feeder.published, len(driver.tasks), len(feeder.outstanding)) == (3, 3, 3)
+        first = driver.tasks[0]
+        async with EventProducer(kafka_config, client_id="test-grader") as producer:
+            # two of three samples, one of them twice (redelivery): the group is not complete
+            for index in (0, 1, 0):
+                await producer.publish(reward_for(first, index, solved=False))
+            await asyncio.sleep(0.7)
+            assert (feeder.published, len(feeder.outstanding)) == (3, 3)
+            assert feeder.rewards_seen == 2
+            await producer.publish(reward_for(first, 2, solved=True))
+            await driver.wait_for(4)
+            await asyncio.sleep(0.7)
+            assert (feeder.published, len(driver.tasks), len(feeder.outstanding)) == (4, 4, 3)
+        assert feeder.backpressure_seconds > 1.0
+    finally:
+        feeder.stop()
+        assert await asyncio.wait_for(feeding, 30) == "stopped"
+        driving.cancel()
+        await asyncio.gather(driving, return_exceptions=True)
+
+
+async def test_retires_always_and_never_solved_then_stops_and_replays(kafka_config, tmp_path):
+    store = make_store(tmp_path, ["easy", "hard", "mixed"])
+    cfg = FeederConfig(
+        group_size=2, groups_per_second=500, max_outstanding_groups=2, solve_rate_window=4,
+        min_attempts_to_retire=4, metrics_interval_s=3600, seed=3,
+    )
+    mixed_rounds = {"n": 0}
+
+    def solves(n: int, task: Task, index: int) -> bool:
+        if task.task_id == "mixed":
+            # learnable for its first 10 groups, then always solved: retires too
+            mixed_rounds["n"] += index == 0
+            return index == 0 or mixed_rounds["n"] > 10
+        return task.task_id == "easy"
+
+    feeder = Feeder(cfg, kafka_config, store)
+    driver = Driver(kafka_config, solves)
+    reason = await run_feeder(feeder, driver)
+    assert reason == "every task is retired"
+    assert feeder.selector.retired() == {"easy": "always solved", "hard": "never solved", "mixed": "always solved"}
+    published = feeder.published_by_task
+    # retired after 4 outcomes = 2 groups, plus at most the groups already in flight
+    assert 2 <= published["easy"] <= 2 + cfg.max_outstanding_groups
+    assert 2 <= published["hard"] <= 2 + cfg.max_outstanding_groups
+    assert published["mixed"] >= 11
+
+    # the feeder's own metrics are on the metrics topic
+    async with EventConsumer(kafka_config, ["metrics"], group_id=None) as consumer:
+        env = await asyncio.wait_for(consumer.__anext__(), 30)
+    assert isinstance(env.event, Metrics) and env.event.source == "feeder"
+    assert env.event.values["retired_tasks"] == 3.0
+    assert env.event.values["published_groups"] == float(feeder.published)
+
+    # a restarted feeder rebuilds its statistics from the rewards log before choosing
+    restarted = Feeder(cfg, kafka_config, store)
+    assert await asyncio.wait_for(restarted.run(), 60) == "every task is retired"
+    assert restarted.published == 0
+    assert restarted.selector.retired() == feeder.selector.retired()
+
+
+async def test_rollway_feeder_command_publishes_demo_tasks(kafka_config):
+    import os
+    import sys
+
+    env = dict(os.environ, KAFKA_BOOTSTRAP_SERVERS=kafka_config.bootstrap_servers,
+               ROLLWAY_KAFKA__TOPIC_PREFIX=kafka_config.topic_prefix, ROLLWAY_CONFIG="/dev/null")
+    root = Path(__file__).resolve().parents[1]
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "rollway.cli", "feeder", "--tasks-dir", str(root / "tasks" / "demo"),
+        "--max-groups", "3", "--rate", "50", "--group-size", "5", "--seed", "4",
+        env=env, cwd=root, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+    )
+    out, err = await asyncio.wait_for(proc.communicate(), 120)
+    assert proc.returncode == 0, err.decode()[-2000:]
+    assert "published 3 groups" in out.decode()
+    demo = TaskStore(root / "tasks" / "demo")
+    async with EventConsumer(kafka_config, ["tasks"], group_id=None) as consumer:
+        events = [(await asyncio.wait_for(consumer.__anext__(), 30)).event for _ in range(3)]
+    for event in events:
+        spec = demo.get(event.task_id)
+        assert event.group_size == 5 and event.task_set == "demo"
+        assert event.files == spec.files and event.instruction == spec.instruction
+
+
+def test_rollway_feeder_command_rejects_bad_settings():
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parents[1]
+    proc = subprocess.run([sys.executable, "-m", "rollway.cli", "feeder", "--rate", "0"], cwd=root,
+                          capture_output=True, text=True, timeout=60, env={"PATH": "/usr/bin:/bin", "ROLLWAY_CONFIG": "/dev/null"})
+    assert proc.returncode == 2
+    assert "groups_per_second must be positive" in proc.stderr
+    proc = subprocess.run([sys.executable, "-m", "rollway.cli", "feeder", "--tasks-dir", "/nonexistent"], cwd=root,
+                          capture_output=True, text=True, timeout=60, env={"PATH": "/usr/bin:/bin", "ROLLWAY_CONFIG": "/dev/null"})
+    assert proc.returncode == 2 and "/nonexistent does not exist" in proc.stderr
