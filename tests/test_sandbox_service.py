@@ -256,6 +256,13 @@ async def test_hidden_tests_are_not_reachable(sandbox, tasks_dir):
     assert sorted(listing[0].split()) == [".", "..", "main.py", "pkg"]
     # The repository (service code, task store) is not there; only the read-only venv is.
     assert listing[1].split() == []
+    # Nor importable through the venv's editable install of the project.
+    sid = await open_session(sandbox)
+    try:
+        imports = await sandbox.client.exec(sid, "python -c 'import sandbox.grader'; python -c 'import tasks.store'")
+        assert imports["stderr"].count("ModuleNotFoundError") == 2
+    finally:
+        await sandbox.client.close(sid)
 
 
 async def test_writes_outside_the_workspace_fail(sandbox, tmp_path):
