@@ -55,7 +55,14 @@ async def plain(command: str, cwd: Path, env: dict[str, str]) -> float:
 async def main(repeat: int) -> None:
     cfg = SandboxConfig()
     cgroups = make_cgroup_manager(cfg.cgroups, max_processes=cfg.max_processes, memory_bytes=cfg.memory_bytes)
-    jail = Jail(cfg, cgroups)
+    try:
+        await measure(cfg, Jail(cfg, cgroups), repeat)
+    finally:
+        if cgroups is not None:
+            cgroups.close()
+
+
+async def measure(cfg: SandboxConfig, jail: Jail, repeat: int) -> None:
     uid = cfg.uid_base + 500
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
@@ -83,9 +90,7 @@ async def main(repeat: int) -> None:
             verdict = await grader.verdict(TASK, snap, [], uid=uid)
             grade_times.append(time.perf_counter() - started)
             assert (verdict.tests_passed, verdict.tests_total) == (1, 3), verdict
-    if cgroups is not None:
-        cgroups.close()
-    print(f"sandbox overhead, median of {repeat} runs (cgroups: {cgroups is not None}, "
+    print(f"sandbox overhead, median of {repeat} runs (cgroups: {jail.cgroups is not None}, "
           f"privileged: {jail.privileged}, load: {os.getloadavg()[0]:.1f})")
     print(f"{'command':<18} {'plain ms':>10} {'jail ms':>10} {'ratio':>7}")
     for label, p, j, ratio in rows:

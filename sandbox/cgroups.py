@@ -134,6 +134,8 @@ class CgroupManager:
             self.parents = {"pids": base / name, "memory": base / name}
         else:
             raise CgroupUnavailable("no cgroup v1 pids+memory hierarchies and no cgroup v2 mount")
+        for parent in dict.fromkeys(self.parents.values()):
+            _remove_stale_siblings(parent.parent)
         try:
             for parent in dict.fromkeys(self.parents.values()):
                 parent.mkdir(exist_ok=True)
@@ -206,3 +208,21 @@ def _read_pids(path: str) -> list[int]:
         return [int(x) for x in Path(path).read_text().split()]
     except (OSError, ValueError):
         return []
+
+
+def _remove_stale_siblings(base: Path) -> None:
+    """Remove the (empty) groups a crashed earlier service left: rollway-sandbox-<dead pid>."""
+    for stale in base.glob("rollway-sandbox-*"):
+        try:
+            pid = int(stale.name.rsplit("-", 1)[1])
+            os.kill(pid, 0)
+            continue  # that service still runs
+        except ProcessLookupError:
+            pass
+        except (ValueError, PermissionError):
+            continue
+        for leaf in [d for d in stale.iterdir() if d.is_dir()] + [stale]:
+            try:
+                leaf.rmdir()
+            except OSError:
+                pass
