@@ -41,6 +41,8 @@ class SampledToken:
     kept_capped: bool  # True when the kept set was larger than the engine's cap
     weight_version: int
     routed_experts: np.ndarray | None = None  # [layers, top_k] for MoE models
+    # Behaviour log-probs of kept_ids (same order) where the engine knows them.
+    kept_logprobs: np.ndarray | None = None
 
 
 @dataclass(slots=True)

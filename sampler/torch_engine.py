@@ -169,7 +169,8 @@ class TorchEngine(Engine):
                     tokens[i] += 1
                     completions[i].append(tok)
                     self.tokens_generated += 1
-                    yield SampledToken(i, tok, float(lps[i]), kept[i].ids, False, version)
+                    yield SampledToken(i, tok, float(lps[i]), kept[i].ids, False, version,
+                                       kept_logprobs=kept[i].logprobs)
                     reason = stop_reason = None
                     if tok in stop_ids:
                         reason, stop_reason = "stop", (tok if tok in params.stop_token_ids else None)

@@ -448,7 +448,8 @@ class VLLMEngine(Engine):
             new_ids = list(comp.token_ids)
             kept_sets = self._kept_sets(comp, new_ids, req.greedy)
             for tok, (lp, kept) in zip(new_ids, kept_sets):
-                events.append(SampledToken(idx, int(tok), lp, kept.ids, kept.capped, version))
+                events.append(SampledToken(idx, int(tok), lp, kept.ids, kept.capped, version,
+                                           kept_logprobs=kept.logprobs))
             req.tokens[idx] += len(new_ids)
             self.tokens_generated += len(new_ids)
             if comp.finish_reason is not None:
@@ -469,7 +470,8 @@ class VLLMEngine(Engine):
     def _kept_sets(self, comp, new_ids: list[int], greedy: bool) -> list[tuple[float, KeptSet]]:
         """(behaviour log-prob, kept set) for each new token of one completion."""
         if greedy:
-            return [(0.0, KeptSet(np.array([t], dtype=np.int32))) for t in new_ids]
+            return [(0.0, KeptSet(np.array([t], dtype=np.int32), False, np.zeros(1, dtype=np.float32)))
+                    for t in new_ids]
         lps = comp.logprobs
         if lps is None or len(lps) != len(new_ids):
             raise RuntimeError(f"vLLM returned {0 if lps is None else len(lps)} logprob rows for {len(new_ids)} tokens")
