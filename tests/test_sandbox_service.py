@@ -49,7 +49,7 @@ async def sandbox(tasks_dir, tmp_path_factory):
         max_sessions=8,
         max_concurrent_commands=4,
         command_timeout_s=5.0,
-        cpu_seconds=2,
+        cpu_seconds=1,
         memory_bytes=MEMORY,
         max_processes=MAX_PROCESSES,
         max_output_bytes=MAX_OUTPUT,
@@ -154,13 +154,14 @@ async def test_infinite_loop_hits_the_wall_clock_timeout(sandbox):
     result = await run_hostile(sandbox, "while true; do :; done", timeout_s=1.0)
     assert result["timed_out"] is True and result["killed"] == "timeout"
     assert result["exit_code"] == 137
-    assert 1.0 <= result["duration_s"] < 3.0
+    assert 1.0 <= result["duration_s"] < 5.0
     assert time.monotonic() - started < 10
 
 
 async def test_cpu_bound_loop_hits_the_cpu_limit(sandbox):
-    # cpu_seconds=2 with a 5 s wall clock: RLIMIT_CPU (SIGXCPU) ends it first.
-    result = await run_hostile(sandbox, "python -c 'while True: pass'", timeout_s=5.0)
+    # cpu_seconds=1 with a 30 s wall clock (room for a loaded machine): RLIMIT_CPU
+    # (SIGXCPU) ends it first.
+    result = await run_hostile(sandbox, "python -c 'while True: pass'", timeout_s=30.0)
     assert result["timed_out"] is False
     assert result["exit_code"] == 128 + 24
     assert result["limits"] == ["cpu"]
@@ -171,7 +172,7 @@ async def test_gigabytes_of_output_are_capped(sandbox):
     assert result["killed"] == "output" and "output" in result["limits"]
     assert result["truncated"] is True
     assert result["stdout"] == "y" * MAX_OUTPUT
-    assert result["duration_s"] < 3.0
+    assert result["timed_out"] is False  # stopped by the output cap, well before the timeout
 
 
 async def test_output_under_the_cap_is_kept_whole(sandbox):
@@ -195,7 +196,7 @@ async def test_daemonized_process_dies_with_the_command(sandbox):
     # A detached grandchild in a new session: the pid namespace still takes it along.
     result = await run_hostile(sandbox, "setsid nohup sleep 60 >/dev/null 2>&1 & disown; echo detached")
     assert result["stdout"] == "detached\n" and result["exit_code"] == 0
-    assert result["duration_s"] < 2.0
+    assert result["timed_out"] is False  # the command did not wait for its daemon
 
 
 async def test_connect_to_a_loopback_server_outside_fails(sandbox):
