@@ -218,7 +218,7 @@ class LocalKafka:
         return self.state.bootstrap
 
     def _format(self, node_dir: Path, cluster_id: str) -> None:
-        cmd = [*self._java(), "kafka.tools.StorageTool", "format", "-t", cluster_id,
+        cmd = [*self._java(), "kafka.tools.StorageTool", "format", f"--cluster-id={cluster_id}",
                "-c", str(node_dir / "server.properties"), "--ignore-formatted"]
         env = {**os.environ, "KAFKA_LOG4J_OPTS": ""}
         proc = subprocess.run(
