@@ -20,6 +20,9 @@ class TrainerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     model_path: str = "var/models/tiny"
     # Consumer group of the live trainer; its committed offsets are the resume point.
     group_id: str = "rollway-trainer"
+    # How long the broker waits for a silent trainer before handing its partitions on
+    # (a restarted trainer waits this long to rejoin after a crash).
+    session_timeout_ms: int = 10_000
     checkpoint_dir: str = "var/checkpoints"
     checkpoint_every: int = 10
     keep_checkpoints: int = 3

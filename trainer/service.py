@@ -126,7 +126,8 @@ class Trainer:
                     await self._publish_weights()
                 async with EventConsumer(
                     self.cfg.kafka, ["trajectories", "rewards"], group_id=self.tcfg.group_id,
-                    max_poll_interval_ms=600_000,
+                    max_poll_interval_ms=600_000, session_timeout_ms=self.tcfg.session_timeout_ms,
+                    heartbeat_interval_ms=max(500, self.tcfg.session_timeout_ms // 5),
                 ) as consumer:
                     self.consumer = consumer
                     if self._stop.is_set():

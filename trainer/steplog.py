@@ -61,8 +61,9 @@ async def read_step_log(cfg: KafkaConfig, timeout_ms: int = 10_000) -> dict[int,
     await consumer.start()
     steps: dict[int, LoggedStep] = {}
     try:
-        await consumer.topics()  # refreshes metadata for every topic
-        partitions = consumer.partitions_for_topic(topic) or set()
+        # aiokafka's public partitions_for_topic only knows subscribed topics; ask the
+        # cluster (as bus.admin and bus.tail do).
+        partitions = (await consumer._client.fetch_all_metadata()).partitions_for_topic(topic) or set()
         tps = [TopicPartition(topic, p) for p in sorted(partitions)]
         if not tps:
             return steps

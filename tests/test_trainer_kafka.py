@@ -1,0 +1,149 @@
+"""The trainer against real Kafka, in process: batching from the log, the train-step
+log, metrics, weight publishing, stale/duplicate/zero-variance drops, committed offsets.
+(The crash-and-replay test with a trainer subprocess is tests/test_trainer_crash.py.)"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+
+import pytest
+
+from bus import EventConsumer, EventProducer, fetch_records
+from rollway.config import RollwayConfig
+from schemas import Metrics, Reward, TrajectoryChunk
+from trainer.config import TrainerConfig
+from trainer.publishing import RecordingSink
+from trainer.service import Trainer
+from trainer.steplog import fetch_step_groups, read_step_log
+from trainer.synthetic import load_tiny, make_task_groups, to_events
+
+pytestmark = pytest.mark.kafka
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="module")
+def sampled(tiny_model_path):
+    model, tok = load_tiny(str(tiny_model_path))
+    return make_task_groups(model, tok, 5, group_size=4, max_new_tokens=8, env_after=3, seed=11)
+
+
+async def publish(cfg, trajectories, **kw) -> None:
+    async with EventProducer(cfg) as producer:
+        for traj in trajectories:
+            chunks, reward = to_events(traj, chunk_tokens=12, **kw)
+            for chunk in chunks:
+                await producer.publish(chunk)
+            await producer.publish(reward)
+
+
+async def wait_for_steps(cfg, n: int, task: asyncio.Task, timeout: float = 120.0):
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while loop.time() < deadline:
+        if task.done():
+            task.result()  # raise the trainer's error, if any
+        steps = await read_step_log(cfg)
+        if len(steps) >= n:
+            return steps
+        await asyncio.sleep(0.3)
+    raise AssertionError(f"trainer did not log {n} steps in {timeout}s")
+
+
+def trainer_config(tmp_path, tiny_model_path, **kw) -> TrainerConfig:
+    base = dict(model_path=str(tiny_model_path), checkpoint_dir=str(tmp_path / "ckpt"), checkpoint_every=2,
+                groups_per_step=1, max_staleness=1, learning_rate=1e-3, muon_learning_rate=1e-3, num_threads=1,
+                group_id=f"trainer-{tmp_path.name}", session_timeout_ms=6000)
+    base.update(kw)
+    return TrainerConfig(**base)
+
+
+async def test_trainer_trains_from_the_log_and_drops_what_it_must(kafka_config, tiny_model_path, tmp_path, sampled):
+    a, b, zero, stale, fresh = sampled
+    cfg = RollwayConfig(kafka=kafka_config, trainer=trainer_config(tmp_path, tiny_model_path))
+    sink = RecordingSink()
+    trainer = Trainer(cfg, sink=sink)
+    task = asyncio.create_task(trainer.run(max_steps=3))
+
+    # Phase 1: two fresh groups (version 0), a zero-variance group, and a second,
+    # later attempt of group a's sample 1.
+    await publish(kafka_config, a + b)
+    await publish(kafka_config, zero, score=1.0)
+    retry = dataclasses.replace(a[1], attempt="retry")
+    await publish(kafka_config, [retry])
+    steps = await wait_for_steps(kafka_config, 2, task)
+
+    # Phase 2: the trainer is at version 2. A group sampled at version 0 is 2 > 1
+    # versions behind (stale); one sampled at version 2 is fresh.
+    n = len(stale[0].token_ids)
+    await publish(kafka_config, [dataclasses.replace(t, versions=[0] * n) for t in stale])
+    await publish(kafka_config, [dataclasses.replace(t, versions=[2] * n) for t in fresh])
+    last = await asyncio.wait_for(task, 120)
+    assert last == 3
+
+    steps = await read_step_log(kafka_config)
+    assert sorted(steps) == [1, 2, 3]
+    trained = [[t.trajectory_id for t in steps[s].event.trajectories] for s in (1, 2, 3)]
+    group_of = lambda tid: tid.split("/")[0]  # noqa: E731
+    assert sorted(group_of(ts[0]) for ts in trained[:2]) == ["task-0", "task-1"]
+    assert {group_of(t) for t in trained[2]} == {"task-4"}
+    a_ids = next(ts for ts in trained if group_of(ts[0]) == "task-0")
+    # First complete attempt won sample 1; exactly one of the two attempts is trained.
+    assert len(a_ids) == 4 and len({t.rsplit("/", 2)[1] for t in a_ids}) == 4
+    assert (retry.trajectory_id in a_ids) != (a[1].trajectory_id in a_ids)
+
+    final = steps[3].event
+    assert final.weight_version == 3
+    assert final.metrics["count_dropped_duplicate"] == 1
+    assert final.metrics["count_dropped_zero_variance"] == 1
+    assert final.metrics["count_dropped_stale"] == 1
+    assert final.weights_hash == trainer.core.weights_hash()
+    assert [v for v, _, _ in sink.published] == [1, 2, 3]
+    assert sink.published[-1][1] == 3
+
+    # The log's record positions are exactly what the step trained on.
+    groups = await fetch_step_groups(kafka_config, steps[3].event)
+    assert [t.trajectory_id for g in groups for t in g.members] == trained[2]
+    envs = await fetch_records(kafka_config, [t.reward for t in steps[3].event.trajectories])
+    assert all(isinstance(e.event, Reward) and e.event.trajectory_id == tid for e, tid in zip(envs, trained[2]))
+    chunk_envs = await fetch_records(kafka_config, steps[1].event.trajectories[0].chunks)
+    assert all(isinstance(e.event, TrajectoryChunk) for e in chunk_envs) and chunk_envs[-1].event.final
+
+    # Metrics: one event per step with the staleness histogram.
+    async with EventConsumer(kafka_config, ["metrics"], group_id=None) as consumer:
+        metrics: list[Metrics] = []
+        while len(metrics) < 3:
+            metrics.extend(e.event for e in await consumer.getmany(timeout_ms=2000))
+    by_step = {m.step: m for m in metrics}
+    assert sorted(by_step) == [1, 2, 3]
+    for key in ("loss", "reward_mean", "solve_rate", "entropy_full", "entropy_kept", "mismatch_kl_k3",
+                "is_ratio_mean", "is_truncated_frac", "kept_one_frac", "response_len_mean", "tokens_per_s",
+                "step_time_s"):
+        assert key in by_step[3].values
+    gen = sum(sum(t.loss_mask) for t in fresh)
+    assert by_step[3].histograms["staleness"] == [float(gen), 0.0, 0.0]  # v2 tokens trained at v2
+    assert by_step[2].histograms["staleness"][1] > 0  # the second v0 group, trained at v1
+    assert by_step[1].values["is_ratio_mean"] == pytest.approx(1.0, abs=1e-5)  # on-policy
+
+    # Every record was acknowledged: trained ones after their step was logged, dropped
+    # ones when dropped. A restarted trainer would start at the end.
+    from bus.admin import describe_topics
+
+    infos = await describe_topics(kafka_config, [kafka_config.topic_prefix + "trajectories",
+                                                 kafka_config.topic_prefix + "rewards"],
+                                  [cfg.trainer.group_id])
+    for info in infos:
+        for p in info.partitions:
+            assert p.lag(cfg.trainer.group_id) == 0, (info.name, p)
+
+    # A checkpoint was written at step 2 (checkpoint_every=2).
+    assert (tmp_path / "ckpt" / "step-00000002" / "meta.json").exists()
