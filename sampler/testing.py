@@ -50,3 +50,22 @@ def _close_engines() -> None:
         engine._wakeup.set()
         if engine._thread is not None:
             engine._thread.join(timeout=30)
+
+
+async def read_topic(kafka_cfg, topic: str, until, timeout_s: float = 60.0) -> list:
+    """Events of ``topic`` (all partitions, from the start) until ``until(events)`` is
+    true; raises TimeoutError with what was read when it never is."""
+    import asyncio
+    import time
+
+    from bus import EventConsumer
+
+    events: list = []
+    deadline = time.monotonic() + timeout_s
+    async with EventConsumer(kafka_cfg, [topic], group_id=None, dead_letters=False) as consumer:
+        while not until(events):
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{topic}: condition not met after {timeout_s}s ({len(events)} events read)")
+            events.extend(env.event for env in await consumer.getmany(timeout_ms=200))
+            await asyncio.sleep(0)
+    return events
