@@ -200,6 +200,42 @@ def run_case(name: str, base: dict, new: dict, module, args, keyframe_frac: floa
     )
 
 
+def end_to_end(base: dict, new: dict, module, threads: int) -> dict[str, float]:
+    """Publish base (keyframe) and new (delta) through a local folder store, then a
+    subscriber at base takes the delta: wall times of each stage."""
+    import asyncio
+    import tempfile
+
+    from syncer.apply import ModuleTarget
+    from syncer.publisher import WeightPublisher
+    from syncer.store import LocalStore
+    from syncer.subscriber import WeightSubscriber
+
+    async def go() -> dict[str, float]:
+        cfg = SyncerConfig(zstd_threads=threads, max_concurrency=2 * threads)
+        with tempfile.TemporaryDirectory(prefix="rollway-bench-") as root:
+            store = LocalStore(root)
+            pub = WeightPublisher(cfg, "bench", store)
+            t0 = time.perf_counter()
+            await pub.publish(1, base)
+            t1 = time.perf_counter()
+            await pub.publish(2, new)
+            t2 = time.perf_counter()
+            sub = WeightSubscriber(cfg, "bench", store, ModuleTarget(module))
+            await sub.update_to(1)
+            t3 = time.perf_counter()
+            await sub.update_to(2)
+            t4 = time.perf_counter()
+            assert sub.last_path == "delta v1->v2"
+            pub.close()
+            sub.close()
+            return {"publish keyframe s": t1 - t0, "publish delta s": t2 - t1,
+                    "subscriber keyframe path s": t3 - t2, "subscriber delta update s": t4 - t3,
+                    "of which pause ms": sub.last_pause_ms}
+
+    return asyncio.run(go())
+
+
 def print_table(rows: list[Row], params: int, total: int, args) -> None:
     print()
     print(f"model: Qwen2-style, {params / 1e6:.1f}M params, bf16 {total / 1e6:.1f} MB; "
@@ -233,6 +269,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seq", type=int, default=64)
     p.add_argument("--level", type=int, default=SyncerConfig().zstd_level, help="zstd level (default: the config's)")
     p.add_argument("--lrs", default="1e-6,1e-5")
+    p.add_argument("--threads", type=int, default=2, help="worker threads for the end-to-end run")
     p.add_argument("--small", action="store_true", help="a tiny model: a smoke run in seconds")
     args = p.parse_args(argv)
     if args.small:
@@ -258,10 +295,17 @@ def main(argv: list[str] | None = None) -> int:
         before, after = train_steps(master_state, args, lr)
         print(f"lr {lr:g}: {args.steps} AdamW steps in {time.perf_counter() - t0:.1f}s", flush=True)
         rows.append(run_case(f"AdamW lr={lr:g}", before, after, module, args, keyframe_frac))
+        if lr == max(float(x) for x in args.lrs.split(",")):
+            e2e = end_to_end(before, after, module, args.threads)
         del before, after
         gc.collect()
     rows.append(run_case("1% values changed", base0, one_percent_change(base0), module, args, keyframe_frac))
     print_table(rows, params, total, args)
+    print(f"\nend to end through a local folder store, {args.threads} threads, largest-lr delta "
+          f"(level {SyncerConfig().zstd_level}, fsync on):")
+    print("| " + " | ".join(e2e) + " |")
+    print("|" + "|".join("---" for _ in e2e) + "|")
+    print("| " + " | ".join(f"{v:.2f}" if not k.endswith("ms") else f"{v:.1f}" for k, v in e2e.items()) + " |")
     print(f"\ntotal {time.perf_counter() - t_start:.0f}s")
     return 0
 

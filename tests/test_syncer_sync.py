@@ -338,3 +338,62 @@ async def test_update_to_unknown_version_fails_cleanly(syncer_cfg, store, versio
         await sub.update_to(5)
     assert sub.version == -1 and target.weight_version == -1
     sub.close()
+
+
+async def test_out_of_order_delta_is_never_decoded(syncer_cfg, store, versions):
+    """A delta whose base is not the replica's version is refused before decoding."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from syncer.fetch import Reconstructor
+    from syncer.tensor_codec import IntegrityError
+
+    (await publish_all(syncer_cfg, store, versions)).close()
+    sub, _ = subscriber(syncer_cfg, store)
+    await sub.update_to(1)
+    delta3 = await cat.ManifestReader(store, MODEL).get(3, "delta")  # base v2
+    with ThreadPoolExecutor(1) as pool:
+        with pytest.raises(IntegrityError, match="not v2"):
+            await Reconstructor(store, pool).apply_manifest(delta3, sub.weights, sub._checksums)
+    sub.close()
+
+
+async def test_failed_apply_keeps_version_and_resends_everything(syncer_cfg, store, versions):
+    pub = await publish_all(syncer_cfg, store, versions, upto=1)
+    sub, target = subscriber(syncer_cfg, store)
+    await sub.update_to(1)
+    await pub.publish(2, versions[2])
+    await pub.publish(3, versions[3])
+    calls: list[int] = []
+    real_apply = target.apply_weights
+
+    async def flaky(tensors, version):
+        calls.append(len(tensors))
+        if len(calls) == 1:
+            raise RuntimeError("engine hiccup")
+        return await real_apply(tensors, version)
+
+    target.apply_weights = flaky
+    with pytest.raises(RuntimeError, match="hiccup"):
+        await sub.update_to(2)
+    assert sub.version == 1 and sub.updates_applied == 1
+    await sub.update_to(3)
+    # after a failed apply the engine may hold a mix: the next update sends every tensor
+    assert calls == [len(versions[1]) - 2, len(versions[1])]
+    assert_same_bits(dict(target.module.state_dict()), versions[3])
+    pub.close()
+    sub.close()
+
+
+def test_apply_to_module_validates_before_copying():
+    from syncer.apply import apply_to_module
+
+    module = Toy()
+    state = initial_state()
+    apply_to_module(module, state)
+    before = {n: t.clone() for n, t in module.state_dict().items()}
+    new = optimizer_like_step(state, 9)
+    with pytest.raises(KeyError, match="no parameter or buffer named 'nope'"):
+        apply_to_module(module, {**new, "nope": torch.zeros(1)})
+    with pytest.raises(ValueError, match=r"proj.weight: module holds shape \(96, 64\)"):
+        apply_to_module(module, {**new, "proj.weight": torch.zeros(64, 96, dtype=torch.bfloat16)})
+    assert_same_bits(dict(module.state_dict()), before)  # nothing was half-applied
