@@ -55,15 +55,3 @@ def bits_view(tensor: "torch.Tensor", name: str = "tensor") -> np.ndarray:
     flat = tensor.detach().contiguous().reshape(-1)
     itemsize = flat.element_size()
     return flat.view(_int_dtype(itemsize)).numpy().view(UINT_BY_ITEMSIZE[itemsize])
-
-
-def empty_like_spec(dtype: "torch.dtype", shape: list[int] | tuple[int, ...]) -> "torch.Tensor":
-    import torch
-
-    return torch.empty(tuple(shape), dtype=dtype)
-
-
-def itemsize_of(dtype: "torch.dtype") -> int:
-    import torch
-
-    return torch.empty((), dtype=dtype).element_size()
