@@ -97,7 +97,12 @@ async def run_hostile(sandbox, command: str, timeout_s: float | None = None, scr
 async def test_fork_bomb_is_contained(sandbox):
     bomb = "import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass\n"
     result = await run_hostile(sandbox, "python hostile.py", timeout_s=2.0, script=bomb)
-    assert result["timed_out"] is True and result["killed"] == "timeout"
+    # Contained either by the wall clock or, when the parent wins enough CPU on a quiet
+    # machine, by its 1 s CPU limit (SIGXCPU); then the rest of the tree is killed.
+    if result["timed_out"]:
+        assert result["killed"] == "timeout", result
+    else:
+        assert result["exit_code"] == 128 + 24 and "cpu" in result["limits"], result
     if sandbox.service.cgroups is not None:
         assert "processes" in result["limits"]
 
