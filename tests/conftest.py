@@ -89,11 +89,15 @@ async def kafka_config(kafka_bootstrap: str) -> KafkaConfig:
 
 
 @pytest.fixture(scope="session")
-def s3_endpoint():
-    """moto's S3 over real HTTP on loopback; test credentials in the environment."""
-    from moto.server import ThreadedMotoServer
+def s3_endpoint(tmp_path_factory: pytest.TempPathFactory):
+    """moto's S3 over real HTTP on loopback, in its own process; test credentials in
+    the environment. (In-process, moto's flask proxies break vLLM's CPU platform
+    start-up, which hasattr()s every loaded module.)"""
+    import subprocess
+    import sys
+    import time
 
-    from rollway.broker import free_ports
+    from rollway.broker import free_ports, port_open
 
     for name, value in {
         "AWS_ACCESS_KEY_ID": "testing",
@@ -102,12 +106,22 @@ def s3_endpoint():
     }.items():
         os.environ.setdefault(name, value)
     port = free_ports(1)[0]
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
-    server.start()
+    log = open(tmp_path_factory.mktemp("moto") / "moto.log", "wb")
+    server = subprocess.Popen(
+        [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+        stdout=log, stderr=subprocess.STDOUT,
+    )
     try:
+        deadline = time.monotonic() + 60
+        while not port_open(port):
+            if server.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"moto S3 server did not start (exit {server.poll()}); see {log.name}")
+            time.sleep(0.1)
         yield f"http://127.0.0.1:{port}"
     finally:
-        server.stop()
+        server.terminate()
+        server.wait(timeout=10)
+        log.close()
 
 
 @pytest.fixture(scope="session")

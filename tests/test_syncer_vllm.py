@@ -51,24 +51,12 @@ def make_v2_checkpoint(v1_dir, out_dir) -> None:
 
 
 def new_engine(path):
-    import contextlib
-    import sys
-
     from vllm import LLM
 
-    guard = contextlib.nullcontext()
-    if "flask" in sys.modules:
-        # vLLM's CPU platform scans every module attribute with hasattr(); flask's
-        # request/app proxies (imported by moto's S3 server in this test session)
-        # raise RuntimeError outside a request context. Give them one.
-        import flask
-
-        guard = flask.Flask("vllm-guard").test_request_context()
-    with guard:
-        return LLM(
-            model=str(path), dtype="bfloat16", max_model_len=256, enforce_eager=True,
-            gpu_memory_utilization=0.1, max_logprobs=20, seed=0,
-        )
+    return LLM(
+        model=str(path), dtype="bfloat16", max_model_len=256, enforce_eager=True,
+        gpu_memory_utilization=0.1, max_logprobs=20, seed=0,
+    )
 
 
 def logprobs_of(llm) -> list:
