@@ -69,3 +69,27 @@ async def read_topic(kafka_cfg, topic: str, until, timeout_s: float = 60.0) -> l
             events.extend(env.event for env in await consumer.getmany(timeout_ms=200))
             await asyncio.sleep(0)
     return events
+
+
+async def read_all(kafka_cfg, topic: str, timeout_s: float = 60.0) -> list:
+    """Every event of ``topic`` up to its end offsets at the time of the call."""
+    import asyncio
+    import time
+
+    from bus import EventConsumer
+
+    events: list = []
+    deadline = time.monotonic() + timeout_s
+    async with EventConsumer(kafka_cfg, [topic], group_id=None, dead_letters=False) as consumer:
+        raw = consumer.raw
+        while not raw.assignment():
+            events.extend(env.event for env in await consumer.getmany(timeout_ms=100))
+        ends = await raw.end_offsets(list(raw.assignment()))
+        while True:
+            positions = {tp: await raw.position(tp) for tp in ends}
+            if all(positions[tp] >= end for tp, end in ends.items()):
+                return events
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{topic}: not at the end offsets after {timeout_s}s")
+            events.extend(env.event for env in await consumer.getmany(timeout_ms=200))
+            await asyncio.sleep(0)
