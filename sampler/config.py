@@ -54,6 +54,9 @@ class SamplerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     heartbeat_interval_s: float = 2.0
     # A replica silent this long loses its tasks to the others (Kafka group session).
     consumer_session_timeout_ms: int = 10_000
+    # The task loop stops polling while every task slot is busy; Kafka drops a member
+    # that has not polled for this long, so it must exceed the longest task.
+    consumer_max_poll_interval_ms: int = 1_800_000
     # Follow rollway.weights through the syncer's WeightSubscriber.
     follow_weights: bool = True
     sandbox_request_timeout_s: float = 60.0

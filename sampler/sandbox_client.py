@@ -125,7 +125,17 @@ class SandboxClient:
             "cost": msgspec.to_builtins(cost),
             "weight_version": weight_version,
         }
-        body = await self._request("POST", f"/sessions/{session_id}/submit", json=payload)
+        for attempt in range(3):
+            try:
+                body = await self._request("POST", f"/sessions/{session_id}/submit", json=payload)
+                break
+            except SandboxError as exc:
+                # 502: graded, but publishing the reward failed; the service keeps the
+                # verdict and publishes it again on a retried submit.
+                if exc.status != 502 or attempt == 2:
+                    raise
+                log.warning("submit: reward publish failed; retrying", session_id=session_id, error=exc.message)
+                await asyncio.sleep(1.0 + attempt)
         return msgspec.convert(body, Reward, strict=False)
 
     async def close_session(self, session_id: str) -> None:

@@ -103,6 +103,7 @@ class SamplerService:
                 client_id=f"{cfg.kafka.client_id}-{self.replica_id}",
                 session_timeout_ms=scfg.consumer_session_timeout_ms,
                 heartbeat_interval_ms=max(500, scfg.consumer_session_timeout_ms // 5),
+                max_poll_interval_ms=scfg.consumer_max_poll_interval_ms,
                 max_poll_records=1,
             )
             try:
@@ -178,7 +179,7 @@ class SamplerService:
         return Heartbeat(
             replica_id=self.replica_id,
             role="sampler",
-            status=self.status if not engine.paused or self.status != "serving" else "paused",
+            status="paused" if self.status == "serving" and engine.paused else self.status,
             weight_version=engine.weight_version,
             in_flight=self.in_flight,
             tokens_per_s=round(tokens_per_s, 3),

@@ -48,12 +48,18 @@ class ToolCallError(ValueError):
 
 
 def parse_tool_call(text: str) -> ToolCall:
-    """The last tool call of an assistant message (``text`` decoded with special tokens)."""
+    """The last complete tool call of an assistant message (``text`` decoded with special
+    tokens): the last ``<tool>`` that a ``</tool>`` follows."""
     start = text.rfind(TOOL_OPEN)
     if start < 0:
         raise ToolCallError(f"no tool call: {FORMAT_HINT}")
     end = text.find(TOOL_CLOSE, start)
-    if end < 0:
+    while end < 0 and start > 0:
+        start = text.rfind(TOOL_OPEN, 0, start)
+        if start < 0:
+            break
+        end = text.find(TOOL_CLOSE, start)
+    if start < 0 or end < 0:
         raise ToolCallError(f"unterminated tool call (no {TOOL_CLOSE})")
     body = text[start + len(TOOL_OPEN) : end]
     head, _, rest = body.partition("\n")

@@ -109,6 +109,7 @@ def test_sampler_config_names_the_bad_field(field, value, match):
     ("<tool>write a/b.py\ndef f():\n    return 1\n</tool>", fmt.ToolCall("write", "a/b.py", "def f():\n    return 1\n")),
     ("<tool>submit</tool>", fmt.ToolCall("submit")),
     ("<tool>run\nls</tool> then <tool>read x.py</tool>", fmt.ToolCall("read", "x.py")),  # the last call counts
+    ("<tool>run\nls</tool> then <tool>read x", fmt.ToolCall("run", "ls")),  # ... the last complete one
 ])
 def test_parse_tool_call(text, expected):
     assert fmt.parse_tool_call(text) == expected

