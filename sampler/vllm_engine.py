@@ -27,7 +27,9 @@ Kept sets come from one of two paths (``kept_set_source``):
   "requires Triton").
 
 ``auto`` picks native where the installed build and platform support it, else
-logprobs. In both paths the behaviour log-prob is vLLM's processed log-prob of the
+logprobs. Routed experts (MoE routing replay) come through the same Model Runner V2
+machinery (``enable_return_routed_experts``), with the final output of each sample; on
+CPU they are unavailable and MoE models run without them. In both paths the behaviour log-prob is vLLM's processed log-prob of the
 sampled token: log-softmax over the temperature-scaled, top-k/top-p-masked logits,
 i.e. renormalized over the kept set.
 """
@@ -74,7 +76,8 @@ class EngineConfigError(ValueError):
 
 
 def native_sampling_mask_support() -> tuple[bool, str]:
-    """Whether this vLLM build, on this platform, can return sampling masks natively."""
+    """Whether this vLLM build, on this platform, can return sampling masks natively
+    (and, by the same machinery, routed experts)."""
     import dataclasses
 
     from vllm.config import ModelConfig
@@ -84,7 +87,8 @@ def native_sampling_mask_support() -> tuple[bool, str]:
     from vllm.platforms import current_platform
 
     if current_platform.is_cpu():
-        return False, "vLLM refuses return_sampling_mask on CPU (needs Model Runner V2, which needs Triton)"
+        return False, ("vLLM on CPU has no Model Runner V2 (it needs Triton), which return_sampling_mask "
+                       "and routed experts need")
     try:
         from vllm.triton_utils import HAS_TRITON
     except ImportError:  # pragma: no cover - layout of other vLLM versions
@@ -237,6 +241,10 @@ class VLLMEngine(Engine):
         supported, why = native_sampling_mask_support()
         if source == "auto":
             source = "native" if supported else "logprobs"
+        if self.record_routed_experts and not supported:
+            # vLLM returns routed experts through the same Model Runner V2 machinery.
+            log.warning("routed experts not recorded: this vLLM/platform cannot return them", reason=why)
+            self.record_routed_experts = False
         kwargs: dict[str, Any] = dict(
             model=self.model_path,
             dtype=self.dtype,
@@ -253,6 +261,7 @@ class VLLMEngine(Engine):
             kwargs["max_num_seqs"] = self.max_num_seqs
         if self.record_routed_experts:
             kwargs["enable_return_routed_experts"] = True
+        runner_env = os.environ.get("VLLM_USE_V2_MODEL_RUNNER")
         if source == "native":
             os.environ.setdefault("VLLM_USE_V2_MODEL_RUNNER", "1")
             kwargs["return_sampling_mask"] = True
@@ -260,6 +269,9 @@ class VLLMEngine(Engine):
             self._llm = LLM(**kwargs)
         except Exception as exc:
             if source == "native":
+                # Undo our switch: later engines of this process must not inherit it.
+                if runner_env is None:
+                    os.environ.pop("VLLM_USE_V2_MODEL_RUNNER", None)
                 if self.requested_kept_set_source == "native":
                     raise EngineConfigError(
                         f"kept_set_source='native' is not available here ({why}): {exc}"

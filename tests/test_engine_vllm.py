@@ -236,21 +236,41 @@ async def test_bad_prompts_get_clear_errors(engine):
 
 
 @pytest.mark.slow
-def test_native_sampling_mask_is_refused_on_cpu_with_a_clear_error(tmp_path):
-    """Documents why CPU takes the logprobs path: asking for the native mask fails."""
+def test_cpu_refuses_the_native_mask_clearly_and_runs_moe_without_routing(tmp_path):
+    """Documents this machine's path: asking for the native mask fails with a clear
+    error; a (tiny, random) MoE model still samples, without routed experts."""
     script = textwrap.dedent(f"""
-        import asyncio
+        import asyncio, torch
+        from transformers import AutoTokenizer, Qwen2MoeConfig, Qwen2MoeForCausalLM
+        from sampler.engine import SampledToken
+        from sampler.sampling import SamplingParams
         from sampler.vllm_engine import VLLMEngine, EngineConfigError
+        src, moe = {str(agent_model_dir())!r}, {str(tmp_path / "moe")!r}
+        tok = AutoTokenizer.from_pretrained(src)
+        cfg = Qwen2MoeConfig(vocab_size=len(tok), hidden_size=128, intermediate_size=256, num_hidden_layers=2,
+                             num_attention_heads=2, num_key_value_heads=2, num_experts=4, num_experts_per_tok=2,
+                             moe_intermediate_size=64, shared_expert_intermediate_size=64,
+                             max_position_embeddings=512, tie_word_embeddings=False)
+        torch.manual_seed(0)
+        Qwen2MoeForCausalLM(cfg).to(torch.bfloat16).save_pretrained(moe)
+        tok.save_pretrained(moe)
         async def main():
             try:
-                await VLLMEngine({str(agent_model_dir())!r}, max_model_len=128, kept_set_source="native").start()
+                await VLLMEngine(src, max_model_len=128, kept_set_source="native").start()
             except EngineConfigError as exc:
                 print("REFUSED:", exc)
             else:
                 print("STARTED")
+            engine = await VLLMEngine(moe, max_model_len=128).start()
+            n = 0
+            async for ev in engine.generate([1, 5, 7], SamplingParams(max_tokens=6, ignore_eos=True)):
+                n += isinstance(ev, SampledToken) and ev.token_id in ev.kept_ids
+            print("MOE", n, engine.record_routed_experts, engine.kept_set_source)
+            await engine.close()
         asyncio.run(main())
     """)
-    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
-    assert "REFUSED:" in out.stdout, out.stdout + out.stderr[-2000:]
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=600)
+    assert "REFUSED:" in out.stdout, out.stdout + out.stderr[-3000:]
     assert "kept_set_source='native' is not available" in out.stdout
     assert "Triton" in out.stdout or "Model Runner V2" in out.stdout
+    assert "MOE 6 False logprobs" in out.stdout, out.stdout + out.stderr[-3000:]

@@ -228,3 +228,23 @@ async def test_recorder_segments_flush_and_final_chunk_may_be_empty():
     out[-1].validate()
     with pytest.raises(RuntimeError, match="already final"):
         await rec.finish("again", Cost())
+
+
+async def test_recorder_attaches_routed_experts_reported_at_sample_end():
+    out: list[TrajectoryChunk] = []
+
+    async def publish(chunk):
+        out.append(chunk)
+
+    rec = TrajectoryRecorder(IDENT, publish, chunk_tokens=100)
+    await rec.add_env([1, 2], 0)
+    for i in range(3):
+        await rec.add_sampled(_token(20 + i, 0))
+    routed = np.arange(3 * 2 * 2, dtype=np.int16).reshape(3, 2, 2)  # [tokens, layers, top_k]
+    rec.attach_routed_experts(routed)
+    await rec.finish("stop", Cost())
+    (chunk,) = out
+    assert chunk.routed_experts_shape == [5, 2, 2]
+    table = np.frombuffer(chunk.routed_experts, dtype="<i2").reshape(5, 2, 2)
+    assert (table[:2] == -1).all()  # environment tokens: no routing
+    assert np.array_equal(table[2:], routed)
