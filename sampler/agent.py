@@ -135,7 +135,7 @@ class AgentLoop:
         cfg = self.cfg
         tid = trajectory_id(task, sample_index, attempt)
         base = self.sampling(1, [], ())
-        effective = getattr(self.engine, "effective_params", lambda p: p)(base)
+        effective = self.engine.effective_params(base)
         rec = TrajectoryRecorder(
             TrajectoryIdentity(
                 trajectory_id=tid, task_id=task.task_id, group_id=task.group_id, sample_index=sample_index,

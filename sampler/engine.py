@@ -89,6 +89,10 @@ class Engine(abc.ABC):
     @abc.abstractmethod
     def tokenizer(self): ...
 
+    def effective_params(self, params: SamplingParams) -> SamplingParams:
+        """The parameters this engine actually samples with (recorded on chunks)."""
+        return params
+
     @abc.abstractmethod
     def generate(
         self, prompt_ids: list[int], params: SamplingParams, request_id: str | None = None

@@ -113,9 +113,6 @@ class TorchEngine(Engine):
     def paused(self) -> bool:
         return not self._running.is_set()
 
-    def effective_params(self, params: SamplingParams) -> SamplingParams:
-        return params
-
     async def _run(self, fn, *args):
         return await asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)
 

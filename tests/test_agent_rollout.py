@@ -74,6 +74,7 @@ def env_output_spans(tokens, mask, open_id: int, close_id: int) -> list[tuple[in
     return spans
 
 
+@pytest.mark.kafka
 async def test_multi_turn_rollout_masks_tool_output_compacts_and_records_weight_versions(
     engine, kafka_config, tasks_dir, tmp_path
 ):

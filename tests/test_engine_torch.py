@@ -125,3 +125,34 @@ async def test_scoring_reproduces_the_sampled_log_probs_in_float32():
             assert set(kept.ids.tolist()) == set(ev.kept_ids.tolist())
     finally:
         await eng.close()
+
+
+async def test_agent_rollout_runs_on_the_torch_engine(engine, tmp_path):
+    """The fallback where vLLM is missing: the same agent loop, exact kept sets."""
+    from sampler.agent import AgentLoop
+    from sampler.config import SamplerConfig
+    from sampler.sandbox_client import SandboxClient
+    from sandbox.config import SandboxConfig
+    from sandbox.testing import live_sandbox, write_task_dir
+    from tasks.spec import TaskSpec
+
+    spec = TaskSpec(task_id="fix_mul", instruction="Fix `mul` in solution.py so the tests pass.",
+                    files={"solution.py": "def mul(x, y):\n    return x + y\n"},
+                    hidden_tests={"test_mul.py": "from solution import mul\n\ndef test_mul():\n    assert mul(2, 3) == 6\n"})
+    write_task_dir(tmp_path / "tasks", spec)
+    chunks = []
+
+    async def publish(chunk):
+        chunks.append(chunk)
+
+    cfg = SamplerConfig(engine="torch", model_path=str(agent_model_dir()), max_model_len=512, max_turns=2,
+                        max_tokens_per_turn=24, assistant_prefill="<tool>run\n", chunk_tokens=64)
+    sandbox_cfg = SandboxConfig(tasks_dir=str(tmp_path / "tasks"), workspace_root=str(tmp_path / "ws"),
+                                publish_rewards=False)
+    async with live_sandbox(sandbox_cfg) as sb, SandboxClient(sb.url) as client:
+        result = await AgentLoop(engine, client, cfg, publish).run(spec.to_event("fix_mul/g", 1), 0, "t")
+    assert result.finish_reason == "budget_turns" and result.cost.turns == 2
+    assert chunks[-1].final and result.reward is not None and result.reward.task_id == "fix_mul"
+    mask = np.concatenate([c.loss_mask_array() for c in chunks])
+    capped = np.concatenate([c.kept_capped_array() for c in chunks])
+    assert mask.sum() == result.cost.generated_tokens > 0 and not capped.any()

@@ -248,3 +248,21 @@ async def test_recorder_attaches_routed_experts_reported_at_sample_end():
     table = np.frombuffer(chunk.routed_experts, dtype="<i2").reshape(5, 2, 2)
     assert (table[:2] == -1).all()  # environment tokens: no routing
     assert np.array_equal(table[2:], routed)
+
+
+@pytest.mark.parametrize("change,match", [
+    ({"group_size": 0}, "group_size 0"), ({"group_size": 10_000}, "group_size 10000"), ({"group_id": ""}, "non-empty"),
+])
+async def test_service_dead_letters_tasks_it_can_never_run(change, match):
+    """InvalidEvent sends the record straight to the DLQ (no retries) in bus.EventConsumer."""
+    from bus import Envelope, InvalidEvent
+    from rollway.config import RollwayConfig
+    from sampler.service import SamplerService
+    from schemas import Task
+
+    fields = dict(task_id="t1", group_id="t1/g", group_size=2, instruction="x")
+    fields.update(change)
+    service = SamplerService(RollwayConfig(), engine=None, replica_id="r")
+    env = Envelope(Task(**fields), "rollway.tasks", 0, 7, 0, b"t1", ())
+    with pytest.raises(InvalidEvent, match=match):
+        await service._handle(env)
