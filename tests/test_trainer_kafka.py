@@ -59,6 +59,19 @@ async def wait_for_steps(cfg, n: int, task: asyncio.Task, timeout: float = 120.0
     raise AssertionError(f"trainer did not log {n} steps in {timeout}s")
 
 
+async def read_events(cfg, topic: str, n: int, timeout: float = 30.0) -> list:
+    """The first ``n`` events of a topic (all partitions), or fail after ``timeout``."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    out: list = []
+    async with EventConsumer(cfg, [topic], group_id=None) as consumer:
+        while len(out) < n:
+            if loop.time() > deadline:
+                raise AssertionError(f"only {len(out)} of {n} events on {topic} after {timeout}s: {out}")
+            out.extend(e.event for e in await consumer.getmany(timeout_ms=500))
+    return out
+
+
 def trainer_config(tmp_path, tiny_model_path, **kw) -> TrainerConfig:
     base = dict(model_path=str(tiny_model_path), checkpoint_dir=str(tmp_path / "ckpt"), checkpoint_every=2,
                 groups_per_step=1, max_staleness=1, learning_rate=1e-3, muon_learning_rate=1e-3, num_threads=1,
@@ -119,10 +132,7 @@ async def test_trainer_trains_from_the_log_and_drops_what_it_must(kafka_config, 
     assert all(isinstance(e.event, TrajectoryChunk) for e in chunk_envs) and chunk_envs[-1].event.final
 
     # Metrics: one event per step with the staleness histogram.
-    async with EventConsumer(kafka_config, ["metrics"], group_id=None) as consumer:
-        metrics: list[Metrics] = []
-        while len(metrics) < 3:
-            metrics.extend(e.event for e in await consumer.getmany(timeout_ms=2000))
+    metrics: list[Metrics] = await read_events(kafka_config, "metrics", 3)
     by_step = {m.step: m for m in metrics}
     assert sorted(by_step) == [1, 2, 3]
     for key in ("loss", "reward_mean", "solve_rate", "entropy_full", "entropy_kept", "mismatch_kl_k3",
@@ -147,3 +157,44 @@ async def test_trainer_trains_from_the_log_and_drops_what_it_must(kafka_config, 
 
     # A checkpoint was written at step 2 (checkpoint_every=2).
     assert (tmp_path / "ckpt" / "step-00000002" / "meta.json").exists()
+
+
+async def test_weights_go_out_through_the_syncer_every_k_steps(kafka_config, tiny_model_path, tmp_path, sampled):
+    from schemas import WeightVersion
+    from syncer.config import SyncerConfig
+    from syncer.fetch import load_version
+    from syncer.store import open_store
+    from trainer.model import publishable_state
+
+    store_url = f"file://{tmp_path / 'weights'}"
+    cfg = RollwayConfig(
+        kafka=kafka_config,
+        trainer=trainer_config(tmp_path, tiny_model_path, publish_every=2, checkpoint_every=3, max_staleness=100),
+        syncer=SyncerConfig(store_url=store_url, keyframe_every=2),
+    )
+    a, b, _, d, e = sampled
+    await publish(kafka_config, a + b + d + e)
+    trainer = Trainer(cfg)  # the real syncer publisher
+    assert await asyncio.wait_for(trainer.run(max_steps=4), 120) == 4
+    expected = publishable_state(trainer.core.model, "bfloat16")
+
+    announced: list[WeightVersion] = await read_events(kafka_config, "weights", 2)
+    assert [(w.version, w.trainer_step) for w in announced] == [(2, 2), (4, 4)]
+    store = open_store(store_url)
+    loaded = await load_version(store, cfg.model_name, 4)
+    assert set(loaded.tensors) == set(expected)
+    assert all(torch_equal(loaded.tensors[k], expected[k]) for k in expected)
+
+    # A restart replays step 4 from checkpoint 3 and re-announces version 4 (same bytes).
+    again = Trainer(cfg)
+    assert await asyncio.wait_for(again.run(max_steps=4), 120) == 4
+    assert [r.step for r in again.replayed] == [4]
+    everything: list[WeightVersion] = await read_events(kafka_config, "weights", 3)
+    assert [w.version for w in everything] == [2, 4, 4]
+    assert everything[2].weights_hash == everything[1].weights_hash
+
+
+def torch_equal(x, y) -> bool:
+    import torch
+
+    return x.dtype == y.dtype and torch.equal(x, y)

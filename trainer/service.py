@@ -117,13 +117,14 @@ class Trainer:
 
         try:
             await self.restore()
-            if max_steps is not None and self.core.step >= max_steps:
-                return self.core.step
             async with EventProducer(self.cfg.kafka) as producer:
                 self.publisher = BackgroundPublisher(self._make_sink(producer))
                 if self.replayed and self.tcfg.publish_every and self.core.step % self.tcfg.publish_every == 0:
                     # The crash may have come before this version's publish finished.
                     await self._publish_weights()
+                if max_steps is not None and self.core.step >= max_steps:
+                    await self.publisher.close()
+                    return self.core.step
                 async with EventConsumer(
                     self.cfg.kafka, ["trajectories", "rewards"], group_id=self.tcfg.group_id,
                     max_poll_interval_ms=600_000, session_timeout_ms=self.tcfg.session_timeout_ms,
