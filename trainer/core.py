@@ -104,9 +104,12 @@ class TrainCore:
         self.optimizer.step()
         self.optimizer.zero_grad()
         self.step += 1
+        hash_started = time.perf_counter()
         digest = model_hash(self.model)
+        hash_s = time.perf_counter() - hash_started
         elapsed = time.perf_counter() - started
         metrics, hist = self._metrics(packed, diag, loss_total, grad_norm, elapsed)
+        metrics["hash_s"] = hash_s
         return StepResult(self.step, self.step, digest, metrics, hist)
 
     def _metrics(self, packed, diag, loss_total: float, grad_norm: float, elapsed: float):
