@@ -193,3 +193,18 @@ def test_config_rejects_bad_values():
         TrainerConfig(max_version_fraction=0.0)
     with pytest.raises(msgspec.ValidationError, match="importance_sampling"):
         msgspec.convert({"importance_sampling": "ppo"}, TrainerConfig)
+
+
+def test_greedy_tokens_are_accepted_and_carry_no_gradient(tiny_model_path, sampled):
+    greedy = [dataclasses.replace(singleton(t), temperature=0.0) for t in sampled[0]]
+    (group,) = groups_from_sampled([greedy])
+    assert all((s.temperature[s.loss_mask] == 1.0).all() for t in group.members for s in t.segments)
+    core = TrainCore(config(tiny_model_path, weight_decay=0.0))
+    before = core.weights_hash()
+    assert core.train_step([group]).weights_hash == before
+    # A "greedy" token with more than one kept id is a contradiction: refused.
+    from trainer.trajectory import InvalidTrajectory
+
+    bad = dataclasses.replace(sampled[0][0], temperature=0.0)
+    with pytest.raises(InvalidTrajectory, match="greedy token"):
+        groups_from_sampled([[bad]])

@@ -16,6 +16,9 @@ import numpy as np
 from schemas import RecordRef, Reward, TrajectoryChunk
 
 
+GREEDY_TEMPERATURE = 1e-5  # below this a sampler decodes greedily (vLLM's convention)
+
+
 class InvalidTrajectory(ValueError):
     """The chunks and reward of a trajectory cannot be trained on (the message says why)."""
 
@@ -197,12 +200,17 @@ def _segment(chunks: list[TrajectoryChunk], tid: str) -> Segment:
         raise InvalidTrajectory(f"trajectory {tid}: a segment starts with a generated token (no context)")
     if versions.size != tokens.size:
         raise InvalidTrajectory(f"trajectory {tid}: version spans cover {versions.size} of {tokens.size} tokens")
-    if np.any(temperature[mask] <= 0):
-        raise InvalidTrajectory(f"trajectory {tid}: temperature must be > 0 for generated tokens")
+    greedy = mask & (temperature < GREEDY_TEMPERATURE)
+    if greedy.any():
+        # Greedy decoding (temperature 0): the kept set is the argmax alone, so the
+        # token's log-prob is 0 at any temperature; 1.0 keeps the arithmetic finite.
+        temperature = np.where(greedy, np.float32(1.0), temperature)
     for t in np.flatnonzero(mask):
         k = kept[t]
         if k.size == 0:
             raise InvalidTrajectory(f"trajectory {tid}: generated token {t} has an empty kept set")
+        if greedy[t] and k.size != 1:
+            raise InvalidTrajectory(f"trajectory {tid}: greedy token {t} has a kept set of {k.size}, not 1")
         if not np.any(k == tokens[t]):
             raise InvalidTrajectory(f"trajectory {tid}: generated token {t} ({tokens[t]}) is not in its kept set")
     if not np.all(np.isfinite(behaviour[mask])):
