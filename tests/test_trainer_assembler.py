@@ -112,6 +112,36 @@ def test_first_complete_attempt_wins_and_duplicates_are_counted(sampled):
     e = envs(group[0])
     feed(asm2, [e[0], e[0]])
     assert asm2.counters["duplicate_records"] == 1
+    assert asm2.released() == []  # the same position again: nothing may be acked yet
+    copy = Envelope(e[0].event, "t.trajectories", 0, next(_offsets), 0, None, ())
+    feed(asm2, [copy])  # the same chunk published twice: the later copy is released
+    assert asm2.released() == [copy]
+
+
+def test_revoked_partitions_drop_unfinished_work_but_not_the_batch_in_training(sampled):
+    asm = Assembler(cfg())
+    first = [envs(t) for t in sampled[0]]
+    second = [envs(t) for t in sampled[1]]
+    for e in first + second:
+        feed(asm, e)
+    (training,) = asm.take_batch(0, 0)
+    feed(asm, envs(sampled[2][0])[:1])
+    asm.forget_unfinished()
+    assert not asm.ready and not asm.partial and not asm.open_groups
+    # Everything is delivered again from the committed offsets: the group that was
+    # ready is rebuilt, the one in training is not offered twice.
+    for e in first + second:
+        feed(asm, e)
+    (again,) = asm.take_batch(0, 0)
+    assert {again.key, training.key} == {("task-0", "g0"), ("task-1", "g1")}
+    # The training group's records, delivered again, are held until its step is logged.
+    redelivered = [x for e in (first if training.key == ("task-0", "g0") else second) for x in e]
+    assert asm.counters["records_redelivered"] == len(redelivered)
+    assert asm.counters["dropped_duplicate"] == 0
+    assert not any(x in asm.released() for x in redelivered)
+    acked = asm.mark_trained([training])
+    assert sum(x in acked for x in redelivered) == len(redelivered)
+    assert len(acked) == 2 * len(redelivered)
 
 
 def test_zero_variance_group_is_dropped_and_counted(sampled):

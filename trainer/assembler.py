@@ -100,6 +100,8 @@ class Assembler:
         self.closed: OrderedDict[GroupKey, str] = OrderedDict()
         self.counters: Counter[str] = Counter()
         self.invalid: list[tuple[Any, str]] = []  # (envelope, error) to dead-letter
+        self.training: dict[str, GroupKey] = {}  # trajectories of batches taken, not yet logged
+        self._held: dict[GroupKey, list[Any]] = {}
         self._released: list[Any] = []
 
     # -- input ----------------------------------------------------------------------------
@@ -110,6 +112,12 @@ class Assembler:
             self._released.append(env)
             return
         tid = event.trajectory_id
+        if tid in self.training:
+            # Delivered again (a rebalance) while its step is being trained: acked
+            # with the step, never before it is logged.
+            self.counters["records_redelivered"] += 1
+            self._held.setdefault(self.training[tid], []).append(env)
+            return
         if tid in self.trained_ids or tid in self.finished_ids:
             self.counters["records_already_done"] += 1
             self._released.append(env)
@@ -129,18 +137,37 @@ class Assembler:
                 return
             ck = (event.segment_index, event.chunk_index)
             if ck in pending.chunks:
-                self.counters["duplicate_records"] += 1
-                self._released.append(env)
+                self._duplicate_record(pending.chunks[ck][1], env)
                 return
             pending.chunks[ck] = (event, env)
         else:
             if pending.reward is not None:
-                self.counters["duplicate_records"] += 1
-                self._released.append(env)
+                self._duplicate_record(pending.reward[1], env)
                 return
             pending.reward = (event, env)
         if pending.complete():
             self._complete(tid, pending, env)
+
+    def _duplicate_record(self, held: Any, env: Any) -> None:
+        """The same chunk or reward again. A copy at another offset is released (the
+        held one, earlier in the log, keeps the commit back until it is done); the same
+        record delivered again (after a rebalance) is not released at all, so the
+        commit cannot move past work still in progress."""
+        self.counters["duplicate_records"] += 1
+        if _ref(held) != _ref(env):
+            self._released.append(env)
+
+    def forget_unfinished(self) -> None:
+        """Drop everything not yet trained or dropped, after partitions were revoked:
+        none of it was committed, so the consumer delivers it again. A batch being
+        trained right now is kept (it is logged and acknowledged as usual)."""
+        self.partial.clear()
+        self.open_groups.clear()
+        self.ready.clear()
+        for key in [k for k, reason in self.closed.items() if reason == "ready"]:
+            del self.closed[key]
+        self._released.clear()
+        self.invalid.clear()
 
     def _complete(self, tid: str, pending: _Pending, last_env: Any) -> None:
         items = sorted(pending.chunks.items())
@@ -306,6 +333,8 @@ class Assembler:
         self.ready = [g for i, g in enumerate(self.ready) if i not in picked]
         for g in batch:
             self._mark_closed(g.key, "training")
+            for t in g.members:
+                self.training[t.trajectory_id] = g.key
         return batch
 
     def mark_trained(self, groups: Iterable[Group]) -> list[Any]:
@@ -315,7 +344,9 @@ class Assembler:
             self._mark_closed(g.key, "trained")
             for t in g.members:
                 self.trained_ids.add(t.trajectory_id)
+                self.training.pop(t.trajectory_id, None)
                 out.extend(t.envelopes)
+            out.extend(self._held.pop(g.key, []))
         return out
 
     def buffered(self) -> dict[str, int]:

@@ -129,6 +129,7 @@ class Trainer:
                     self.cfg.kafka, ["trajectories", "rewards"], group_id=self.tcfg.group_id,
                     max_poll_interval_ms=600_000, session_timeout_ms=self.tcfg.session_timeout_ms,
                     heartbeat_interval_ms=max(500, self.tcfg.session_timeout_ms // 5),
+                    on_revoke=self._on_revoke,
                 ) as consumer:
                     self.consumer = consumer
                     if self._stop.is_set():
@@ -139,6 +140,11 @@ class Trainer:
         finally:
             self.checkpointer.close()
         return self.core.step
+
+    async def _on_revoke(self, revoked) -> None:
+        if revoked and self.assembler is not None:
+            log.warning("partitions revoked; unfinished work will be re-read", buffered=self.assembler.buffered())
+            self.assembler.forget_unfinished()
 
     def _make_sink(self, producer: "EventProducer") -> WeightSink:
         if self._sink is not None:
