@@ -163,3 +163,15 @@ async def test_sigkilled_trainer_replays_the_log_and_loses_nothing(kafka_config,
     assert result.returncode == 0, result.stderr[-3000:]
     assert "started from step 6 (checkpoint); re-executed 4 steps" in result.stdout
     assert "4/4 steps match" in result.stdout
+
+
+def test_sigterm_stops_the_trainer_cleanly(kafka_config, tiny_model_path, tmp_path):
+    trainer_cfg = TrainerConfig(model_path=str(tiny_model_path), checkpoint_dir=str(tmp_path / "ckpt"),
+                                num_threads=1, group_id="sigterm-trainer", session_timeout_ms=6000)
+    config = tmp_path / "rollway.toml"
+    config.write_bytes(msgspec.toml.encode(RollwayConfig(kafka=kafka_config, trainer=trainer_cfg)))
+    proc = TrainerProcess(config, tmp_path / "trainer.log")
+    proc.wait_for(lambda: proc.events("live"), 120, "the trainer to go live")
+    proc.proc.send_signal(signal.SIGTERM)
+    assert proc.wait(60) == 0, proc.log.read_text()[-3000:]
+    assert proc.events("trainer exited")[0]["step"] == 0

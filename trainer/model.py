@@ -70,6 +70,8 @@ def load_policy(model_path: str, device: "torch.device") -> "torch.nn.Module":
 
 def weights_hash(state: Mapping[str, "torch.Tensor"]) -> str:
     """sha256 over name, dtype, shape and raw bytes of every tensor, names sorted."""
+    import torch
+
     h = hashlib.sha256()
     for name in sorted(state):
         t = state[name].detach()
@@ -79,14 +81,8 @@ def weights_hash(state: Mapping[str, "torch.Tensor"]) -> str:
         h.update(name.encode())
         h.update(str(t.dtype).encode())
         h.update(str(tuple(t.shape)).encode())
-        h.update(t.view(-1).view(torch_uint8()).numpy().tobytes())
+        h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes())
     return h.hexdigest()
-
-
-def torch_uint8():
-    import torch
-
-    return torch.uint8
 
 
 def model_hash(model: "torch.nn.Module") -> str:
