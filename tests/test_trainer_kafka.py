@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 
+import msgspec
 import pytest
 
 from bus import EventConsumer, EventProducer, fetch_records
@@ -93,6 +94,10 @@ async def test_trainer_trains_from_the_log_and_drops_what_it_must(kafka_config, 
     await publish(kafka_config, zero, score=1.0)
     retry = dataclasses.replace(a[1], attempt="retry")
     await publish(kafka_config, [retry])
+    # A chunk whose arrays disagree: dead-lettered, the rest of the trainer unbothered.
+    broken_chunks, _ = to_events(dataclasses.replace(zero[0], task_id="broken"), chunk_tokens=12)
+    async with EventProducer(kafka_config) as producer:
+        await producer.publish(msgspec.structs.replace(broken_chunks[0], logprobs=b"\0\0\0"))
     steps = await wait_for_steps(kafka_config, 2, task)
 
     # Phase 2: the trainer is at version 2. A group sampled at version 0 is 2 > 1
@@ -119,6 +124,10 @@ async def test_trainer_trains_from_the_log_and_drops_what_it_must(kafka_config, 
     assert final.metrics["count_dropped_duplicate"] == 1
     assert final.metrics["count_dropped_zero_variance"] == 1
     assert final.metrics["count_dropped_stale"] == 1
+    assert final.metrics["count_dropped_invalid"] == 1
+    (letter,) = await read_events(kafka_config, "dlq", 1)
+    assert letter.error_kind == "invalid" and "logprobs" in letter.error
+    assert letter.topic == kafka_config.topic_prefix + "trajectories"
     assert final.weights_hash == trainer.core.weights_hash()
     assert [v for v, _, _ in sink.published] == [1, 2, 3]
     assert sink.published[-1][1] == 3
