@@ -3,15 +3,15 @@
 * :func:`agent_model_dir`: the tiny model trained longer (150 steps instead of 40):
   its distributions are peaked enough that vLLM's and PyTorch's bf16 kept sets agree
   on >= 99% of positions, and it reliably writes ``<tool>...</tool>`` calls and
-  ``<summary>`` answers. Built once (about a minute of CPU) and cached like
+  ``<summary>`` answers. Built once (about 20 s of CPU) and cached like
   :func:`sampler.tiny_model.tiny_model_dir`.
-* :func:`shared_vllm_engine`: one started :class:`VLLMEngine` per process and
-  settings, so test modules share it instead of loading vLLM again.
+* :func:`start_test_engine`: a started :class:`VLLMEngine` with the test settings.
+  Close it when the module is done: vLLM allows one live in-process engine per
+  process (closing any engine tears down process-global state under the others).
 """
 
 from __future__ import annotations
 
-import atexit
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -21,35 +21,17 @@ if TYPE_CHECKING:
     from sampler.vllm_engine import VLLMEngine
 
 AGENT_MODEL_TRAIN_STEPS = 150
-SHARED_ENGINE_SETTINGS = {"max_model_len": 512, "kept_set_cap": 64}
-
-_engines: dict[tuple, "VLLMEngine"] = {}
+TEST_ENGINE_SETTINGS = {"max_model_len": 512, "kept_set_cap": 64}
 
 
 def agent_model_dir() -> Path:
     return tiny_model_dir(train_steps=AGENT_MODEL_TRAIN_STEPS)
 
 
-async def shared_vllm_engine(model_path: str | Path | None = None, **settings) -> "VLLMEngine":
+async def start_test_engine(model_path: str | Path | None = None, **settings) -> "VLLMEngine":
     from sampler.vllm_engine import VLLMEngine
 
-    path = str(model_path or agent_model_dir())
-    settings = {**SHARED_ENGINE_SETTINGS, **settings}
-    key = (path, tuple(sorted(settings.items())))
-    engine = _engines.get(key)
-    if engine is None or engine._closed:
-        engine = await VLLMEngine(path, **settings).start()
-        _engines[key] = engine
-    return engine
-
-
-@atexit.register
-def _close_engines() -> None:
-    for engine in _engines.values():
-        engine._closed = True
-        engine._wakeup.set()
-        if engine._thread is not None:
-            engine._thread.join(timeout=30)
+    return await VLLMEngine(str(model_path or agent_model_dir()), **{**TEST_ENGINE_SETTINGS, **settings}).start()
 
 
 async def read_topic(kafka_cfg, topic: str, until, timeout_s: float = 60.0) -> list:

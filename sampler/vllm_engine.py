@@ -26,6 +26,10 @@ Kept sets come from one of two paths (``kept_set_source``):
   native mask on CPU: "sampling distribution replay requires Model Runner V2", which
   "requires Triton").
 
+One in-process vLLM engine per process at a time: shutting one down (ours on
+``close()``, or any ``vllm.LLM`` being garbage-collected) tears down vLLM's
+process-global distributed state under every other live in-process engine.
+
 ``auto`` picks native where the installed build and platform support it, else
 logprobs. Routed experts (MoE routing replay) come through the same Model Runner V2
 machinery (``enable_return_routed_experts``), with the final output of each sample; on
@@ -334,6 +338,14 @@ class VLLMEngine(Engine):
                 if not req.finished:
                     req.put(EngineClosed("engine closed"))
             self._requests.clear()
+            if self._engine is not None:
+                try:
+                    # Deterministic teardown. NB: it also tears down vLLM's process-global
+                    # distributed state, so only one in-process vLLM engine may be alive
+                    # in a process at a time.
+                    self._engine.engine_core.shutdown()
+                except Exception as exc:  # noqa: BLE001 - closing anyway
+                    log.warning("vllm shutdown failed", error=str(exc))
             self._llm = self._engine = None
 
     def _run_commands(self) -> None:

@@ -11,7 +11,7 @@ from sampler import tool_format as fmt
 from sampler.agent import AgentLoop, trajectory_id
 from sampler.config import SamplerConfig
 from sampler.sandbox_client import SandboxClient, SandboxError
-from sampler.testing import agent_model_dir, read_topic, shared_vllm_engine
+from sampler.testing import agent_model_dir, read_topic, start_test_engine
 from sandbox.config import SandboxConfig
 from sandbox.testing import live_sandbox, write_task_dir
 from schemas import Reward, TrajectoryChunk
@@ -30,7 +30,9 @@ TASK = TaskSpec(
 
 @pytest_asyncio.fixture(loop_scope="session", scope="module")
 async def engine():
-    return await shared_vllm_engine()
+    eng = await start_test_engine()
+    yield eng
+    await eng.close()  # vLLM: one live in-process engine per process
 
 
 @pytest.fixture(scope="module")

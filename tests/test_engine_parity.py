@@ -26,7 +26,7 @@ import pytest_asyncio
 
 from sampler.engine import SampledToken
 from sampler.sampling import SamplingParams
-from sampler.testing import agent_model_dir, shared_vllm_engine
+from sampler.testing import agent_model_dir, start_test_engine
 from sampler.torch_engine import TorchEngine
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
@@ -45,10 +45,11 @@ SETTINGS = [(1.0, 0.9, -1), (1.0, 0.95, -1), (0.7, 0.9, -1), (1.0, 0.9, 20)]
 
 @pytest_asyncio.fixture(loop_scope="session", scope="module")
 async def engines():
-    vllm_engine = await shared_vllm_engine()
+    vllm_engine = await start_test_engine()
     torch_engine = await TorchEngine(agent_model_dir(), max_model_len=512, dtype="bfloat16").start()
     yield vllm_engine, torch_engine
     await torch_engine.close()
+    await vllm_engine.close()  # vLLM: one live in-process engine per process
 
 
 async def test_vllm_and_torch_engines_agree_on_kept_sets_and_log_probs(engines):

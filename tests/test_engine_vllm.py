@@ -16,7 +16,7 @@ import torch
 
 from sampler.engine import SampleDone, SampledToken
 from sampler.sampling import SamplingParams
-from sampler.testing import agent_model_dir, shared_vllm_engine
+from sampler.testing import agent_model_dir, start_test_engine
 
 pytestmark = pytest.mark.vllm
 
@@ -30,7 +30,9 @@ PROMPTS = [
 
 @pytest_asyncio.fixture(loop_scope="session", scope="module")
 async def engine():
-    return await shared_vllm_engine()
+    eng = await start_test_engine()
+    yield eng
+    await eng.close()  # vLLM: one live in-process engine per process
 
 
 def encode(engine, text: str) -> list[int]:
