@@ -5,7 +5,7 @@ from bus.codec import DecodeFailure, decode, encode
 from bus.config import KafkaConfig
 from bus.consumer import Envelope, EventConsumer, InvalidEvent
 from bus.producer import EventProducer, RecordTooLarge
-from bus.reader import RecordMissing, fetch_records
+from bus.reader import RecordMissing, fetch_records, read_topic
 from bus.topics import TOPICS, TopicSpec, spec_for, topic_spec
 
 __all__ = [
@@ -25,6 +25,7 @@ __all__ = [
     "ensure_topics",
     "fetch_records",
     "list_rollway_topics",
+    "read_topic",
     "spec_for",
     "topic_spec",
 ]

@@ -51,6 +51,13 @@ class Envelope:
         return RecordRef(self.topic, self.partition, self.offset)
 
 
+def envelope_of(record) -> Envelope:
+    """Decode an aiokafka ``ConsumerRecord``; raises ``codec.DecodeFailure``."""
+    headers = tuple(record.headers or ())
+    event = codec.decode(record.value, headers)
+    return Envelope(event, record.topic, record.partition, record.offset, record.timestamp, record.key, headers)
+
+
 class _PartitionProgress:
     """Offsets delivered but not yet acked, and the next offset to commit."""
 
@@ -192,14 +199,9 @@ class EventConsumer:
                 raise StopAsyncIteration
             tp = TopicPartition(record.topic, record.partition)
             self._progress.setdefault(tp, _PartitionProgress()).delivered(record.offset)
-            headers = tuple(record.headers or ())
-            try:
-                event = codec.decode(record.value, headers)
-            except codec.DecodeFailure as exc:
-                await self._dead_letter_record(record, headers, str(exc), exc.kind)
-                continue
-            return Envelope(event, record.topic, record.partition, record.offset,
-                            record.timestamp, record.key, headers)
+            env = await self._decode_or_dead_letter(record)
+            if env is not None:
+                return env
 
     async def _next_record(self):
         fetch = asyncio.ensure_future(self._consumer.getone())
@@ -225,15 +227,18 @@ class EventConsumer:
             progress = self._progress.setdefault(tp, _PartitionProgress())
             for record in records:
                 progress.delivered(record.offset)
-                headers = tuple(record.headers or ())
-                try:
-                    event = codec.decode(record.value, headers)
-                except codec.DecodeFailure as exc:
-                    await self._dead_letter_record(record, headers, str(exc), exc.kind)
-                    continue
-                out.append(Envelope(event, record.topic, record.partition, record.offset,
-                                    record.timestamp, record.key, headers))
+                env = await self._decode_or_dead_letter(record)
+                if env is not None:
+                    out.append(env)
         return out
+
+    async def _decode_or_dead_letter(self, record) -> Envelope | None:
+        """The record as an envelope, or None after dead-lettering it (undecodable)."""
+        try:
+            return envelope_of(record)
+        except codec.DecodeFailure as exc:
+            await self._dead_letter_record(record, tuple(record.headers or ()), str(exc), exc.kind)
+            return None
 
     # -- acks and commits ---------------------------------------------------------------
     async def ack(self, env: Envelope, commit: bool = True) -> None:

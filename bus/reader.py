@@ -1,4 +1,5 @@
-"""Reading exact records by position: what trainer replay needs from the log."""
+"""Reading the log without a consumer group: exact records by position (trainer replay)
+and a whole topic up to its current end (the train-step log)."""
 
 from __future__ import annotations
 
@@ -9,12 +10,24 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 
 from bus import codec
 from bus.config import KafkaConfig
-from bus.consumer import Envelope
+from bus.consumer import Envelope, envelope_of
+from bus.topics import topic_spec
 from schemas import RecordRef
 
 
 class RecordMissing(LookupError):
     """A referenced record is not in the log (deleted by retention or never written)."""
+
+
+def _plain_reader(cfg: KafkaConfig, role: str) -> AIOKafkaConsumer:
+    """A consumer that joins no group, commits nothing and sees committed records only."""
+    return AIOKafkaConsumer(
+        bootstrap_servers=cfg.bootstrap_servers,
+        client_id=f"{cfg.client_id}-{role}",
+        enable_auto_commit=False,
+        isolation_level="read_committed",
+        request_timeout_ms=cfg.request_timeout_ms,
+    )
 
 
 async def fetch_records(cfg: KafkaConfig, refs: Sequence[RecordRef], timeout_ms: int = 10_000) -> list[Envelope]:
@@ -27,13 +40,7 @@ async def fetch_records(cfg: KafkaConfig, refs: Sequence[RecordRef], timeout_ms:
     for ref in refs:
         wanted[TopicPartition(ref.topic, ref.partition)].add(ref.offset)
     found: dict[tuple[str, int, int], Envelope] = {}
-    consumer = AIOKafkaConsumer(
-        bootstrap_servers=cfg.bootstrap_servers,
-        client_id=f"{cfg.client_id}-reader",
-        enable_auto_commit=False,
-        isolation_level="read_committed",
-        request_timeout_ms=cfg.request_timeout_ms,
-    )
+    consumer = _plain_reader(cfg, "reader")
     await consumer.start()
     try:
         for tp, offsets in wanted.items():
@@ -51,13 +58,51 @@ async def fetch_records(cfg: KafkaConfig, refs: Sequence[RecordRef], timeout_ms:
                 for record in records:
                     position = record.offset + 1
                     if record.offset in offsets:
-                        headers = tuple(record.headers or ())
-                        found[(tp.topic, tp.partition, record.offset)] = Envelope(
-                            codec.decode(record.value, headers), record.topic, record.partition,
-                            record.offset, record.timestamp, record.key, headers)
+                        found[(tp.topic, tp.partition, record.offset)] = envelope_of(record)
             for offset in sorted(offsets):
                 if (tp.topic, tp.partition, offset) not in found:
                     raise RecordMissing(f"no record at {tp.topic}:{tp.partition}@{offset}")
     finally:
         await consumer.stop()
     return [found[(r.topic, r.partition, r.offset)] for r in refs]
+
+
+async def read_topic(cfg: KafkaConfig, topic: str, timeout_ms: int = 10_000) -> list[Envelope]:
+    """Every record of ``topic`` (short or full name) from its beginning up to its end
+    offsets at the time of the call, decoded; partition by partition, in offset order.
+
+    Joins no group and commits nothing. A topic that does not exist reads as empty.
+    Raises :class:`RecordMissing` when a partition cannot be read up to its end within
+    ``timeout_ms``, and ``codec.DecodeFailure`` naming the position of an undecodable
+    record.
+    """
+    if not topic.startswith(cfg.topic_prefix):
+        topic = topic_spec(topic, cfg.topic_prefix).name(cfg.topic_prefix)
+    consumer = _plain_reader(cfg, "reader")
+    await consumer.start()
+    out: list[Envelope] = []
+    try:
+        # aiokafka's public partitions_for_topic only knows subscribed topics; ask the
+        # cluster (as bus.admin and bus.tail do).
+        partitions = (await consumer._client.fetch_all_metadata()).partitions_for_topic(topic) or set()
+        tps = [TopicPartition(topic, p) for p in sorted(partitions)]
+        if not tps:
+            return out
+        consumer.assign(tps)
+        await consumer.seek_to_beginning(*tps)
+        ends = await consumer.end_offsets(tps)
+        for tp in tps:
+            while await consumer.position(tp) < ends[tp]:
+                batch = await consumer.getmany(tp, timeout_ms=timeout_ms)
+                records = batch.get(tp, [])
+                if not records:
+                    raise RecordMissing(f"could not read {tp.topic}:{tp.partition} up to offset {ends[tp]}")
+                for record in records:
+                    try:
+                        out.append(envelope_of(record))
+                    except codec.DecodeFailure as exc:
+                        raise codec.DecodeFailure(
+                            exc.kind, f"{tp.topic}:{tp.partition}@{record.offset}: {exc}") from None
+    finally:
+        await consumer.stop()
+    return out

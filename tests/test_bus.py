@@ -9,12 +9,14 @@ import pytest
 from aiokafka import TopicPartition
 
 from bus import (
+    DecodeFailure,
     EventConsumer,
     EventProducer,
     InvalidEvent,
     RecordTooLarge,
     encode,
     fetch_records,
+    read_topic,
     spec_for,
 )
 from schemas import DeadLetter, Metrics, Task
@@ -51,6 +53,28 @@ async def test_every_event_type_round_trips_through_kafka(kafka_config):
     assert [env.ref for env in got] == refs
     # The key is the registry's key function.
     assert got[0].key == b"task-1"
+
+
+async def test_read_topic_reads_every_partition_up_to_its_end(kafka_config):
+    import re
+
+    tasks_topic = kafka_config.topic_prefix + "tasks"
+    async with EventProducer(kafka_config) as producer:
+        for i, partition in enumerate([1, 0, 1, 0, 1]):
+            value, headers = encode(task(i))
+            await producer.publish_raw(tasks_topic, value, key=b"k", headers=headers, partition=partition)
+    got = await read_topic(kafka_config, "tasks")
+    assert [(e.partition, e.offset, e.event.task_id) for e in got] == [
+        (0, 0, "task-1"), (0, 1, "task-3"), (1, 0, "task-0"), (1, 1, "task-2"), (1, 2, "task-4"),
+    ]
+    assert await read_topic(kafka_config, tasks_topic) == got  # the full name works too
+    assert await read_topic(kafka_config, "train-steps") == []  # an empty topic
+    assert await read_topic(kafka_config, kafka_config.topic_prefix + "no-such-topic") == []
+    async with EventProducer(kafka_config) as producer:
+        await producer.publish_raw(tasks_topic, b"\x00\xff", key=b"bad", headers=[("rollway-type", b"Task")],
+                                   partition=1)
+    with pytest.raises(DecodeFailure, match=re.escape(f"{tasks_topic}:1@3: cannot decode Task")):
+        await read_topic(kafka_config, "tasks")
 
 
 async def test_garbage_and_unknown_type_go_to_dlq_and_consumer_goes_on(kafka_config):
