@@ -194,7 +194,18 @@ def _pretrain(model, raw_tok, corpus: list[str], steps: int, seed: int) -> None:
 
 def tiny_model_dir(cache_root: str | Path | None = None, **kwargs) -> Path:
     """Build (once) and return the cached tiny model for these arguments."""
-    key_src = Path(__file__).read_bytes() + json.dumps(kwargs, sort_keys=True).encode()
+    import inspect
+
+    # Key on every argument with defaults filled in, so seed=0 and no seed share a cache.
+    params = {
+        name: p.default for name, p in inspect.signature(build_tiny_model).parameters.items()
+        if p.kind is inspect.Parameter.KEYWORD_ONLY
+    }
+    unknown = set(kwargs) - set(params)
+    if unknown:
+        raise TypeError(f"tiny_model_dir: unknown arguments {sorted(unknown)}")
+    params.update(kwargs)
+    key_src = Path(__file__).read_bytes() + json.dumps(params, sort_keys=True).encode()
     key = hashlib.sha256(key_src).hexdigest()[:12]
     root = Path(cache_root or os.environ.get("ROLLWAY_CACHE", REPO_ROOT / ".cache")) / "models"
     final = root / f"tiny-{key}"

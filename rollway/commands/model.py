@@ -10,6 +10,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     tiny = sub.add_parser("tiny", help="build the tiny Qwen2 model + BPE tokenizer")
     tiny.add_argument("--out", help="write it here (default: print the cached path)")
     tiny.add_argument("--seed", type=int, default=0)
+    tiny.add_argument("--train-steps", type=int, default=150,
+                      help="pre-training steps on the synthetic agent corpus (150: writes tool calls; "
+                           "the test suite's default model uses 40)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -20,7 +23,7 @@ def run(args: argparse.Namespace) -> int:
     from sampler.tiny_model import tiny_model_dir
 
     configure_logging("model")
-    cached = tiny_model_dir(seed=args.seed) if args.seed else tiny_model_dir()
+    cached = tiny_model_dir(seed=args.seed, train_steps=args.train_steps)
     if args.out:
         out = Path(args.out)
         if out.exists() and (out / "config.json").exists():
