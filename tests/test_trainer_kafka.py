@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import re
 
 import msgspec
 import pytest
@@ -16,7 +17,7 @@ from schemas import Metrics, Reward, TrajectoryChunk
 from trainer.config import TrainerConfig
 from trainer.publishing import RecordingSink
 from trainer.service import Trainer
-from trainer.steplog import fetch_step_groups, read_step_log
+from trainer.steplog import StepLogError, fetch_step_groups, read_step_log, step_event
 from trainer.synthetic import load_tiny, make_task_groups, to_events
 
 pytestmark = pytest.mark.kafka
@@ -201,6 +202,21 @@ async def test_weights_go_out_through_the_syncer_every_k_steps(kafka_config, tin
     everything: list[WeightVersion] = await read_events(kafka_config, "weights", 3)
     assert [w.version for w in everything] == [2, 4, 4]
     assert everything[2].weights_hash == everything[1].weights_hash
+
+
+async def test_step_log_keeps_the_first_entry_and_refuses_an_undecodable_one(kafka_config):
+    topic = kafka_config.topic_prefix + "train-steps"
+    assert await read_step_log(kafka_config) == {}
+    async with EventProducer(kafka_config) as producer:
+        first = await producer.publish(step_event(1, "ab" * 32, [], {"loss": 0.5}, seed=3))
+        again = await producer.publish(step_event(1, "cd" * 32, [], {}, seed=3))
+    steps = await read_step_log(kafka_config)
+    assert list(steps) == [1] and steps[1].ref == first and again.offset == 1
+    assert (steps[1].event.weights_hash, steps[1].event.metrics, steps[1].event.seed) == ("ab" * 32, {"loss": 0.5}, 3)
+    async with EventProducer(kafka_config) as producer:
+        await producer.publish_raw(topic, b"\x00\xff", headers=[("rollway-type", b"TrainStep")])
+    with pytest.raises(StepLogError, match=f"undecodable train-step record at {re.escape(topic)}:0@2"):
+        await read_step_log(kafka_config)
 
 
 def torch_equal(x, y) -> bool:

@@ -7,11 +7,9 @@ from dataclasses import dataclass
 from typing import Sequence
 
 import structlog
-from aiokafka import AIOKafkaConsumer, TopicPartition
 
-from bus import codec, fetch_records
+from bus import RecordMissing, codec, fetch_records, read_topic
 from bus.config import KafkaConfig
-from bus.topics import TOPICS
 from schemas import RecordRef, Reward, TrainedTrajectory, TrainStep, TrajectoryChunk, now
 from trainer.trajectory import Group, InvalidTrajectory, assemble, groups_from_trajectories
 
@@ -44,49 +42,24 @@ def step_event(step: int, weights_hash: str, groups: Sequence[Group], metrics: d
     )
 
 
-def steps_topic(cfg: KafkaConfig) -> str:
-    return TOPICS["train-steps"].name(cfg.topic_prefix)
-
-
 async def read_step_log(cfg: KafkaConfig, timeout_ms: int = 10_000) -> dict[int, LoggedStep]:
     """Every logged step, by step number (the first entry wins if a step was logged twice)."""
-    topic = steps_topic(cfg)
-    consumer = AIOKafkaConsumer(
-        bootstrap_servers=cfg.bootstrap_servers,
-        client_id=f"{cfg.client_id}-steplog",
-        enable_auto_commit=False,
-        isolation_level="read_committed",
-        request_timeout_ms=cfg.request_timeout_ms,
-    )
-    await consumer.start()
-    steps: dict[int, LoggedStep] = {}
     try:
-        # aiokafka's public partitions_for_topic only knows subscribed topics; ask the
-        # cluster (as bus.admin and bus.tail do).
-        partitions = (await consumer._client.fetch_all_metadata()).partitions_for_topic(topic) or set()
-        tps = [TopicPartition(topic, p) for p in sorted(partitions)]
-        if not tps:
-            return steps
-        consumer.assign(tps)
-        await consumer.seek_to_beginning(*tps)
-        ends = await consumer.end_offsets(tps)
-        for tp in tps:
-            while await consumer.position(tp) < ends[tp]:
-                batch = await consumer.getmany(tp, timeout_ms=timeout_ms)
-                records = batch.get(tp, [])
-                if not records:
-                    raise StepLogError(f"could not read {tp.topic}:{tp.partition} up to offset {ends[tp]}")
-                for record in records:
-                    try:
-                        event = codec.decode(record.value, record.headers, expect=TrainStep)
-                    except codec.DecodeFailure as exc:
-                        raise StepLogError(f"undecodable train-step record at {tp.topic}:{tp.partition}@{record.offset}: {exc}") from None
-                    if event.step in steps:
-                        log.warning("step logged twice; first entry wins", step=event.step, offset=record.offset)
-                        continue
-                    steps[event.step] = LoggedStep(event, RecordRef(record.topic, record.partition, record.offset))
-    finally:
-        await consumer.stop()
+        envelopes = await read_topic(cfg, "train-steps", timeout_ms=timeout_ms)
+    except RecordMissing as exc:
+        raise StepLogError(str(exc)) from None
+    except codec.DecodeFailure as exc:
+        raise StepLogError(f"undecodable train-step record at {exc}") from None
+    steps: dict[int, LoggedStep] = {}
+    for env in envelopes:
+        event = env.event
+        if not isinstance(event, TrainStep):
+            raise StepLogError(f"{type(event).__name__} record on the train-step log at "
+                               f"{env.topic}:{env.partition}@{env.offset}")
+        if event.step in steps:
+            log.warning("step logged twice; first entry wins", step=event.step, offset=env.offset)
+            continue
+        steps[event.step] = LoggedStep(event, env.ref)
     return steps
 
 
