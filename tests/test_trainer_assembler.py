@@ -12,23 +12,12 @@ import pytest
 
 from bus import Envelope
 from schemas import TrajectoryChunk
+from tests.trainer_helpers import one_thread  # noqa: F401  autouse fixture
 from trainer.assembler import Assembler
 from trainer.config import TrainerConfig
 from trainer.synthetic import SampledTrajectory, load_tiny, make_task_groups, to_events
 
 _offsets = itertools.count()
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """One intra-op thread: on a shared 2-core machine two OpenMP threads contend badly
-    (steps 20x slower), and bit-exact comparisons need a fixed thread count anyway."""
-    import torch
-
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 @pytest.fixture(scope="module")

@@ -10,23 +10,12 @@ import msgspec
 import pytest
 import torch
 
+from tests.trainer_helpers import one_thread  # noqa: F401  autouse fixture
 from trainer import checkpoint as ckpt
 from trainer.config import TrainerConfig
 from trainer.core import TrainCore
 from trainer.packing import pack_step
 from trainer.synthetic import groups_from_sampled, load_tiny, make_task_groups
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """One intra-op thread: on a shared 2-core machine two OpenMP threads contend badly
-    (steps 20x slower), and bit-exact comparisons need a fixed thread count anyway."""
-    import torch
-
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 @pytest.fixture(scope="module")

@@ -14,6 +14,7 @@ import pytest
 from bus import EventConsumer, EventProducer, fetch_records
 from rollway.config import RollwayConfig
 from schemas import Metrics, Reward, TrajectoryChunk
+from tests.trainer_helpers import one_thread  # noqa: F401  autouse fixture
 from trainer.config import TrainerConfig
 from trainer.publishing import RecordingSink
 from trainer.service import Trainer
@@ -21,16 +22,6 @@ from trainer.steplog import StepLogError, fetch_step_groups, read_step_log, step
 from trainer.synthetic import load_tiny, make_task_groups, to_events
 
 pytestmark = pytest.mark.kafka
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    import torch
-
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 @pytest.fixture(scope="module")
