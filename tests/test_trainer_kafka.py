@@ -14,8 +14,10 @@ import pytest
 from bus import EventConsumer, EventProducer, fetch_records
 from rollway.config import RollwayConfig
 from schemas import Metrics, Reward, TrajectoryChunk
+from syncer.hashing import state_dict_hash
 from tests.trainer_helpers import one_thread  # noqa: F401  autouse fixture
 from trainer.config import TrainerConfig
+from trainer.model import publishable_state
 from trainer.publishing import RecordingSink
 from trainer.service import Trainer
 from trainer.steplog import StepLogError, fetch_step_groups, read_step_log, step_event
@@ -123,6 +125,8 @@ async def test_trainer_trains_from_the_log_and_drops_what_it_must(kafka_config, 
     assert final.weights_hash == trainer.core.weights_hash()
     assert [v for v, _, _ in sink.published] == [1, 2, 3]
     assert sink.published[-1][1] == 3
+    # The sink records the hash the syncer would announce: of the published bfloat16 copy.
+    assert sink.published[-1][2] == state_dict_hash(publishable_state(trainer.core.model, "bfloat16"))
 
     # The log's record positions are exactly what the step trained on.
     groups = await fetch_step_groups(kafka_config, steps[3].event)
@@ -165,7 +169,6 @@ async def test_weights_go_out_through_the_syncer_every_k_steps(kafka_config, tin
     from syncer.config import SyncerConfig
     from syncer.fetch import load_version
     from syncer.store import open_store
-    from trainer.model import publishable_state
 
     store_url = f"file://{tmp_path / 'weights'}"
     cfg = RollwayConfig(
@@ -185,6 +188,11 @@ async def test_weights_go_out_through_the_syncer_every_k_steps(kafka_config, tin
     loaded = await load_version(store, cfg.model_name, 4)
     assert set(loaded.tensors) == set(expected)
     assert all(torch_equal(loaded.tensors[k], expected[k]) for k in expected)
+    # What each hash covers (docs/contracts.md): the step log's, the float32 master
+    # parameters; the announcement's, the published bfloat16 copy.
+    steps = await read_step_log(kafka_config)
+    assert steps[4].event.weights_hash == trainer.core.weights_hash()
+    assert announced[1].weights_hash == state_dict_hash(expected)
 
     # A restart replays step 4 from checkpoint 3 and re-announces version 4 (same bytes).
     again = Trainer(cfg)

@@ -69,7 +69,12 @@ def load_policy(model_path: str, device: "torch.device") -> "torch.nn.Module":
 
 
 def weights_hash(state: Mapping[str, "torch.Tensor"]) -> str:
-    """sha256 over name, dtype, shape and raw bytes of every tensor, names sorted."""
+    """sha256 over name, dtype, shape and raw bytes of every tensor, names sorted.
+
+    This is the train-step log's hash (of the float32 master parameters, see
+    :func:`model_hash`): replay compares it bit for bit. The published weights carry
+    another one, ``syncer.hashing.state_dict_hash`` of the cast copy (docs/contracts.md).
+    """
     import torch
 
     h = hashlib.sha256()
@@ -86,6 +91,8 @@ def weights_hash(state: Mapping[str, "torch.Tensor"]) -> str:
 
 
 def model_hash(model: "torch.nn.Module") -> str:
+    """``TrainStep.weights_hash``: the parameters as trained (float32, tied weights once,
+    no buffers)."""
     return weights_hash(dict(model.named_parameters()))
 
 

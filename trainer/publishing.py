@@ -28,15 +28,16 @@ class WeightSink(Protocol):
 
 
 class RecordingSink:
-    """Keeps (version, trainer_step, weights hash) of every publish; for tests and dry runs."""
+    """Keeps (version, trainer_step, weights hash) of every publish; for tests and dry runs.
+    The hash is the one the syncer would announce (``WeightVersion.weights_hash``)."""
 
     def __init__(self) -> None:
         self.published: list[tuple[int, int, str]] = []
 
     async def publish(self, version: int, state_dict: dict[str, "torch.Tensor"], trainer_step: int) -> None:
-        from trainer.model import weights_hash
+        from syncer.hashing import state_dict_hash
 
-        self.published.append((version, trainer_step, weights_hash(state_dict)))
+        self.published.append((version, trainer_step, state_dict_hash(state_dict)))
 
     async def close(self) -> None:
         pass
