@@ -133,3 +133,20 @@ def test_ci_runs_the_readme_test_command():
     readme = (REPO / "README.md").read_text()
     ci = (REPO / ".ci" / "run").read_text()
     assert "scripts/test" in readme and "exec scripts/test" in ci
+
+
+def test_compose_services_run_real_commands_with_a_valid_config():
+    import yaml
+
+    from rollway.cli import COMMANDS
+
+    compose = yaml.safe_load((REPO / "docker-compose.yml").read_text())
+    commands = {name for name, _, _ in COMMANDS}
+    for name, service in compose["services"].items():
+        if service.get("image", "").startswith("rollway") and "command" in service \
+                and service.get("entrypoint") is None:
+            assert service["command"][0] in commands, f"compose service {name} runs unknown command"
+    env = compose["x-rollway"]["environment"]
+    cfg = load_config(REPO / env["ROLLWAY_CONFIG"].removeprefix("/app/"), environ={})
+    assert cfg.syncer.store_url.startswith("s3://") and cfg.syncer.s3_endpoint_url == "http://minio:9000"
+    assert cfg.sampler.model_path == cfg.trainer.model_path == "/models/tiny"
