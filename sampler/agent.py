@@ -39,7 +39,7 @@ from sampler.config import SamplerConfig
 from sampler.engine import Engine, SampleDone, SampledToken
 from sampler.recorder import Publish, TrajectoryIdentity, TrajectoryRecorder
 from sampler.sampling import SamplingParams
-from sampler.sandbox_client import SandboxClient, SandboxError
+from sandbox.client import SandboxClient, SandboxError
 from schemas import Cost, Reward, Task
 
 log = structlog.get_logger(__name__)

@@ -30,7 +30,7 @@ import structlog
 from bus import EventConsumer, EventProducer, InvalidEvent
 from sampler.agent import AgentLoop, RolloutResult
 from sampler.engine import Engine
-from sampler.sandbox_client import SandboxClient
+from sandbox.client import SandboxClient
 from schemas import Heartbeat, Task, now
 
 if TYPE_CHECKING:

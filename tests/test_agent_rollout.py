@@ -10,8 +10,8 @@ from bus import EventProducer
 from sampler import tool_format as fmt
 from sampler.agent import AgentLoop, trajectory_id
 from sampler.config import SamplerConfig
-from sampler.sandbox_client import SandboxClient, SandboxError
 from sampler.testing import agent_model_dir, read_topic, start_test_engine
+from sandbox.client import SandboxClient, SandboxError
 from sandbox.config import SandboxConfig
 from sandbox.testing import live_sandbox, write_task_dir
 from schemas import Reward, TrajectoryChunk

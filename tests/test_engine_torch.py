@@ -131,7 +131,7 @@ async def test_agent_rollout_runs_on_the_torch_engine(engine, tmp_path):
     """The fallback where vLLM is missing: the same agent loop, exact kept sets."""
     from sampler.agent import AgentLoop
     from sampler.config import SamplerConfig
-    from sampler.sandbox_client import SandboxClient
+    from sandbox.client import SandboxClient
     from sandbox.config import SandboxConfig
     from sandbox.testing import live_sandbox, write_task_dir
     from tasks.spec import TaskSpec

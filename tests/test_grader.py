@@ -111,14 +111,13 @@ async def sandbox(tasks_dir, tmp_path_factory):
 async def attempt(sandbox, task_id: str, files: dict[str, str], commands: list[str] = (), **submit) -> Reward:
     """One rollout: open a session, write ``files``, run ``commands``, submit."""
     client = sandbox.client
-    sid = await client.create(task_id)
+    sid = await client.create_session(task_id)
     for path, content in files.items():
-        await client.write(sid, path, content)
+        await client.write_file(sid, path, content)
     for command in commands:
         await client.exec(sid, command)
-    body = await client.submit(sid, trajectory_id=f"traj-{sid[:8]}", group_id="g1", sample_index=2,
-                               attempt="a0", **submit)
-    reward = msgspec.convert(body, Reward)
+    reward = await client.submit(sid, trajectory_id=f"traj-{sid[:8]}", group_id="g1", sample_index=2,
+                                 attempt="a0", **submit)
     # Submitting closes the session.
     assert (await client.health())["sessions"] == 0 or sid not in {s.id for s in sandbox.service.pool.all()}
     return reward

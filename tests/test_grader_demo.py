@@ -8,7 +8,6 @@ import asyncio
 import os
 from pathlib import Path
 
-import msgspec
 import pytest
 import pytest_asyncio
 
@@ -33,12 +32,11 @@ async def graded(tmp_path_factory) -> dict[tuple[str, bool], Reward]:
     async with live_sandbox(cfg, RewardConfig(), STORE) as live, SandboxClient(live.url) as client:
 
         async def grade(task_id: str, with_solution: bool) -> Reward:
-            sid = await client.create(task_id)
+            sid = await client.create_session(task_id)
             if with_solution:
                 for path, content in STORE.get(task_id).solution.items():
-                    await client.write(sid, path, content)
-            body = await client.submit(sid, trajectory_id=f"{task_id}-{with_solution}")
-            return msgspec.convert(body, Reward)
+                    await client.write_file(sid, path, content)
+            return await client.submit(sid, trajectory_id=f"{task_id}-{with_solution}")
 
         jobs = [(t, s) for t in STORE.ids() for s in (True, False)]
         rewards = await asyncio.gather(*(grade(*job) for job in jobs))

@@ -47,21 +47,21 @@ async def test_submit_publishes_the_reward(kafka_config, tmp_path):
     async with EventProducer(kafka_config) as producer:
         async with live_sandbox(cfg, RewardConfig(), TaskStore(cfg.tasks_dir), publisher=producer) as live:
             async with SandboxClient(live.url) as client:
-                solved = await client.create("double")
-                await client.write(solved, "double.py", TASK.solution["double.py"])
+                solved = await client.create_session("double")
+                await client.write_file(solved, "double.py", TASK.solution["double.py"])
                 cost = Cost(generated_tokens=321, env_tokens=12, turns=2, tool_seconds=0.75)
                 first = await client.submit(solved, trajectory_id="traj-solved", group_id="grp", sample_index=1,
                                             attempt="att", cost=cost, weight_version=4)
-                failed = await client.create("double")
+                failed = await client.create_session("double")
                 second = await client.submit(failed, trajectory_id="traj-failed", group_id="grp", sample_index=2)
     envs = await read_rewards(kafka_config, 2)
     by_key = {env.key: env for env in envs}
     assert set(by_key) == {b"traj-solved", b"traj-failed"}
-    for body in (first, second):
-        env = by_key[body["trajectory_id"].encode()]
+    for answered in (first, second):
+        env = by_key[answered.trajectory_id.encode()]
         assert env.topic == f"{kafka_config.topic_prefix}rewards"
         assert isinstance(env.event, Reward)
-        assert env.event == msgspec.convert(body, Reward)
+        assert env.event == answered
     solved_reward = by_key[b"traj-solved"].event
     assert (solved_reward.score, solved_reward.reward, solved_reward.tests_passed, solved_reward.tests_total) == (1.0, 1.0, 2, 2)
     assert solved_reward.cost == cost and solved_reward.weight_version == 4
@@ -90,17 +90,18 @@ async def test_failed_publish_keeps_the_verdict_for_a_retry(kafka_config, tmp_pa
     async with EventProducer(kafka_config) as producer:
         flaky = FlakyPublisher(producer)
         async with live_sandbox(cfg, RewardConfig(), TaskStore(cfg.tasks_dir), publisher=flaky) as live:
-            async with SandboxClient(live.url) as client:
-                sid = await client.create("double")
-                await client.write(sid, "double.py", TASK.solution["double.py"])
+            # submit_retries=0: see the 502 itself rather than the client's own retry of it.
+            async with SandboxClient(live.url, submit_retries=0) as client:
+                sid = await client.create_session("double")
+                await client.write_file(sid, "double.py", TASK.solution["double.py"])
                 with pytest.raises(SandboxError) as err:
                     await client.submit(sid, trajectory_id="traj-retry")
                 assert err.value.status == 502 and "retry submit" in err.value.message
                 kept = err.value.body["reward"]
                 # The agent cannot change the verdict between the tries: the session is graded.
-                await client.write(sid, "double.py", "def double(x):\n    return x\n")
+                await client.write_file(sid, "double.py", "def double(x):\n    return x\n")
                 again = await client.submit(sid, trajectory_id="traj-retry")
-                assert again == kept and again["score"] == 1.0
+                assert again == msgspec.convert(kept, Reward) and again.score == 1.0
                 assert (await client.health())["sessions"] == 0
     envs = await read_rewards(kafka_config, 1)
     assert envs[0].event == msgspec.convert(kept, Reward)

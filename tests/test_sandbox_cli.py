@@ -10,14 +10,12 @@ import subprocess
 import sys
 import time
 
-import msgspec
 import pytest
 
 from bus import EventConsumer
 from rollway.broker import free_ports
 from sandbox.client import SandboxClient
 from sandbox.testing import write_task_dir
-from schemas import Reward
 from tasks.spec import TaskSpec
 
 TASK = TaskSpec(
@@ -63,14 +61,14 @@ async def test_rollway_sandbox_serves_and_publishes(kafka_config, tmp_path):
         health = await wait_healthy(url, proc)
         assert health["capacity"] == 3 and health["sessions"] == 0
         async with SandboxClient(url) as client:
-            sid = await client.create("square")  # files from the service's task store
-            assert (await client.exec(sid, "cat sq.py"))["stdout"] == TASK.files["sq.py"]
-            await client.write(sid, "sq.py", TASK.solution["sq.py"])
-            body = await client.submit(sid, trajectory_id="cli-traj")
-        assert (body["score"], body["reward"], body["tests_total"]) == (1.0, 1.0, 1)
+            sid = await client.create_session("square")  # files from the service's task store
+            assert (await client.exec(sid, "cat sq.py")).stdout == TASK.files["sq.py"]
+            await client.write_file(sid, "sq.py", TASK.solution["sq.py"])
+            reward = await client.submit(sid, trajectory_id="cli-traj")
+        assert (reward.score, reward.reward, reward.tests_total) == (1.0, 1.0, 1)
         async with EventConsumer(kafka_config, ["rewards"], group_id=None) as consumer:
             env_ = await asyncio.wait_for(consumer.__aiter__().__anext__(), 30)
-        assert env_.key == b"cli-traj" and env_.event == msgspec.convert(body, Reward)
+        assert env_.key == b"cli-traj" and env_.event == reward
     finally:
         proc.send_signal(signal.SIGTERM)
         try:

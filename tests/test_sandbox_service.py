@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import pytest_asyncio
 
-from sandbox.client import SandboxClient, SandboxError
+from sandbox.client import ExecResult, SandboxClient, SandboxError
 from sandbox.config import SandboxConfig
 from sandbox.runner import uid_pids
 from sandbox.testing import live_sandbox, write_task_dir
@@ -64,10 +64,10 @@ async def sandbox(tasks_dir, tmp_path_factory):
 
 
 async def open_session(sandbox, files=None) -> str:
-    return await sandbox.client.create("hostile", files)
+    return await sandbox.client.create_session("hostile", files)
 
 
-async def run_hostile(sandbox, command: str, timeout_s: float | None = None, script: str | None = None) -> dict:
+async def run_hostile(sandbox, command: str, timeout_s: float | None = None, script: str | None = None) -> ExecResult:
     """Run ``command`` in a fresh session while another session keeps answering; return its
     result. ``script``, when given, is in the workspace as ``hostile.py``."""
     hostile = await open_session(sandbox, {**TASK.files, "hostile.py": script} if script else None)
@@ -77,18 +77,18 @@ async def run_hostile(sandbox, command: str, timeout_s: float | None = None, scr
         task = asyncio.create_task(sandbox.client.exec(hostile, command, timeout_s=timeout_s))
         await asyncio.sleep(0.3)
         during = await sandbox.client.exec(bystander, "echo alive; cat main.py")
-        assert during["exit_code"] == 0 and during["stdout"] == "alive\nprint('hello')\n", during
+        assert during.exit_code == 0 and during.stdout == "alive\nprint('hello')\n", during
         result = await task
         # The whole tree is gone with the command.
         assert uid_pids(uid) == []
         after = await sandbox.client.exec(bystander, "echo still alive")
-        assert after["stdout"] == "still alive\n"
+        assert after.stdout == "still alive\n"
         health = await sandbox.client.health()
         assert health["sessions"] >= 2
         return result
     finally:
-        await sandbox.client.close(hostile)
-        await sandbox.client.close(bystander)
+        await sandbox.client.close_session(hostile)
+        await sandbox.client.close_session(bystander)
 
 
 # --- the hostile suite ---------------------------------------------------------------
@@ -99,12 +99,12 @@ async def test_fork_bomb_is_contained(sandbox):
     result = await run_hostile(sandbox, "python hostile.py", timeout_s=2.0, script=bomb)
     # Contained either by the wall clock or, when the parent wins enough CPU on a quiet
     # machine, by its 1 s CPU limit (SIGXCPU); then the rest of the tree is killed.
-    if result["timed_out"]:
-        assert result["killed"] == "timeout", result
+    if result.timed_out:
+        assert result.killed == "timeout", result
     else:
-        assert result["exit_code"] == 128 + 24 and "cpu" in result["limits"], result
+        assert result.exit_code == 128 + 24 and "cpu" in result.limits, result
     if sandbox.service.cgroups is not None:
-        assert "processes" in result["limits"]
+        assert "processes" in result.limits
 
 
 async def test_fork_bomb_never_exceeds_the_process_limit(sandbox):
@@ -123,16 +123,16 @@ async def test_fork_bomb_never_exceeds_the_process_limit(sandbox):
         "print('forked', n)\n"
     )
     result = await run_hostile(sandbox, "python hostile.py", timeout_s=4.0, script=script)
-    assert "refused 11" in result["stdout"], result  # EAGAIN
-    forked = int(result["stdout"].split("forked")[1])
+    assert "refused 11" in result.stdout, result  # EAGAIN
+    forked = int(result.stdout.split("forked")[1])
     assert 0 < forked < MAX_PROCESSES
-    assert result["exit_code"] == 0 and result["killed"] == ""
+    assert result.exit_code == 0 and result.killed == ""
 
 
 async def test_memory_hog_single_process(sandbox):
     result = await run_hostile(sandbox, "python -c 'x = bytearray(2 * 1024**3)'")
-    assert result["exit_code"] == 1
-    assert "MemoryError" in result["stderr"]
+    assert result.exit_code == 1
+    assert "MemoryError" in result.stderr
 
 
 async def test_memory_hog_many_processes(sandbox):
@@ -148,10 +148,10 @@ async def test_memory_hog_many_processes(sandbox):
         "print('killed', sum(1 for c in codes if os.WIFSIGNALED(c)))\n"
     )
     result = await run_hostile(sandbox, "python hostile.py", script=script)
-    assert result["exit_code"] == 0, result
+    assert result.exit_code == 0, result
     if sandbox.service.cgroups is not None:
-        assert "memory" in result["limits"]
-        assert int(result["stdout"].split("killed")[1]) >= 1
+        assert "memory" in result.limits
+        assert int(result.stdout.split("killed")[1]) >= 1
 
 
 async def test_infinite_loop_hits_the_wall_clock_timeout(sandbox):
@@ -159,9 +159,9 @@ async def test_infinite_loop_hits_the_wall_clock_timeout(sandbox):
     # whatever the machine's load (at 1.0 s the two tied and the test flaked).
     started = time.monotonic()
     result = await run_hostile(sandbox, "while true; do :; done", timeout_s=0.4)
-    assert result["timed_out"] is True and result["killed"] == "timeout", result
-    assert result["exit_code"] == 137
-    assert 0.4 <= result["duration_s"] < 5.0
+    assert result.timed_out is True and result.killed == "timeout", result
+    assert result.exit_code == 137
+    assert 0.4 <= result.duration_s < 5.0
     assert time.monotonic() - started < 10
 
 
@@ -169,41 +169,41 @@ async def test_cpu_bound_loop_hits_the_cpu_limit(sandbox):
     # cpu_seconds=1 with a 30 s wall clock (room for a loaded machine): RLIMIT_CPU
     # (SIGXCPU) ends it first.
     result = await run_hostile(sandbox, "python -c 'while True: pass'", timeout_s=30.0)
-    assert result["timed_out"] is False
-    assert result["exit_code"] == 128 + 24
-    assert result["limits"] == ["cpu"]
+    assert result.timed_out is False
+    assert result.exit_code == 128 + 24
+    assert result.limits == ["cpu"]
 
 
 async def test_gigabytes_of_output_are_capped(sandbox):
     result = await run_hostile(sandbox, "head -c 5000000000 /dev/zero | tr '\\0' y; echo done", timeout_s=5.0)
-    assert result["killed"] == "output" and "output" in result["limits"]
-    assert result["truncated"] is True
-    assert result["stdout"] == "y" * MAX_OUTPUT
-    assert result["timed_out"] is False  # stopped by the output cap, well before the timeout
+    assert result.killed == "output" and "output" in result.limits
+    assert result.truncated is True
+    assert result.stdout == "y" * MAX_OUTPUT
+    assert result.timed_out is False  # stopped by the output cap, well before the timeout
 
 
 async def test_output_under_the_cap_is_kept_whole(sandbox):
     sid = await open_session(sandbox)
     try:
         result = await sandbox.client.exec(sid, f"head -c {MAX_OUTPUT} /dev/zero | tr '\\0' a; echo err >&2")
-        assert result["stdout"] == "a" * MAX_OUTPUT and result["stderr"] == "err\n"
-        assert result["truncated"] is False and result["killed"] == ""
+        assert result.stdout == "a" * MAX_OUTPUT and result.stderr == "err\n"
+        assert result.truncated is False and result.killed == ""
         over = await sandbox.client.exec(sid, f"head -c {MAX_OUTPUT + 1} /dev/zero | tr '\\0' a")
-        assert over["truncated"] is True and over["stdout"] == "a" * MAX_OUTPUT and over["killed"] == ""
+        assert over.truncated is True and over.stdout == "a" * MAX_OUTPUT and over.killed == ""
     finally:
-        await sandbox.client.close(sid)
+        await sandbox.client.close_session(sid)
 
 
 async def test_sleep_past_the_timeout(sandbox):
     result = await run_hostile(sandbox, "sleep 60; echo never", timeout_s=1.0)
-    assert result["timed_out"] is True and "never" not in result["stdout"]
+    assert result.timed_out is True and "never" not in result.stdout
 
 
 async def test_daemonized_process_dies_with_the_command(sandbox):
     # A detached grandchild in a new session: the pid namespace still takes it along.
     result = await run_hostile(sandbox, "setsid nohup sleep 60 >/dev/null 2>&1 & disown; echo detached")
-    assert result["stdout"] == "detached\n" and result["exit_code"] == 0
-    assert result["timed_out"] is False  # the command did not wait for its daemon
+    assert result.stdout == "detached\n" and result.exit_code == 0
+    assert result.timed_out is False  # the command did not wait for its daemon
 
 
 async def test_connect_to_a_loopback_server_outside_fails(sandbox):
@@ -231,7 +231,7 @@ async def test_connect_to_a_loopback_server_outside_fails(sandbox):
             "    print('failed', type(e).__name__, e.errno)\n"
         )
         result = await run_hostile(sandbox, "python hostile.py", script=probe)
-        assert result["stdout"].strip() == "failed ConnectionRefusedError 111"
+        assert result.stdout.strip() == "failed ConnectionRefusedError 111"
         await asyncio.sleep(0.1)
         assert accepted == [True]
     finally:
@@ -243,7 +243,7 @@ async def test_only_loopback_interface(sandbox):
     result = await run_hostile(
         sandbox, "python -c 'import socket; print(socket.if_nameindex())'; tail -n +3 /proc/net/dev | cut -d: -f1"
     )
-    lines = result["stdout"].split("\n")
+    lines = result.stdout.split("\n")
     assert lines[0] == "[(1, 'lo')]"
     assert [line.strip() for line in lines[1:] if line.strip()] == ["lo"]
 
@@ -256,10 +256,10 @@ async def test_hidden_tests_are_not_reachable(sandbox, tasks_dir):
         f"cat {hidden}; ls {tasks_dir}; ls -a /workspace; "
         f"find / -xdev -name '*{HIDDEN_MARKER}*' 2>/dev/null; echo find-done; ls /work/main",
     )
-    assert "No such file or directory" in result["stderr"]
-    assert HIDDEN_MARKER not in result["stdout"]
-    assert "find-done" in result["stdout"]
-    listing = result["stdout"].split("find-done")
+    assert "No such file or directory" in result.stderr
+    assert HIDDEN_MARKER not in result.stdout
+    assert "find-done" in result.stdout
+    listing = result.stdout.split("find-done")
     # The workspace holds the repo only: no hidden tests, no VCS history.
     assert sorted(listing[0].split()) == [".", "..", "main.py", "pkg"]
     # The repository (service code, task store) is not there; only the read-only venv is.
@@ -268,9 +268,9 @@ async def test_hidden_tests_are_not_reachable(sandbox, tasks_dir):
     sid = await open_session(sandbox)
     try:
         imports = await sandbox.client.exec(sid, "python -c 'import sandbox.grader'; python -c 'import tasks.store'")
-        assert imports["stderr"].count("ModuleNotFoundError") == 2
+        assert imports.stderr.count("ModuleNotFoundError") == 2
     finally:
-        await sandbox.client.close(sid)
+        await sandbox.client.close_session(sid)
 
 
 async def test_writes_outside_the_workspace_fail(sandbox, tmp_path):
@@ -279,9 +279,9 @@ async def test_writes_outside_the_workspace_fail(sandbox, tmp_path):
     script = "; ".join(f"(echo x > {t}) 2>/dev/null && echo WROTE {t} || echo refused {t}" for t in targets)
     result = await run_hostile(sandbox, f"{script}; echo tmp > /tmp/private && cat /tmp/private; echo ws > ok.txt")
     for t in targets:
-        assert f"refused {t}" in result["stdout"]
-    assert "WROTE" not in result["stdout"]
-    assert "tmp\n" in result["stdout"]
+        assert f"refused {t}" in result.stdout
+    assert "WROTE" not in result.stdout
+    assert "tmp\n" in result.stdout
     for t in ("/usr/pwned", "/etc/pwned", "/pwned", f"{venv}/pwned", "/root/pwned"):
         assert not os.path.exists(t)
     assert not os.path.exists("/tmp/private")  # the sandbox's /tmp is its own
@@ -292,9 +292,9 @@ async def test_tmp_is_private_to_each_command(sandbox):
     try:
         await sandbox.client.exec(sid, "echo secret > /tmp/carry")
         result = await sandbox.client.exec(sid, "cat /tmp/carry")
-        assert result["exit_code"] == 1 and "No such file" in result["stderr"]
+        assert result.exit_code == 1 and "No such file" in result.stderr
     finally:
-        await sandbox.client.close(sid)
+        await sandbox.client.close_session(sid)
 
 
 async def test_symlink_escape_through_the_file_api(sandbox, tmp_path):
@@ -305,21 +305,21 @@ async def test_symlink_escape_through_the_file_api(sandbox, tmp_path):
         result = await sandbox.client.exec(
             sid, f"ln -s {secret} leak; ln -s {tmp_path} hostdir; ln -s /etc/hostname etc_link; cat leak; ls"
         )
-        assert "host secret" not in result["stdout"]  # the link dangles inside the sandbox
+        assert "host secret" not in result.stdout  # the link dangles inside the sandbox
         for path in ("leak", "etc_link", "hostdir/host-secret.txt"):
             with pytest.raises(SandboxError) as err:
-                await sandbox.client.read(sid, path)
+                await sandbox.client.read_file(sid, path)
             assert err.value.status == 400 and "symlink" in err.value.message
         with pytest.raises(SandboxError) as err:
-            await sandbox.client.write(sid, "hostdir/planted.txt", "x")
+            await sandbox.client.write_file(sid, "hostdir/planted.txt", "x")
         assert err.value.status == 400 and "symlink" in err.value.message
         with pytest.raises(SandboxError) as err:
-            await sandbox.client.write(sid, "leak", "overwritten")
+            await sandbox.client.write_file(sid, "leak", "overwritten")
         assert err.value.status == 400
         assert secret.read_text() == "host secret"
         assert not (tmp_path / "planted.txt").exists()
     finally:
-        await sandbox.client.close(sid)
+        await sandbox.client.close_session(sid)
 
 
 async def test_symlink_escape_inside_the_sandbox(sandbox, tmp_path):
@@ -328,8 +328,8 @@ async def test_symlink_escape_inside_the_sandbox(sandbox, tmp_path):
     result = await run_hostile(
         sandbox, f"ln -s / root_link; cat root_link{secret}; ln -s {tmp_path} d; ls d/; echo end"
     )
-    assert "host secret" not in result["stdout"]
-    assert result["stdout"].endswith("end\n")
+    assert "host secret" not in result.stdout
+    assert result.stdout.endswith("end\n")
 
 
 async def test_killing_its_parent(sandbox):
@@ -338,8 +338,8 @@ async def test_killing_its_parent(sandbox):
     )
     # The parent is the sandbox's pid 1 (root-owned): EPERM, twice; kill -1 reaches only
     # the command's own processes (and spares the caller).
-    assert result["stderr"].count("kill: (1) - Operation not permitted") == 2
-    assert (result["exit_code"], result["stdout"], result["timed_out"]) == (0, "survived\n", False)
+    assert result.stderr.count("kill: (1) - Operation not permitted") == 2
+    assert (result.exit_code, result.stdout, result.timed_out) == (0, "survived\n", False)
     health = await sandbox.client.health()
     assert health["capacity"] == 8
 
@@ -353,20 +353,20 @@ async def test_runs_unprivileged_with_a_scrubbed_environment(sandbox, monkeypatc
     try:
         result = await sandbox.client.exec(sid, "id -u; grep -E '^(CapEff|NoNewPrivs)' /proc/self/status; env; hostname")
         uid = sandbox.service.pool.get(sid).uid
-        lines = result["stdout"].splitlines()
+        lines = result.stdout.splitlines()
         assert lines[0] == str(uid) and uid >= 60000
         assert "CapEff:\t0000000000000000" in lines
         assert "NoNewPrivs:\t1" in lines
-        assert "s3cr3t" not in result["stdout"]
+        assert "s3cr3t" not in result.stdout
         env = dict(line.split("=", 1) for line in lines if "=" in line)
         assert env["HOME"] == "/tmp" and env["PWD"] == "/workspace"
         assert "KAFKA_BOOTSTRAP_SERVERS" not in env
         assert lines[-1] == "sandbox"
         # The Python the agent gets has pytest.
         py = await sandbox.client.exec(sid, "python -c 'import pytest, sys; print(pytest.__name__, sys.prefix)'")
-        assert py["exit_code"] == 0 and py["stdout"].startswith("pytest ")
+        assert py.exit_code == 0 and py.stdout.startswith("pytest ")
     finally:
-        await sandbox.client.close(sid)
+        await sandbox.client.close_session(sid)
 
 
 async def test_file_size_limit(sandbox):
@@ -374,13 +374,13 @@ async def test_file_size_limit(sandbox):
     try:
         cfg = sandbox.service.cfg
         result = await sandbox.client.exec(sid, f"head -c {cfg.max_file_bytes + 1} /dev/zero > big; stat -c %s big")
-        assert result["stdout"].strip() == str(cfg.max_file_bytes)
-        assert "File size limit exceeded" in result["stderr"]
+        assert result.stdout.strip() == str(cfg.max_file_bytes)
+        assert "File size limit exceeded" in result.stderr
         # As the command's own exit status, it is reported as a limit.
         alone = await sandbox.client.exec(sid, f"exec head -c {cfg.max_file_bytes + 1} /dev/zero > big2")
-        assert alone["exit_code"] == 128 + 25 and alone["limits"] == ["file_size"]
+        assert alone.exit_code == 128 + 25 and alone.limits == ["file_size"]
     finally:
-        await sandbox.client.close(sid)
+        await sandbox.client.close_session(sid)
 
 
 async def test_open_files_limit(sandbox):
@@ -390,36 +390,36 @@ async def test_open_files_limit(sandbox):
             sid, "python -c 'import resource; print(resource.getrlimit(resource.RLIMIT_NOFILE)); "
                  "fs = [open(\"/dev/null\") for _ in range(10000)]'",
         )
-        assert result["stdout"].strip() == f"({sandbox.service.cfg.max_open_files}, {sandbox.service.cfg.max_open_files})"
-        assert "Too many open files" in result["stderr"]
+        assert result.stdout.strip() == f"({sandbox.service.cfg.max_open_files}, {sandbox.service.cfg.max_open_files})"
+        assert "Too many open files" in result.stderr
     finally:
-        await sandbox.client.close(sid)
+        await sandbox.client.close_session(sid)
 
 
 async def test_file_api_round_trip_and_bad_paths(sandbox):
     sid = await open_session(sandbox)
     try:
-        assert await sandbox.client.read(sid, "main.py") == "print('hello')\n"
-        assert await sandbox.client.write(sid, "new/dir/f.txt", "héllo") == len("héllo".encode())
-        assert (await sandbox.client.exec(sid, "cat new/dir/f.txt"))["stdout"] == "héllo"
+        assert await sandbox.client.read_file(sid, "main.py") == "print('hello')\n"
+        assert await sandbox.client.write_file(sid, "new/dir/f.txt", "héllo") == len("héllo".encode())
+        assert (await sandbox.client.exec(sid, "cat new/dir/f.txt")).stdout == "héllo"
         await sandbox.client.exec(sid, "echo from-sandbox > made.txt")
-        assert await sandbox.client.read(sid, "made.txt") == "from-sandbox\n"
+        assert await sandbox.client.read_file(sid, "made.txt") == "from-sandbox\n"
         for bad in ("../etc/passwd", "/etc/passwd", "a/../../x", ".git/config", ""):
             with pytest.raises(SandboxError) as err:
-                await sandbox.client.read(sid, bad)
+                await sandbox.client.read_file(sid, bad)
             assert err.value.status == 400, bad
         with pytest.raises(SandboxError) as err:
-            await sandbox.client.read(sid, "missing.txt")
+            await sandbox.client.read_file(sid, "missing.txt")
         assert err.value.status == 404 and "missing.txt" in err.value.message
         with pytest.raises(SandboxError) as err:
-            await sandbox.client.read(sid, "pkg")
+            await sandbox.client.read_file(sid, "pkg")
         assert err.value.status == 400 and "directory" in err.value.message
         await sandbox.client.exec(sid, "mkfifo pipe")
         with pytest.raises(SandboxError) as err:
-            await sandbox.client.read(sid, "pipe")
+            await sandbox.client.read_file(sid, "pipe")
         assert err.value.status == 400 and "regular file" in err.value.message
     finally:
-        await sandbox.client.close(sid)
+        await sandbox.client.close_session(sid)
 
 
 async def test_vcs_history_is_dropped(sandbox):
@@ -429,9 +429,9 @@ async def test_vcs_history_is_dropped(sandbox):
     try:
         assert sorted(resp["dropped"]) == [".git/HEAD", ".git/config", "sub/.hg/store"]
         result = await sandbox.client.exec(resp["session_id"], "find . | sort")
-        assert result["stdout"].split() == [".", "./main.py", "./pkg", "./pkg/util.py"]
+        assert result.stdout.split() == [".", "./main.py", "./pkg", "./pkg/util.py"]
     finally:
-        await sandbox.client.close(resp["session_id"])
+        await sandbox.client.close_session(resp["session_id"])
 
 
 async def test_errors_are_clear(sandbox):
@@ -445,7 +445,7 @@ async def test_errors_are_clear(sandbox):
         await sandbox.client.request("POST", "/sessions", json={"files": {}})
     assert err.value.status == 400 and "task_id" in err.value.message
     with pytest.raises(SandboxError) as err:
-        await sandbox.client.create("no-such-task")
+        await sandbox.client.create_session("no-such-task")
     assert err.value.status == 404 and "no-such-task" in err.value.message
     sid = await open_session(sandbox)
     try:
@@ -458,9 +458,9 @@ async def test_errors_are_clear(sandbox):
         with pytest.raises(SandboxError) as err:
             await sandbox.client.exec(sid, "true")
         assert err.value.status == 409
-        assert (await slow)["exit_code"] == 0
+        assert (await slow).exit_code == 0
     finally:
-        await sandbox.client.close(sid)
+        await sandbox.client.close_session(sid)
     with pytest.raises(SandboxError) as err:
         await sandbox.client.exec(sid, "true")
     assert err.value.status == 404
@@ -471,11 +471,12 @@ async def test_session_pool_is_bounded_with_429(tmp_path):
     write_task_dir(root, TASK)
     cfg = SandboxConfig(max_sessions=2, max_concurrent_commands=1, command_queue_timeout_s=0.3,
                         workspace_root=str(tmp_path / "ws"), tasks_dir=str(root))
-    async with live_sandbox(cfg) as live, SandboxClient(live.url) as client:
-        a, b = await client.create("hostile"), await client.create("hostile")
+    # busy_retries=0: see each 429 as it is answered, not after the client's backoff.
+    async with live_sandbox(cfg) as live, SandboxClient(live.url, busy_retries=0) as client:
+        a, b = await client.create_session("hostile"), await client.create_session("hostile")
         started = time.monotonic()
         with pytest.raises(SandboxError) as err:
-            await client.create("hostile")
+            await client.create_session("hostile")
         assert err.value.status == 429 and "2 sessions" in err.value.message
         assert time.monotonic() - started < 1.0
         # Command slots: one at a time; a second waits at most command_queue_timeout_s, then 429.
@@ -484,17 +485,17 @@ async def test_session_pool_is_bounded_with_429(tmp_path):
         with pytest.raises(SandboxError) as err:
             await client.exec(b, "true")
         assert err.value.status == 429 and "command slots" in err.value.message
-        assert (await busy)["exit_code"] == 0
-        assert (await client.exec(b, "echo ok"))["stdout"] == "ok\n"
+        assert (await busy).exit_code == 0
+        assert (await client.exec(b, "echo ok")).stdout == "ok\n"
         assert await client.health() == {
             "sessions": 2, "capacity": 2, "commands_running": 0, "command_slots": 1,
             "cgroups": live.service.cgroups is not None, "privileged": os.geteuid() == 0,
         }
-        await client.close(a)
-        c = await client.create("hostile")
+        await client.close_session(a)
+        c = await client.create_session("hostile")
         # A freed slot's uid is reused; the new workspace is fresh.
-        assert (await client.exec(c, "ls"))["stdout"].split() == ["main.py", "pkg"]
-        await client.close(b)
-        await client.close(c)
+        assert (await client.exec(c, "ls")).stdout.split() == ["main.py", "pkg"]
+        await client.close_session(b)
+        await client.close_session(c)
         assert (await client.health())["sessions"] == 0
         assert list((tmp_path / "ws").iterdir()) == []
