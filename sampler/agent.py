@@ -160,10 +160,14 @@ class AgentLoop:
             )
             await rec.finish(reason, cost)
             version = rec.newest_generated_version
+            if version < 0:
+                version = self.engine.weight_version
+            # Weight version s is the trainer's weights after step s, so the newest version
+            # that produced a token is also the trainer step the reward phase is read at.
             reward = await self.sandbox.submit(
                 session, trajectory_id=tid, task_id=task.task_id, group_id=task.group_id,
                 sample_index=sample_index, attempt=attempt, cost=cost,
-                weight_version=version if version >= 0 else self.engine.weight_version,
+                weight_version=version, trainer_step=version,
             )
             submitted = True
             logger.info("rollout done", reason=reason, turns=state.turns, tokens=rec.generated_tokens,

@@ -12,7 +12,7 @@ from sampler.agent import AgentLoop, trajectory_id
 from sampler.config import SamplerConfig
 from sampler.testing import agent_model_dir, read_topic, start_test_engine
 from sandbox.client import SandboxClient, SandboxError
-from sandbox.config import SandboxConfig
+from sandbox.config import RewardConfig, SandboxConfig
 from sandbox.testing import live_sandbox, write_task_dir
 from schemas import Reward, TrajectoryChunk
 from tasks.spec import TaskSpec
@@ -98,7 +98,11 @@ async def test_multi_turn_rollout_masks_tool_output_compacts_and_records_weight_
             return await producer.publish(chunk)
 
         sandbox_cfg = SandboxConfig(tasks_dir=str(tasks_dir), workspace_root=str(tmp_path / "ws"))
-        async with live_sandbox(sandbox_cfg, publisher=producer) as sb, SandboxClient(sb.url) as client:
+        # Phases by trainer step: only step start_version + 1 is a budget step, so the
+        # reward's phase tells which step the sampler submitted (none sent counts as 0).
+        reward_cfg = RewardConfig(phase_unit="step", phase_cycle=False, phase_schedule=[
+            ("unconstrained", start_version + 1), ("budget", 1), ("unconstrained", 1)])
+        async with live_sandbox(sandbox_cfg, reward_cfg, publisher=producer) as sb, SandboxClient(sb.url) as client:
             agent = AgentLoop(engine, client, cfg, publish, replica_id="sampler-test")
             result = await agent.run(task, sample_index=0, attempt="att-1")
 
@@ -168,8 +172,11 @@ async def test_multi_turn_rollout_masks_tool_output_compacts_and_records_weight_
     # Graded after the final chunk: the reward is on its topic too.
     assert isinstance(result.reward, Reward) and result.reward.trajectory_id == tid
     assert result.reward.weight_version == start_version + 1
+    # trainer_step = the newest weight version of its tokens (version s = weights after step s).
+    assert result.reward.phase == "budget"
     rewards = await read_topic(kafka_config, "rewards", lambda evs: any(e.trajectory_id == tid for e in evs))
-    assert [r.cost.generated_tokens for r in rewards if r.trajectory_id == tid] == [cost.generated_tokens]
+    assert [(r.cost.generated_tokens, r.phase) for r in rewards if r.trajectory_id == tid] == [
+        (cost.generated_tokens, "budget")]
 
 
 async def collect_publish():
