@@ -202,6 +202,17 @@ async def test_weights_go_out_through_the_syncer_every_k_steps(kafka_config, tin
     assert [w.version for w in everything] == [2, 4, 4]
     assert everything[2].weights_hash == everything[1].weights_hash
 
+    # A crash after checkpoint 4 was written but before version 4 went out: the next
+    # start replays nothing (the checkpoint covers the log) and still publishes 4.
+    from trainer.checkpoint import write_checkpoint
+
+    write_checkpoint(cfg.trainer.checkpoint_dir, again.core.snapshot(), again.core.weights_hash())
+    third = Trainer(cfg)
+    assert await asyncio.wait_for(third.run(max_steps=4), 120) == 4
+    assert third.replayed == []
+    everything = await read_events(kafka_config, "weights", 4)
+    assert [w.version for w in everything] == [2, 4, 4, 4]
+
 
 async def test_step_log_keeps_the_first_entry_and_refuses_an_undecodable_one(kafka_config):
     topic = kafka_config.topic_prefix + "train-steps"

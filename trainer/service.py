@@ -119,8 +119,10 @@ class Trainer:
             await self.restore()
             async with EventProducer(self.cfg.kafka) as producer:
                 self.publisher = BackgroundPublisher(self._make_sink(producer))
-                if self.replayed and self.tcfg.publish_every and self.core.step % self.tcfg.publish_every == 0:
-                    # The crash may have come before this version's publish finished.
+                if self.core.step > 0 and self.tcfg.publish_every and self.core.step % self.tcfg.publish_every == 0:
+                    # The crash may have come before this version's publish finished, also
+                    # when the checkpoint covers the last logged step and nothing was
+                    # replayed. Re-publishing a version the store holds only re-announces it.
                     await self._publish_weights()
                 if max_steps is not None and self.core.step >= max_steps:
                     await self.publisher.close()
