@@ -197,3 +197,15 @@ def test_greedy_tokens_are_accepted_and_carry_no_gradient(tiny_model_path, sampl
     bad = dataclasses.replace(sampled[0][0], temperature=0.0)
     with pytest.raises(InvalidTrajectory, match="greedy token"):
         groups_from_sampled([[bad]])
+
+
+def test_step_log_and_announced_hashes_agree_when_the_masters_are_published(tiny_model_path, groups):
+    from syncer.hashing import state_dict_hash
+    from trainer.model import model_hash, publishable_state
+
+    core = TrainCore(config(tiny_model_path))
+    core.train_step(groups[:2])
+    # The tiny model is untied with no persistent buffers: its float32 published copy is
+    # exactly the masters, and one hash function gives one digest.
+    assert model_hash(core.model) == state_dict_hash(publishable_state(core.model, "float32"))
+    assert model_hash(core.model) != state_dict_hash(publishable_state(core.model, "bfloat16"))

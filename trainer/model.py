@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import os
 import random
 from typing import TYPE_CHECKING, Mapping
@@ -69,25 +68,18 @@ def load_policy(model_path: str, device: "torch.device") -> "torch.nn.Module":
 
 
 def weights_hash(state: Mapping[str, "torch.Tensor"]) -> str:
-    """sha256 over name, dtype, shape and raw bytes of every tensor, names sorted.
+    """The system's one weights digest (``syncer.hashing.state_dict_hash``: BLAKE3 over
+    name, dtype, shape and raw bits of every tensor, names sorted).
 
     This is the train-step log's hash (of the float32 master parameters, see
-    :func:`model_hash`): replay compares it bit for bit. The published weights carry
-    another one, ``syncer.hashing.state_dict_hash`` of the cast copy (docs/contracts.md).
+    :func:`model_hash`): replay compares it bit for bit. Announced weights carry the same
+    function over the published copy, so the two agree whenever that copy is the
+    masters themselves (``publish_dtype = "float32"``, untied model; docs/contracts.md).
+    BLAKE3 rather than sha256: the trainer hashes every step, ~11x faster measured.
     """
-    import torch
+    from syncer.hashing import state_dict_hash
 
-    h = hashlib.sha256()
-    for name in sorted(state):
-        t = state[name].detach()
-        if t.device.type != "cpu":
-            t = t.cpu()
-        t = t.contiguous()
-        h.update(name.encode())
-        h.update(str(t.dtype).encode())
-        h.update(str(tuple(t.shape)).encode())
-        h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes())
-    return h.hexdigest()
+    return state_dict_hash({name: t.detach().cpu() for name, t in state.items()})
 
 
 def model_hash(model: "torch.nn.Module") -> str:
