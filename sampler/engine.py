@@ -20,6 +20,7 @@ from __future__ import annotations
 import abc
 import uuid
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, AsyncIterator
 
 import numpy as np
@@ -128,6 +129,53 @@ class Engine(abc.ABC):
 
     async def __aexit__(self, *exc) -> None:
         await self.close()
+
+
+class InProcessEngine(Engine):
+    """What the in-process engines (:class:`~sampler.vllm_engine.VLLMEngine`,
+    :class:`~sampler.torch_engine.TorchEngine`) share: the model, context length, loaded
+    weight version and tokenizer, generation stats, and the checks opening a request."""
+
+    def __init__(
+        self, model_path: str | Path, *, max_model_len: int, dtype: str, seed: int, weight_version: int
+    ) -> None:
+        self.model_path = str(model_path)
+        self._max_model_len = max_model_len
+        self.dtype = dtype
+        self.seed = seed
+        self._version = weight_version
+        self._tokenizer = None  # set when the model is loaded
+        self.vocab_size = 0
+        self._closed = False
+        # Stats (heartbeats, benchmarks).
+        self.tokens_generated = 0
+        self.steps = 0
+        self.updates_applied = 0
+        self.last_pause_s = 0.0
+
+    @property
+    def weight_version(self) -> int:
+        return self._version
+
+    @property
+    def max_model_len(self) -> int:
+        return self._max_model_len
+
+    @property
+    def tokenizer(self):
+        return self._tokenizer
+
+    def _ensure_open(self, started: bool) -> None:
+        if self._closed or not started:
+            raise EngineClosed("engine is closed" if self._closed else "engine not started (await start())")
+
+    def _open_request(
+        self, prompt_ids: list[int], params: SamplingParams, request_id: str | None, started: bool
+    ) -> str:
+        """Check the engine and the prompt; the request id to use."""
+        self._ensure_open(started)
+        validate_prompt(prompt_ids, params, self._max_model_len, self.vocab_size)
+        return request_id or new_request_id()
 
 
 def validate_prompt(prompt_ids: list[int], params: SamplingParams, max_model_len: int, vocab_size: int) -> None:

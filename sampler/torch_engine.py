@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, AsyncIterator
 
 import structlog
 
-from sampler.engine import Engine, EngineClosed, EngineEvent, SampleDone, SampledToken, new_request_id, validate_prompt
+from sampler.engine import EngineClosed, EngineEvent, InProcessEngine, SampleDone, SampledToken
 from sampler.sampling import KeptSet, SamplingParams, kept_set_from_row, processed_logprobs
 
 if TYPE_CHECKING:
@@ -30,7 +30,7 @@ if TYPE_CHECKING:
 log = structlog.get_logger(__name__)
 
 
-class TorchEngine(Engine):
+class TorchEngine(InProcessEngine):
     kept_set_source = "exact"
     kept_set_cap = None
     accepts_partial_updates = True  # tensors left out keep their values
@@ -44,26 +44,16 @@ class TorchEngine(Engine):
         seed: int = 0,
         weight_version: int = 0,
     ) -> None:
-        self.model_path = str(model_path)
-        self._max_model_len = max_model_len
-        self.dtype = dtype
-        self.seed = seed
-        self._version = weight_version
+        super().__init__(model_path, max_model_len=max_model_len, dtype=dtype, seed=seed,
+                         weight_version=weight_version)
         self.model = None
-        self._tokenizer = None
-        self.vocab_size = 0
         self._eos_ids: set[int] = set()
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="torch-engine")
         self._running = asyncio.Event()
         self._running.set()
         self._aborted: set[str] = set()
         self._active: set[str] = set()
-        self._closed = False
         self._seed_counter = 0
-        self.tokens_generated = 0
-        self.steps = 0
-        self.updates_applied = 0
-        self.last_pause_s = 0.0
 
     @classmethod
     def from_config(cls, cfg: "SamplerConfig", weight_version: int = 0) -> "TorchEngine":
@@ -98,18 +88,6 @@ class TorchEngine(Engine):
         self._executor.shutdown(wait=True)
 
     @property
-    def weight_version(self) -> int:
-        return self._version
-
-    @property
-    def max_model_len(self) -> int:
-        return self._max_model_len
-
-    @property
-    def tokenizer(self):
-        return self._tokenizer
-
-    @property
     def paused(self) -> bool:
         return not self._running.is_set()
 
@@ -122,10 +100,7 @@ class TorchEngine(Engine):
     ) -> AsyncIterator[EngineEvent]:
         import torch
 
-        if self._closed or self.model is None:
-            raise EngineClosed("engine is closed" if self._closed else "engine not started (await start())")
-        validate_prompt(prompt_ids, params, self._max_model_len, self.vocab_size)
-        request_id = request_id or new_request_id()
+        request_id = self._open_request(prompt_ids, params, request_id, started=self.model is not None)
         if request_id in self._active:
             raise ValueError(f"request id {request_id!r} is already running")
         self._active.add(request_id)

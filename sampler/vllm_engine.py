@@ -52,15 +52,7 @@ from typing import TYPE_CHECKING, Any, AsyncIterator, Callable
 import numpy as np
 import structlog
 
-from sampler.engine import (
-    Engine,
-    EngineClosed,
-    EngineEvent,
-    SampleDone,
-    SampledToken,
-    new_request_id,
-    validate_prompt,
-)
+from sampler.engine import EngineClosed, EngineEvent, InProcessEngine, SampleDone, SampledToken
 from sampler.sampling import KeptSet, SamplingParams, kept_set_from_topk
 
 if TYPE_CHECKING:
@@ -123,7 +115,7 @@ class _Request:
         self.loop.call_soon_threadsafe(self.queue.put_nowait, item)
 
 
-class VLLMEngine(Engine):
+class VLLMEngine(InProcessEngine):
     def __init__(
         self,
         model_path: str | Path,
@@ -142,33 +134,22 @@ class VLLMEngine(Engine):
     ) -> None:
         if kept_set_source not in ("auto", "native", "logprobs"):
             raise EngineConfigError(f"kept_set_source must be auto|native|logprobs, not {kept_set_source!r}")
-        self.model_path = str(model_path)
-        self._max_model_len = max_model_len
-        self.dtype = dtype
+        super().__init__(model_path, max_model_len=max_model_len, dtype=dtype, seed=seed,
+                         weight_version=weight_version)
         self.kept_set_cap = kept_set_cap
         self.requested_kept_set_source = kept_set_source
-        self.seed = seed
         self.gpu_memory_utilization = gpu_memory_utilization
         self.record_routed_experts = record_routed_experts and is_moe_config(model_path)
         self.enable_prefix_caching = enable_prefix_caching
         self.max_num_seqs = max_num_seqs
-        self._version = weight_version
         self._llm = None
         self._engine = None
-        self._tokenizer = None
-        self.vocab_size = 0
         self._commands: queue.SimpleQueue = queue.SimpleQueue()
         self._wakeup = threading.Event()
         self._requests: dict[str, _Request] = {}  # owned by the step thread
         self._paused = False
-        self._closed = False
         self._thread: threading.Thread | None = None
         self._error: BaseException | None = None
-        # Stats (written by the step thread, read anywhere).
-        self.tokens_generated = 0
-        self.steps = 0
-        self.updates_applied = 0
-        self.last_pause_s = 0.0
         # How weight updates are written (syncer.apply): auto | direct | reload.
         self.apply_mode = apply_mode
 
@@ -215,19 +196,7 @@ class VLLMEngine(Engine):
         self._wakeup.set()
         await asyncio.to_thread(self._thread.join, 60)
 
-    # -- properties ---------------------------------------------------------------------
-    @property
-    def weight_version(self) -> int:
-        return self._version
-
-    @property
-    def max_model_len(self) -> int:
-        return self._max_model_len
-
-    @property
-    def tokenizer(self):
-        return self._tokenizer
-
+    # -- properties (weight_version, max_model_len, tokenizer: InProcessEngine) --------------
     @property
     def paused(self) -> bool:
         return self._paused
@@ -367,8 +336,7 @@ class VLLMEngine(Engine):
 
     async def _call(self, fn: Callable[[], Any]) -> Any:
         """Run ``fn`` on the step thread between two steps; return its result."""
-        if self._closed or self._thread is None:
-            raise EngineClosed("engine is closed" if self._closed else "engine not started (await start())")
+        self._ensure_open(started=self._thread is not None)
         loop = asyncio.get_running_loop()
         fut = loop.create_future()
         self._commands.put((fn, loop, fut))
@@ -416,10 +384,7 @@ class VLLMEngine(Engine):
     async def generate(
         self, prompt_ids: list[int], params: SamplingParams, request_id: str | None = None
     ) -> AsyncIterator[EngineEvent]:
-        if self._closed or self._thread is None:
-            raise EngineClosed("engine is closed" if self._closed else "engine not started (await start())")
-        validate_prompt(prompt_ids, params, self._max_model_len, self.vocab_size)
-        request_id = request_id or new_request_id()
+        request_id = self._open_request(prompt_ids, params, request_id, started=self._thread is not None)
         vparams = self._vllm_params(params)
         req = _Request(asyncio.get_running_loop(), asyncio.Queue(), params.n, params.greedy,
                        tokens=[0] * params.n)
