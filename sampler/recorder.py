@@ -16,7 +16,7 @@ tokens' versions say which weights *produced* a token.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Awaitable, Callable
 
 import numpy as np
@@ -38,6 +38,9 @@ class ChunkTooLarge(ValueError):
 
 @dataclass(frozen=True, slots=True)
 class TrajectoryIdentity:
+    """What every chunk of one trajectory repeats; each field is the ``TrajectoryChunk``
+    field of the same name (the recorder passes them on by name)."""
+
     trajectory_id: str
     task_id: str
     group_id: str
@@ -142,7 +145,6 @@ class TrajectoryRecorder:
 
     # -- publishing ------------------------------------------------------------------------
     def _chunk(self, final: bool, finish_reason: str = "", cost: Cost | None = None) -> TrajectoryChunk:
-        ident = self.identity
         offsets, ids = arrays.pack_csr(self._kept)
         starts, versions = arrays.pack_spans(self._versions)
         routed, shape = b"", []
@@ -155,13 +157,7 @@ class TrajectoryRecorder:
                     table[i] = r
             routed, shape = arrays.pack(table, arrays.INT16), list(table.shape)
         chunk = TrajectoryChunk(
-            trajectory_id=ident.trajectory_id,
-            task_id=ident.task_id,
-            group_id=ident.group_id,
-            sample_index=ident.sample_index,
-            group_size=ident.group_size,
-            attempt=ident.attempt,
-            replica_id=ident.replica_id,
+            **{f.name: getattr(self.identity, f.name) for f in fields(TrajectoryIdentity)},
             chunk_index=self.chunks_published,
             segment_index=self.segment_index,
             token_ids=arrays.pack(self._ids, arrays.INT32),
@@ -174,9 +170,6 @@ class TrajectoryRecorder:
             versions=versions,
             routed_experts=routed,
             routed_experts_shape=shape,
-            temperature=ident.temperature,
-            top_p=ident.top_p,
-            top_k=ident.top_k,
             final=final,
             finish_reason=finish_reason,
             cost=cost,
