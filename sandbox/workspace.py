@@ -23,6 +23,8 @@ log = structlog.get_logger(__name__)
 # Version-control metadata never enters a workspace: no history for the agent to mine.
 VCS_DIRS = frozenset({".git", ".hg", ".svn", ".bzr", "CVS", "_darcs", ".jj"})
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+# O_NONBLOCK: a FIFO planted by the agent must not hang the service.
+_FILE_FLAGS = os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
 
 
 class WorkspaceError(ValueError):
@@ -112,20 +114,23 @@ class Workspace:
             os.close(fd)
             raise
 
-    def read(self, path: str, max_bytes: int) -> bytes:
-        rel = clean_relpath(path)
+    def _open_file(self, rel: str, flags: int, *, create: bool, mode: int = 0o644) -> int:
+        """An fd of workspace file ``rel`` (a clean relative path), reached without following
+        a link; ``create``: missing directories are made (and ``flags`` may create the file)."""
         *dirs, name = rel.split("/")
-        dfd = self._open_dir(dirs, create=False)
+        dfd = self._open_dir(dirs, create=create)
         try:
-            try:
-                # O_NONBLOCK: a FIFO planted by the agent must not hang the service.
-                fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK, dir_fd=dfd)
-            except FileNotFoundError:
+            return os.open(name, flags | _FILE_FLAGS, mode, dir_fd=dfd)
+        except OSError as exc:
+            if isinstance(exc, FileNotFoundError) and not create:
                 raise FileMissing(f"no such file {rel!r} in the workspace") from None
-            except OSError as exc:
-                raise _refusal(rel, exc) from None
+            raise _refusal(rel, exc) from None
         finally:
             os.close(dfd)
+
+    def read(self, path: str, max_bytes: int) -> bytes:
+        rel = clean_relpath(path)
+        fd = self._open_file(rel, os.O_RDONLY, create=False)
         try:
             st = os.fstat(fd)
             if not stat.S_ISREG(st.st_mode):
@@ -141,18 +146,7 @@ class Workspace:
     def write(self, path: str, content: str | bytes, mode: int = 0o644) -> int:
         rel = clean_relpath(path)
         data = content.encode() if isinstance(content, str) else content
-        *dirs, name = rel.split("/")
-        dfd = self._open_dir(dirs, create=True)
-        try:
-            try:
-                fd = os.open(
-                    name, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK,
-                    mode & 0o755, dir_fd=dfd,
-                )
-            except OSError as exc:
-                raise _refusal(rel, exc) from None
-        finally:
-            os.close(dfd)
+        fd = self._open_file(rel, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, create=True, mode=mode & 0o755)
         try:
             st = os.fstat(fd)
             if not stat.S_ISREG(st.st_mode):
@@ -197,7 +191,7 @@ class Workspace:
                     snap.total_bytes += st.st_size
                     if snap.total_bytes > max_bytes:
                         raise WorkspaceError(f"workspace holds more than {max_bytes} bytes")
-                    fd = os.open(entry.name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK, dir_fd=dfd)
+                    fd = os.open(entry.name, os.O_RDONLY | _FILE_FLAGS, dir_fd=dfd)
                     with os.fdopen(fd, "rb") as f:
                         snap.files[rel] = WorkspaceFile(rel, f.read(max_bytes), st.st_mode & 0o755)
                 else:
