@@ -150,6 +150,16 @@ def _token(tok: int, version: int, kept_size: int = 3, capped: bool = False) -> 
     return SampledToken(0, tok, -0.5, kept, capped, version)
 
 
+def _recorder(**kwargs) -> tuple[TrajectoryRecorder, list[TrajectoryChunk]]:
+    """A recorder of IDENT and the list its chunks are published to."""
+    out: list[TrajectoryChunk] = []
+
+    async def publish(chunk):
+        out.append(chunk)
+
+    return TrajectoryRecorder(IDENT, publish, **kwargs), out
+
+
 def _concat(chunks: list[TrajectoryChunk]):
     toks = np.concatenate([c.token_array() for c in chunks])
     mask = np.concatenate([c.loss_mask_array() for c in chunks])
@@ -159,12 +169,7 @@ def _concat(chunks: list[TrajectoryChunk]):
 
 
 async def test_recorder_chunks_by_token_count_and_keeps_every_array_aligned():
-    out: list[TrajectoryChunk] = []
-
-    async def publish(chunk):
-        out.append(chunk)
-
-    rec = TrajectoryRecorder(IDENT, publish, chunk_tokens=4)
+    rec, out = _recorder(chunk_tokens=4)
     await rec.add_env([1, 2, 3], version=0)
     for i in range(5):
         await rec.add_sampled(_token(10 + i, version=0 if i < 2 else 1))
@@ -188,13 +193,8 @@ async def test_recorder_chunks_by_token_count_and_keeps_every_array_aligned():
 
 
 async def test_recorder_never_builds_a_record_over_the_byte_limit():
-    out: list[TrajectoryChunk] = []
-
-    async def publish(chunk):
-        out.append(chunk)
-
     limit = 16 * 1024
-    rec = TrajectoryRecorder(IDENT, publish, chunk_tokens=10_000, max_chunk_bytes=limit)
+    rec, out = _recorder(chunk_tokens=10_000, max_chunk_bytes=limit)
     for i in range(60):
         await rec.add_sampled(_token(i, version=i // 7, kept_size=500, capped=i % 2 == 0))
     await rec.finish("budget_tokens", Cost(generated_tokens=60))
@@ -207,16 +207,11 @@ async def test_recorder_never_builds_a_record_over_the_byte_limit():
     capped = np.concatenate([c.kept_capped_array() for c in out])
     assert capped.tolist() == [int(i % 2 == 0) for i in range(60)]
     with pytest.raises(ChunkTooLarge, match="one token"):
-        await TrajectoryRecorder(IDENT, publish, max_chunk_bytes=8192).add_sampled(_token(1, 0, kept_size=5000))
+        await _recorder(max_chunk_bytes=8192)[0].add_sampled(_token(1, 0, kept_size=5000))
 
 
 async def test_recorder_segments_flush_and_final_chunk_may_be_empty():
-    out: list[TrajectoryChunk] = []
-
-    async def publish(chunk):
-        out.append(chunk)
-
-    rec = TrajectoryRecorder(IDENT, publish, chunk_tokens=100)
+    rec, out = _recorder(chunk_tokens=100)
     await rec.add_env([1, 2], 0)
     await rec.add_sampled(_token(5, 0))
     await rec.new_segment()
@@ -231,12 +226,7 @@ async def test_recorder_segments_flush_and_final_chunk_may_be_empty():
 
 
 async def test_recorder_attaches_routed_experts_reported_at_sample_end():
-    out: list[TrajectoryChunk] = []
-
-    async def publish(chunk):
-        out.append(chunk)
-
-    rec = TrajectoryRecorder(IDENT, publish, chunk_tokens=100)
+    rec, out = _recorder(chunk_tokens=100)
     await rec.add_env([1, 2], 0)
     for i in range(3):
         await rec.add_sampled(_token(20 + i, 0))
