@@ -148,10 +148,16 @@ async def test_memory_hog_many_processes(sandbox):
         "print('killed', sum(1 for c in codes if os.WIFSIGNALED(c)))\n"
     )
     result = await run_hostile(sandbox, "python hostile.py", script=script)
-    assert result.exit_code == 0, result
     if sandbox.service.cgroups is not None:
-        assert "memory" in result.limits
-        assert int(result.stdout.split("killed")[1]) >= 1
+        # The cgroup's OOM killer picks its victim by badness: usually a 100 MB child
+        # (the parent then reports it), sometimes, under load, the parent itself (137).
+        assert "memory" in result.limits, result
+        if result.exit_code == 0:
+            assert int(result.stdout.split("killed")[1]) >= 1, result
+        else:
+            assert result.exit_code == 137, result
+    else:
+        assert result.exit_code == 0, result
 
 
 async def test_infinite_loop_hits_the_wall_clock_timeout(sandbox):
