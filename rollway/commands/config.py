@@ -12,17 +12,11 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    import sys
-
     import msgspec
 
-    from rollway.config import ConfigError, load_config
+    from rollway.commands import load_config_or_exit
 
-    try:
-        cfg = load_config(args.config)
-    except ConfigError as exc:
-        print(f"rollway: {exc}", file=sys.stderr)
-        return 2
+    cfg = load_config_or_exit(args, "config")
     if args.format == "json":
         print(msgspec.json.format(msgspec.json.encode(cfg).decode(), indent=2))
     else:

@@ -23,14 +23,10 @@ def run(args: argparse.Namespace) -> int:
 
     import msgspec
 
-    from rollway.config import ConfigError, load_config
+    from rollway.commands import load_config_or_exit
     from rollway.logging import configure_logging
 
-    try:
-        cfg = load_config(args.config)
-    except ConfigError as exc:
-        print(f"rollway replay: {exc}", file=sys.stderr)
-        return 2
+    cfg = load_config_or_exit(args, "replay")
     configure_logging("replay", level="warning" if args.json else cfg.logging.level)
 
     from trainer.core import TrainCore

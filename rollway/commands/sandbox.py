@@ -20,14 +20,10 @@ def run(args: argparse.Namespace) -> int:
 
     import msgspec
 
-    from rollway.config import ConfigError, load_config
+    from rollway.commands import load_config_or_exit
     from rollway.logging import configure_logging
 
-    try:
-        cfg = load_config(args.config)
-    except ConfigError as exc:
-        print(f"rollway sandbox: {exc}", file=sys.stderr)
-        return 2
+    cfg = load_config_or_exit(args, "sandbox")
     configure_logging("sandbox", level=cfg.logging.level)
     overrides = {k: v for k, v in (("host", args.host), ("port", args.port), ("tasks_dir", args.tasks_dir)) if v is not None}
     sandbox_cfg = msgspec.structs.replace(cfg.sandbox, **overrides)

@@ -13,20 +13,15 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     import asyncio
-    import sys
 
     import msgspec
 
     from bus.admin import describe_topics, ensure_topics, list_rollway_topics
-    from rollway.config import ConfigError, load_config
+    from rollway.commands import load_config_or_exit
     from rollway.logging import configure_logging
 
     configure_logging("topics", level="warning")
-    try:
-        cfg = load_config(args.config).kafka
-    except ConfigError as exc:
-        print(f"rollway topics: {exc}", file=sys.stderr)
-        return 2
+    cfg = load_config_or_exit(args, "topics").kafka
 
     async def main():
         if args.create:

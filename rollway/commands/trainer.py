@@ -20,14 +20,10 @@ def run(args: argparse.Namespace) -> int:
 
     import structlog
 
-    from rollway.config import ConfigError, load_config
+    from rollway.commands import load_config_or_exit
     from rollway.logging import configure_logging
 
-    try:
-        cfg = load_config(args.config)
-    except ConfigError as exc:
-        print(f"rollway trainer: {exc}", file=sys.stderr)
-        return 2
+    cfg = load_config_or_exit(args, "trainer")
     configure_logging("trainer", level=cfg.logging.level)
     log = structlog.get_logger("rollway.trainer")
 

@@ -52,12 +52,12 @@ def run(args: argparse.Namespace) -> int:
 
     from bus.admin import ensure_topics
     from rollway.broker import LocalKafka, external_bootstrap
-    from rollway.config import load_config
+    from rollway.commands import load_config_or_exit
     from rollway.logging import configure_logging
 
     configure_logging("up")
     log = structlog.get_logger("rollway.up")
-    cfg = load_config(args.config)
+    cfg = load_config_or_exit(args, "up")
     env = dict(os.environ)
     if args.config:
         env["ROLLWAY_CONFIG"] = str(Path(args.config).resolve())

@@ -23,15 +23,11 @@ def run(args: argparse.Namespace) -> int:
     import asyncio
     import sys
 
-    from rollway.config import ConfigError, load_config
+    from rollway.commands import load_config_or_exit
     from rollway.logging import configure_logging
 
     configure_logging("weights", level="warning")
-    try:
-        cfg = load_config(args.config)
-    except ConfigError as exc:
-        print(f"rollway weights: {exc}", file=sys.stderr)
-        return 2
+    cfg = load_config_or_exit(args, "weights")
     try:
         return asyncio.run(_run(args, cfg))
     except (LookupError, ValueError, OSError) as exc:
