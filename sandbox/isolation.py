@@ -114,8 +114,15 @@ def bwrap_argv(
                 argv += ["--symlink", os.readlink(d), d]
             else:
                 argv += ["--ro-bind", d, d]
+    # /tmp first: binds below may live under it (a checkout in /tmp has its .venv there),
+    # and a tmpfs mounted after them would hide them.
+    argv += [
+        "--proc", "/proc",
+        "--dev", "/dev",
+        "--size", str(limits.tmp_bytes), "--perms", "1777", "--tmpfs", "/tmp",
+    ]
     # Create parent dirs 0755 (bwrap would make them 0700, unreadable to the sandbox uid).
-    made: set[str] = set(SYSTEM_DIRS) | {"/"}
+    made: set[str] = set(SYSTEM_DIRS) | {"/", "/tmp", "/proc", "/dev"}
     for bind in binds:
         for parent in _ancestors(bind.target):
             if parent not in made:
@@ -125,9 +132,6 @@ def bwrap_argv(
     for bind in binds:
         argv += ["--bind" if bind.writable else "--ro-bind", bind.source, bind.target]
     argv += [
-        "--proc", "/proc",
-        "--dev", "/dev",
-        "--size", str(limits.tmp_bytes), "--perms", "1777", "--tmpfs", "/tmp",
         "--unshare-ipc", "--unshare-pid", "--unshare-net", "--unshare-uts", "--unshare-cgroup-try",
         "--hostname", hostname,
         "--die-with-parent",

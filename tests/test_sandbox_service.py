@@ -505,3 +505,27 @@ async def test_session_pool_is_bounded_with_429(tmp_path):
         await client.close_session(c)
         assert (await client.health())["sessions"] == 0
         assert list((tmp_path / "ws").iterdir()) == []
+
+
+async def test_read_only_binds_under_tmp_survive_the_private_tmp(tasks_dir):
+    # A checkout under /tmp (CI's, say) has its .venv there: the sandbox's private /tmp
+    # must not hide it. Here an extra read-only bind under /tmp stands in for it.
+    import tempfile
+
+    shared = Path(tempfile.mkdtemp(prefix="rollway-bind-", dir="/tmp"))
+    (shared / "tool.txt").write_text("from the host\n")
+    shared.chmod(0o755)
+    (shared / "tool.txt").chmod(0o644)
+    cfg = SandboxConfig(tasks_dir=str(tasks_dir), extra_ro_binds=[str(shared)])
+    try:
+        async with live_sandbox(cfg, store=TaskStore(tasks_dir)) as live, SandboxClient(live.url) as client:
+            sid = await client.create_session("hostile", TASK.files)
+            result = await client.exec(sid, f"cat {shared}/tool.txt; echo x > /tmp/scratch && cat /tmp/scratch; "
+                                            f"touch {shared}/nope")
+            await client.close_session(sid)
+    finally:
+        import shutil
+
+        shutil.rmtree(shared, ignore_errors=True)
+    assert result.stdout == "from the host\nx\n", result
+    assert "Read-only file system" in result.stderr and result.exit_code != 0
