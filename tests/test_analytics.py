@@ -76,7 +76,8 @@ def test_decorator_rejects_sync_functions_and_missing_topics():
 async def test_solve_rate_command_writes_report_and_stops_on_sigterm(kafka_config, tmp_path):
     async with EventProducer(kafka_config) as producer:
         for r in REWARDS:
-            await producer.publish(r)
+            # One key, one partition: the rolling window depends on the order of rewards.
+            await producer.publish(r, key="one-partition")
     report_path = tmp_path / "report.json"
     env = {**os.environ, "KAFKA_BOOTSTRAP_SERVERS": kafka_config.bootstrap_servers,
            "ROLLWAY_KAFKA__TOPIC_PREFIX": kafka_config.topic_prefix}
