@@ -181,11 +181,13 @@ class LocalKafka:
         }
         return "".join(f"{k}={v}\n" for k, v in props.items())
 
-    def _java(self) -> list[str]:
+    def _java(self, node_dir: Path) -> list[str]:
+        """The JVM argv (heap, classpath, the node's log4j2 config) before the main class."""
         java_home = os.environ.get("JAVA_HOME")
         java = str(Path(java_home, "bin", "java")) if java_home else "java"
         return [java, f"-Xmx{self.heap}", f"-Xms{self.heap}", "-XX:+UseG1GC",
-                "-Djava.awt.headless=true", "-cp", str(kafka_libs(self.version) / "*")]
+                "-Djava.awt.headless=true", f"-Dlog4j2.configurationFile={node_dir / 'log4j2.properties'}",
+                "-cp", str(kafka_libs(self.version) / "*")]
 
     # -- lifecycle -------------------------------------------------------------------
     def start(self, timeout: float = 90.0) -> str:
@@ -218,21 +220,15 @@ class LocalKafka:
         return self.state.bootstrap
 
     def _format(self, node_dir: Path, cluster_id: str) -> None:
-        cmd = [*self._java(), "kafka.tools.StorageTool", "format", f"--cluster-id={cluster_id}",
+        cmd = [*self._java(node_dir), "kafka.tools.StorageTool", "format", f"--cluster-id={cluster_id}",
                "-c", str(node_dir / "server.properties"), "--ignore-formatted"]
-        env = {**os.environ, "KAFKA_LOG4J_OPTS": ""}
-        proc = subprocess.run(
-            [*cmd[:1], f"-Dlog4j2.configurationFile={node_dir / 'log4j2.properties'}", *cmd[1:]],
-            capture_output=True, text=True, env=env,
-        )
+        proc = subprocess.run(cmd, capture_output=True, text=True)
         if proc.returncode != 0:
             raise BrokerError(f"kafka storage format failed in {node_dir}: {proc.stderr or proc.stdout}")
 
     def _spawn(self, node: NodeState) -> None:
         node_dir = self.data_dir / f"node-{node.node_id}"
-        cmd = [*self._java()]
-        cmd.insert(1, f"-Dlog4j2.configurationFile={node_dir / 'log4j2.properties'}")
-        cmd += ["kafka.Kafka", str(node_dir / "server.properties")]
+        cmd = [*self._java(node_dir), "kafka.Kafka", str(node_dir / "server.properties")]
         out = open(node_dir / "stdout.log", "ab")
         # Own session: the broker outlives `rollway broker start` and a Ctrl-C in the
         # shell that started it does not reach it; `stop` kills it explicitly.

@@ -14,9 +14,6 @@ from typing import TextIO
 
 import structlog
 
-_configured = False
-
-
 def configure_logging(
     role: str,
     replica_id: str | None = None,
@@ -28,7 +25,6 @@ def configure_logging(
     ``role`` and ``replica_id`` are bound as context variables so every event of this
     process carries them, also events logged by library code through stdlib logging.
     """
-    global _configured
     numeric = logging.getLevelNamesMapping()[level.upper()]
     out = stream or sys.stderr
     shared = [
@@ -66,7 +62,6 @@ def configure_logging(
     structlog.contextvars.bind_contextvars(
         role=role, replica_id=replica_id or default_replica_id(role)
     )
-    _configured = True
 
 
 def default_replica_id(role: str) -> str:
@@ -75,7 +70,3 @@ def default_replica_id(role: str) -> str:
     if explicit:
         return explicit
     return f"{role}-{os.uname().nodename}-{os.getpid()}"
-
-
-def is_configured() -> bool:
-    return _configured

@@ -37,11 +37,6 @@ def unique(prefix: str = "t") -> str:
     return f"{prefix}{uuid.uuid4().hex[:10]}"
 
 
-@pytest.fixture
-def unique_name() -> str:
-    return unique()
-
-
 @pytest.fixture(scope="session")
 def kafka_bootstrap(tmp_path_factory: pytest.TempPathFactory):
     external = external_bootstrap()
