@@ -60,7 +60,7 @@ async def rollway_path(cfg: KafkaConfig, events: list[TrajectoryChunk]) -> float
 
         reader = asyncio.create_task(consume())
         start = time.perf_counter()
-        await asyncio.gather(*(producer.publish(e) for e in events))
+        await producer.publish_many(events)
         await reader
         return time.perf_counter() - start
 
