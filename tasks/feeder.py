@@ -58,6 +58,10 @@ class Feeder:
         self.rewards_seen = 0
         self.backpressure_seconds = 0.0
         self._seen: OrderedDict[str, None] = OrderedDict()
+        # While the rewards log is replayed, rewards wait here to be observed in time
+        # order: the reader drains partitions one after another, and the solve-rate
+        # window (hence retirement) depends on the order outcomes arrive in.
+        self._replay_buffer: list[tuple[int, float, str, Reward]] | None = None
         self._progress = asyncio.Event()  # a group completed (room to publish again)
         self._stop = asyncio.Event()
 
@@ -85,9 +89,20 @@ class Feeder:
 
     async def _read_rewards(self, consumer: EventConsumer) -> None:
         async for env in consumer:
-            if isinstance(env.event, Reward):
-                self.observe(env.event)
+            reward = env.event
+            if isinstance(reward, Reward):
+                if self._replay_buffer is not None:
+                    self._replay_buffer.append((env.timestamp_ms, reward.created_at, reward.trajectory_id, reward))
+                else:
+                    self.observe(reward)
             await consumer.ack(env, commit=False)  # plain reader: only frees the in-flight slot
+
+    def _finish_replay(self) -> None:
+        """Observe the buffered history in the order it was published, then go live."""
+        history, self._replay_buffer = self._replay_buffer or [], None
+        for *_, reward in sorted(history, key=lambda item: item[:3]):
+            self.observe(reward)
+        log.info("rewards log replayed", rewards=self.rewards_seen, retired=len(self.selector.retired()))
 
     async def _catch_up(self, consumer: EventConsumer, reader: asyncio.Task, timeout_s: float = 60.0) -> None:
         """Wait until the rewards already in the log are read, so the first choices use
@@ -106,11 +121,10 @@ class Feeder:
             except IllegalStateError:  # partitions not assigned yet
                 positions = None
             if positions is not None and all(positions[tp] >= ends[tp] for tp in positions):
-                log.info("rewards log replayed", rewards=self.rewards_seen,
-                         retired=len(self.selector.retired()), seconds_left=round(deadline - self.clock(), 2))
                 return
             if self.clock() > deadline:
-                log.warning("rewards log not replayed in time; starting anyway", rewards=self.rewards_seen)
+                log.warning("rewards log not replayed in time; starting anyway",
+                            rewards=len(self._replay_buffer or ()))
                 return
             await asyncio.sleep(0.05)
 
@@ -123,10 +137,13 @@ class Feeder:
         await producer.start()
         try:
             await consumer.start()
+            if self.cfg.replay_rewards:
+                self._replay_buffer = []
             reader = asyncio.create_task(self._read_rewards(consumer), name="feeder-rewards")
             try:
                 if self.cfg.replay_rewards:
                     await self._catch_up(consumer, reader)
+                    self._finish_replay()
                 reason = await self._publish_loop(producer, reader)
             finally:
                 consumer.stop()

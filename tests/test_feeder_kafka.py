@@ -229,3 +229,18 @@ def test_rollway_feeder_command_rejects_bad_settings():
     proc = subprocess.run([sys.executable, "-m", "rollway.cli", "feeder", "--tasks-dir", "/nonexistent"], cwd=root,
                           capture_output=True, text=True, timeout=60, env={"PATH": "/usr/bin:/bin", "ROLLWAY_CONFIG": "/dev/null"})
     assert proc.returncode == 2 and "/nonexistent does not exist" in proc.stderr
+
+
+def test_replayed_history_is_observed_in_publish_order_not_partition_order(tmp_path):
+    # The reader drains one partition, then the other: here every failure first, then
+    # every solve. In publish order the task alternated solve/fail (learnable), so it
+    # must not be retired; in partition order it would retire as "never solved".
+    store = make_store(tmp_path, ["mixed"])
+    cfg = FeederConfig(group_size=2, solve_rate_window=4, min_attempts_to_retire=4, seed=0)
+    feeder = Feeder(cfg, KafkaConfig(), store)
+    task = Task(task_id="mixed", group_id="g", group_size=2, instruction="i")
+    history = [(1000 + i, 0.0, f"t{i:02d}", reward_for(task, i, solved=i % 2 == 0)) for i in range(12)]
+    feeder._replay_buffer = [h for h in history if not h[3].score] + [h for h in history if h[3].score]
+    feeder._finish_replay()
+    assert feeder.selector.retired() == {}
+    assert feeder.rewards_seen == 12 and feeder._replay_buffer is None
