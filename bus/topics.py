@@ -7,6 +7,7 @@ from typing import Callable
 
 from schemas import (
     DeadLetter,
+    EvalResult,
     Event,
     Heartbeat,
     Metrics,
@@ -55,6 +56,7 @@ TOPICS: dict[str, TopicSpec] = {
         ),
         TopicSpec("train-steps", 1, TrainStep, lambda e: "trainer", {"retention.ms": "-1"}),
         TopicSpec("metrics", 3, Metrics, lambda e: e.source, {"retention.ms": str(30 * DAY_MS)}),
+        TopicSpec("evals", 1, EvalResult, lambda e: e.split, {"retention.ms": "-1"}),
         TopicSpec(
             "dlq", 1, DeadLetter, lambda e: f"{e.topic}:{e.partition}:{e.offset}",
             {"retention.ms": str(30 * DAY_MS)},

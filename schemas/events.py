@@ -239,7 +239,26 @@ class DeadLetter(Event, kw_only=True):
     created_at: float = 0.0
 
 
+class EvalResult(Event, kw_only=True):
+    """Held-out evaluation of one weight version on one split: pass@1 over
+    ``tasks`` tasks with ``samples`` samples each. Eval rollouts are never trained on."""
+
+    split: str  # e.g. "family:heldout", or "dir:<path>" for a user's task folder
+    weight_version: int
+    model: str = ""
+    tasks: int = 0
+    samples: int = 0  # samples per task
+    pass_at_1: float = 0.0  # mean over tasks of the fraction of samples solved
+    mean_reward: float = 0.0
+    mean_generated_tokens: float = 0.0
+    cheated: int = 0  # samples flagged as cheating
+    per_kind: dict[str, float] = {}  # pass@1 per task kind (family tasks' metadata "kind")
+    evaluator: str = ""  # replica id of the evaluator (or "cli")
+    seconds: float = 0.0
+    created_at: float = 0.0
+
+
 EVENT_TYPES: dict[str, type[Event]] = {
     cls.__name__: cls
-    for cls in (Task, TrajectoryChunk, Reward, WeightVersion, Heartbeat, TrainStep, Metrics, DeadLetter)
+    for cls in (Task, TrajectoryChunk, Reward, WeightVersion, Heartbeat, TrainStep, Metrics, EvalResult, DeadLetter)
 }

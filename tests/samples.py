@@ -8,6 +8,7 @@ import numpy as np
 from schemas import (
     Cost,
     DeadLetter,
+    EvalResult,
     Heartbeat,
     Metrics,
     RecordRef,
@@ -80,6 +81,9 @@ def sample_events() -> list:
                   metrics={"loss": -0.25}, seed=7, created_at=T0),
         Metrics(source="trainer", step=7, weight_version=7, values={"loss": -0.25, "reward_mean": 0.5},
                 histograms={"staleness": [0.0, 1.0, 1.0]}, created_at=T0),
+        EvalResult(split="family:heldout", weight_version=7, model="tiny", tasks=100, samples=1,
+                   pass_at_1=0.31, mean_reward=0.29, mean_generated_tokens=41.5, cheated=0,
+                   per_kind={"affine": 0.4}, evaluator="cli", seconds=12.5, created_at=T0),
         DeadLetter(topic="rollway.tasks", partition=1, offset=9, key=b"k", value=b"\xff\x00",
                    headers=[("rollway-type", b"Task")], error="cannot decode Task", error_kind="decode",
                    consumer_group="rollway-samplers", attempts=0, created_at=T0),
