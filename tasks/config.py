@@ -6,8 +6,12 @@ import msgspec
 
 
 class FeederConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
-    # A task folder (task folders and SWE-style *.jsonl files) or one .jsonl file.
+    # A task folder (task folders and SWE-style *.jsonl files), one .jsonl file, or the
+    # procedural family: "family:train" (or "family:heldout", for evaluation-style runs).
     tasks_dir: str = "tasks/demo"
+    # With tasks_dir = "family:<split>": how many tasks of the split, and their seed.
+    family_tasks: int = 2000
+    family_seed: int = 0
     group_size: int = 4
     # Pace: at most this many groups per second (a steady rate, no bursts).
     groups_per_second: float = 1.0
@@ -46,6 +50,7 @@ class FeederConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
             (self.max_outstanding_groups >= 1, "feeder.max_outstanding_groups must be at least 1"),
             (self.outstanding_timeout_s > 0, "feeder.outstanding_timeout_s must be positive"),
             (self.max_groups >= 0, "feeder.max_groups must not be negative"),
+            (self.family_tasks >= 1, f"feeder.family_tasks must be at least 1, got {self.family_tasks}"),
             (self.prior_successes > 0 and self.prior_failures > 0, "feeder.prior_successes and prior_failures must be positive"),
             (self.solve_rate_window >= 1, "feeder.solve_rate_window must be at least 1"),
             (0 <= self.min_attempts_to_retire <= self.solve_rate_window,
@@ -58,3 +63,7 @@ class FeederConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
         for ok, message in checks:
             if not ok:
                 raise ValueError(message)
+        if self.tasks_dir.startswith("family:"):
+            from tasks.family import parse_task_set
+
+            parse_task_set(self.tasks_dir)  # one-line error naming the valid splits

@@ -1,4 +1,5 @@
-"""Load tasks from a folder of task folders (see :mod:`tasks.spec`)."""
+"""Load tasks from a folder of task folders (see :mod:`tasks.spec`), a SWE-style
+``.jsonl`` file, or the procedural family (``family:train`` / ``family:heldout``)."""
 
 from __future__ import annotations
 
@@ -54,14 +55,26 @@ class TaskStore:
     """All tasks of a folder, by id. The grader's and the feeder's view of the data.
 
     ``tasks_dir`` is a folder of task folders (plus any ``*.jsonl`` files in it, read as
-    SWE-style tasks, see :mod:`tasks.swe`), or a single SWE-style ``.jsonl`` file."""
+    SWE-style tasks, see :mod:`tasks.swe`), a single SWE-style ``.jsonl`` file, or
+    ``family:<split>``: ``family_count`` generated tasks of that split (seed
+    ``family_seed``, see :mod:`tasks.family`).
 
-    def __init__(self, tasks_dir: str | Path) -> None:
+    Whatever it holds, :meth:`get` also resolves any family task id (``fam.<kind>...``):
+    the id regenerates the task, so a grader serving one task set can grade the family's
+    train and held-out tasks too (evaluation needs no second store)."""
+
+    def __init__(self, tasks_dir: str | Path, *, family_count: int = 2000, family_seed: int = 0) -> None:
+        from tasks.family import generate, parse_task_set
         from tasks.swe import load_swe_jsonl
 
         self.root = Path(tasks_dir)
         self._tasks: dict[str, TaskSpec] = {}
-        if self.root.is_file() and self.root.suffix == ".jsonl":
+        split = parse_task_set(str(tasks_dir))
+        if split is not None:
+            jsonl_files = []
+            for spec in generate(split, family_count, seed=family_seed):
+                self._tasks[spec.task_id] = spec
+        elif self.root.is_file() and self.root.suffix == ".jsonl":
             jsonl_files = [self.root]
         elif self.root.is_dir():
             for folder in sorted(p for p in self.root.iterdir() if p.is_dir() and (p / "task.toml").exists()):
@@ -77,10 +90,17 @@ class TaskStore:
                 self._tasks[spec.task_id] = spec
 
     def get(self, task_id: str) -> TaskSpec:
-        try:
-            return self._tasks[task_id]
-        except KeyError:
-            raise KeyError(f"unknown task {task_id!r} in {self.root}") from None
+        from tasks.family import FamilyError, is_family_id, resolve
+
+        spec = self._tasks.get(task_id)
+        if spec is not None:
+            return spec
+        if is_family_id(task_id):
+            try:
+                return resolve(task_id)
+            except FamilyError as exc:
+                raise KeyError(f"unknown task {task_id!r}: {exc}") from None
+        raise KeyError(f"unknown task {task_id!r} in {self.root}") from None
 
     def add(self, spec: TaskSpec) -> None:
         self._tasks[spec.task_id] = spec

@@ -6,7 +6,7 @@ import argparse
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--tasks-dir", help="task folder or SWE-style .jsonl (default: feeder.tasks_dir)")
+    parser.add_argument("--tasks-dir", help="task folder, SWE-style .jsonl, or family:train / family:heldout (default: feeder.tasks_dir)")
     parser.add_argument("--group-size", type=int, help="samples per group (default: feeder.group_size)")
     parser.add_argument("--rate", type=float, help="groups per second (default: feeder.groups_per_second)")
     parser.add_argument("--max-outstanding", type=int,
@@ -46,7 +46,8 @@ def run(args: argparse.Namespace) -> int:
     from tasks.swe import SWEFormatError
 
     try:
-        store = TaskStore(feeder_cfg.tasks_dir)
+        store = TaskStore(feeder_cfg.tasks_dir, family_count=feeder_cfg.family_tasks,
+                          family_seed=feeder_cfg.family_seed)
         feeder = Feeder(feeder_cfg, cfg.kafka, store)
     except (TaskFormatError, SWEFormatError, ValueError) as exc:
         print(f"rollway feeder: {exc}", file=sys.stderr)
