@@ -8,13 +8,16 @@ reward publish failed (502) retried, closing an already closed session is not an
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import aiohttp
 import msgspec
 import structlog
 
 from schemas import Cost, Reward
+
+if TYPE_CHECKING:
+    from tasks.spec import TaskSpec
 
 log = structlog.get_logger(__name__)
 
@@ -54,12 +57,15 @@ class SandboxClient:
     ``async with SandboxClient(url) as sb: sid = await sb.create_session(task_id)``.
     ``busy_retries``: how often a 429 is retried (backoff 0.2 s doubling to 2 s) before
     ``SandboxBusy``; ``submit_retries``: how often a 502 submit is retried.
+    ``publish_rewards=False`` (evaluation): submits grade without publishing the reward.
     """
 
     def __init__(
-        self, base_url: str, *, timeout_s: float = 300.0, busy_retries: int = 20, submit_retries: int = 2
+        self, base_url: str, *, timeout_s: float = 300.0, busy_retries: int = 20, submit_retries: int = 2,
+        publish_rewards: bool = True,
     ) -> None:
         self.base_url = base_url.rstrip("/")
+        self.publish_rewards = publish_rewards
         self.timeout = aiohttp.ClientTimeout(total=timeout_s)
         self.busy_retries = busy_retries
         self.submit_retries = submit_retries
@@ -159,7 +165,8 @@ class SandboxClient:
         }
         for retry in range(self.submit_retries + 1):
             try:
-                body = await self.request("POST", f"/sessions/{session_id}/submit", json=payload)
+                body = await self.request("POST", f"/sessions/{session_id}/submit", json=payload,
+                                          params=None if self.publish_rewards else {"publish": "false"})
                 break
             except SandboxError as exc:
                 # 502: graded, but publishing the reward failed; the service keeps the
@@ -169,6 +176,12 @@ class SandboxClient:
                 log.warning("submit: reward publish failed; retrying", session_id=session_id, error=exc.message)
                 await asyncio.sleep(1.0 + retry)
         return msgspec.convert(body, Reward, strict=False)
+
+    async def register_task(self, spec: "TaskSpec") -> bool:
+        """Make ``spec`` (hidden tests included) gradable by the service; True when it was
+        new there. A different task under a known id is refused (409)."""
+        body = await self.request("POST", "/tasks", json=msgspec.to_builtins(spec))
+        return bool(body["added"])
 
     async def close_session(self, session_id: str) -> None:
         """Close a session; one already gone (404) counts as closed."""

@@ -23,6 +23,7 @@ from sandbox.grader import Grader, Publisher, SubmitRequest
 from sandbox.runner import Busy, Jail
 from sandbox.sessions import PoolFull, Session, SessionBusy, SessionClosed, SessionPool
 from sandbox.workspace import FileMissing, Workspace, WorkspaceError
+from tasks.spec import TaskSpec
 from tasks.store import TaskStore
 
 log = structlog.get_logger(__name__)
@@ -125,6 +126,7 @@ class SandboxService:
             web.put("/sessions/{id}/files", self.write_file),
             web.post("/sessions/{id}/submit", self.submit),
             web.delete("/sessions/{id}", self.close_session),
+            web.post("/tasks", self.register_task),
             web.get("/health", self.health),
         ])
         self.app.on_startup.append(self._on_startup)
@@ -257,7 +259,10 @@ class SandboxService:
                     body, snapshot=snapshot, calls=session.calls, uid=session.uid, snapshot_error=error,
                 )
             try:
-                await self.grader.publish(session.reward)
+                # ?publish=false (evaluation): grade and answer, but the reward goes to no
+                # topic, so nothing downstream (trainer, feeder) ever sees it.
+                if request.query.get("publish", "true").lower() != "false":
+                    await self.grader.publish(session.reward)
             except Exception as exc:
                 # Keep the session and its verdict: a retried submit publishes it again.
                 log.error("reward_publish_failed", trajectory_id=body.trajectory_id, error=repr(exc))
@@ -265,6 +270,21 @@ class SandboxService:
                               "reward": session.reward}, 502)
             self.pool.release(session)
         return _json(session.reward)
+
+    async def register_task(self, request: web.Request) -> web.Response:
+        """Add a task (hidden tests included) to the grader's store, for tasks the service
+        was not started with (an evaluation's held-out split or folder). Registering the
+        same task again is a no-op; other content under a known id is refused (409), so a
+        registration can never change how an existing task is graded."""
+        spec = await _body(request, TaskSpec)
+        try:
+            known = self.store.get(spec.task_id)
+        except KeyError:
+            self.store.add(spec)
+            return _json({"task_id": spec.task_id, "added": True})
+        if (known.files, known.hidden_tests, known.test_command) != (spec.files, spec.hidden_tests, spec.test_command):
+            raise HttpError(409, f"task {spec.task_id!r} is already known with other files or hidden tests")
+        return _json({"task_id": spec.task_id, "added": False})
 
     async def close_session(self, request: web.Request) -> web.Response:
         session = self.pool.get(request.match_info["id"])
