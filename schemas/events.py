@@ -256,6 +256,9 @@ class EvalResult(Event, kw_only=True):
     evaluator: str = ""  # replica id of the evaluator (or "cli")
     seconds: float = 0.0
     created_at: float = 0.0
+    errors: int = 0  # samples whose rollout or grading failed (counted as not solved)
+    temperature: float = 1.0  # sampling temperature of the rollouts
+    seed: int = 0  # seed of the split's instances and of sampling
 
 
 EVENT_TYPES: dict[str, type[Event]] = {
