@@ -22,6 +22,7 @@ from typing import Any, Mapping
 import msgspec
 
 from bus.config import KafkaConfig
+from rollway.supervisor import RestartPolicy
 from sampler.config import SamplerConfig
 from sandbox.config import RewardConfig, SandboxConfig
 from syncer.config import SyncerConfig
@@ -72,6 +73,26 @@ class EvalConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
                 raise ValueError(message)
 
 
+class UpConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """``rollway up``: the stack as supervised local processes (its flags override these)."""
+
+    samplers: int = 2
+    log_dir: str = "var/logs"
+    kafka_dir: str = "var/kafka"
+    # After SIGTERM, how long components may take to drain and checkpoint before SIGKILL.
+    grace_s: float = 30.0
+    refresh_s: float = 1.0  # live view
+    status_every_s: float = 5.0  # --no-tui: one status line this often
+    solve_window: int = 200  # rewards in the view's rolling solve rate and reward mean
+    restart: RestartPolicy = msgspec.field(default_factory=RestartPolicy)
+
+    def __post_init__(self) -> None:
+        if self.samplers < 0 or self.grace_s < 0 or self.refresh_s <= 0 or self.status_every_s <= 0 \
+                or self.solve_window < 1:
+            raise ValueError("up: need samplers >= 0, grace_s >= 0, refresh_s > 0, status_every_s > 0, "
+                             "solve_window >= 1")
+
+
 class RollwayConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     model_name: str = "rollway-tiny"
     kafka: KafkaConfig = msgspec.field(default_factory=KafkaConfig)
@@ -82,6 +103,7 @@ class RollwayConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     reward: RewardConfig = msgspec.field(default_factory=RewardConfig)
     trainer: TrainerConfig = msgspec.field(default_factory=TrainerConfig)
     feeder: FeederConfig = msgspec.field(default_factory=FeederConfig)
+    up: UpConfig = msgspec.field(default_factory=UpConfig)
     eval: EvalConfig = msgspec.field(default_factory=EvalConfig)
 
 

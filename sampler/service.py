@@ -31,7 +31,7 @@ from bus import EventConsumer, EventProducer, InvalidEvent
 from sampler.agent import AgentLoop, RolloutResult
 from sampler.engine import Engine
 from sandbox.client import SandboxClient
-from schemas import Heartbeat, Task, now
+from schemas import Heartbeat, Metrics, Task, now
 
 if TYPE_CHECKING:
     from bus import Envelope
@@ -203,6 +203,7 @@ class SamplerService:
 
     async def _heartbeats(self) -> None:
         last_tokens = getattr(self.engine, "tokens_generated", 0)
+        last_applied = getattr(self.engine, "updates_applied", 0)
         last_t = time.monotonic()
         while True:
             await asyncio.sleep(self.scfg.heartbeat_interval_s)
@@ -212,5 +213,23 @@ class SamplerService:
             last_tokens, last_t = tokens, t
             try:
                 await self._beat(rate)
+                applied = getattr(self.engine, "updates_applied", 0)
+                if applied > last_applied:
+                    await self._apply_metrics(applied - last_applied, rate)
+                    last_applied = applied
             except Exception as exc:  # health is best effort; never kill the sampler
                 log.warning("heartbeat failed", error=str(exc))
+
+    async def _apply_metrics(self, new_updates: int, tokens_per_s: float) -> None:
+        """One Metrics event when weight updates were applied since the last beat: the
+        health topic is compacted, so the pause history for plots lives on metrics."""
+        engine = self.engine
+        if self._producer is None:
+            return
+        await self._producer.publish(Metrics(
+            source=f"sampler:{self.replica_id}", weight_version=engine.weight_version,
+            values={"apply_pause_ms": round(getattr(engine, "last_pause_s", 0.0) * 1e3, 3),
+                    "updates_applied": float(getattr(engine, "updates_applied", 0)),
+                    "updates_since_last": float(new_updates), "tokens_per_s": round(tokens_per_s, 3)},
+            created_at=now(),
+        ))

@@ -59,6 +59,9 @@ class Trainer:
         self.publisher: BackgroundPublisher | None = None
         self.consumer: "EventConsumer | None" = None
         self._stop = asyncio.Event()
+        # Sent with every Metrics event: the live view tells trainer processes apart by it,
+        # since the assembler's count_* counters start from zero in each process.
+        self.process_started_at = time.time()
 
     @property
     def core(self) -> "TrainCore":
@@ -206,7 +209,8 @@ class Trainer:
         await self._ack(consumer, self.assembler.mark_trained(groups))
         await producer.publish(Metrics(
             source=self.tcfg.metrics_source, step=result.step, weight_version=result.weight_version,
-            values=metrics, histograms=result.histograms, created_at=now(),
+            values={**metrics, "process_started_at": self.process_started_at}, histograms=result.histograms,
+            created_at=now(),
         ))
         log.info("train step", step=result.step, weights_hash=result.weights_hash[:16],
                  groups=len(groups), staleness_hist=result.histograms.get("staleness"),

@@ -1,117 +1,247 @@
-"""``rollway up``: the whole stack as local processes (development without Docker).
+"""``rollway up``: the whole main job as supervised local processes, with a live view.
 
 Starts a local Kafka broker unless ``KAFKA_BOOTSTRAP_SERVERS`` is set, creates the
-topics, builds the tiny model where the config points at a missing one, then runs the
-sandbox, feeder, N samplers, trainer and the solve-rate analytics as child processes,
-each logging to ``<log-dir>/<name>.log``. Ctrl-C or SIGTERM stops the children (SIGTERM,
-so samplers drain and the trainer checkpoints), then the broker it started.
+topics, builds the warm-start model where the config points at a missing one, then runs
+the sandbox, feeder, N samplers, trainer, evaluator and the solve-rate analytics as
+child processes, each logging JSON to ``<log-dir>/<name>.log`` (``rollway up``'s own log
+is ``<log-dir>/up.log``).
+
+* Supervision (:mod:`rollway.supervisor`): a component that exits or is killed is
+  started again after an exponential backoff; a crash loop (``up.restart``) stops the
+  stack with exit code 1, naming the component and its log.
+* The view (:mod:`rollway.live_state`, :mod:`rollway.live_view`): read from the log
+  (metrics, health, rewards, evals, dlq) and refreshed each second; a ``rich`` table on
+  a terminal, one status line every few seconds with ``--no-tui`` or when stdout is not
+  a terminal.
+* Stopping: Ctrl-C, SIGTERM, ``--steps N`` (the trainer stops after step N) or
+  ``--minutes M``. Components get SIGTERM in order (feeder, samplers and evaluator
+  drain first, then trainer and analytics, then the sandbox), SIGKILL after the grace
+  period; then the broker it started stops.
 """
 
 from __future__ import annotations
 
 import argparse
+from dataclasses import dataclass, field
+
+COMPONENTS = ("sandbox", "feeder", "sampler", "trainer", "evaluator", "analytics")
+# Components that load the policy model (built by `rollway model` when missing).
+MODEL_USERS = ("sampler", "trainer", "evaluator")
+# What `rollway up` trains on when neither the config file nor the environment names a
+# feeder.tasks_dir: the learnable task family's train split. The single switch for it.
+UP_TASK_SET = "family:train"
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--samplers", type=int, default=2, help="sampler replicas")
-    parser.add_argument("--log-dir", default="var/logs")
-    parser.add_argument("--kafka-dir", default="var/kafka")
-    parser.add_argument("--without", action="append", default=[],
-                        choices=["sandbox", "feeder", "sampler", "trainer", "analytics"],
+    parser.add_argument("--samplers", type=int, help="sampler replicas (default: up.samplers)")
+    parser.add_argument("--log-dir", help="component logs (default: up.log_dir, var/logs)")
+    parser.add_argument("--kafka-dir", help="local broker data (default: up.kafka_dir, var/kafka)")
+    parser.add_argument("--without", action="append", default=[], choices=COMPONENTS,
                         help="leave a component out (repeatable)")
-    parser.add_argument("--grace", type=float, default=30.0, help="seconds to wait after SIGTERM")
+    parser.add_argument("--grace", type=float, help="seconds to wait after SIGTERM (default: up.grace_s)")
+    parser.add_argument("--steps", type=int, help="stop the stack after this many train steps in total")
+    parser.add_argument("--minutes", type=float, help="stop the stack after this many minutes")
+    parser.add_argument("--no-tui", action="store_true",
+                        help="line output (a status line every up.status_every_s seconds) instead of the live "
+                             "view; implied when stdout is not a terminal")
 
 
-def plan(samplers: int, without: list[str]) -> list[tuple[str, list[str], dict[str, str]]]:
-    """(name, rollway argv, extra env) of every child process."""
-    procs: list[tuple[str, list[str], dict[str, str]]] = []
-    if "sandbox" not in without:
-        procs.append(("sandbox", ["sandbox"], {}))
-    if "trainer" not in without:
-        procs.append(("trainer", ["trainer"], {}))
-    if "sampler" not in without:
+@dataclass(frozen=True)
+class Planned:
+    name: str
+    kind: str  # one of COMPONENTS
+    argv: list[str]  # rollway arguments
+    env: dict[str, str] = field(default_factory=dict)
+    stop_stage: int = 0
+    done_on_success: bool = False
+
+
+def available_commands() -> set[str]:
+    from rollway.cli import COMMANDS
+
+    return {name for name, _module, _help in COMMANDS}
+
+
+def plan(samplers: int, without: list[str], *, max_steps: int | None = None,
+         commands: set[str] | None = None) -> list[Planned]:
+    """Every child process, in start order. A component whose command this install does
+    not have (yet) is left out."""
+    commands = available_commands() if commands is None else commands
+    procs: list[Planned] = []
+
+    def want(kind: str) -> bool:
+        return kind not in without and kind in commands
+
+    if want("sandbox"):
+        procs.append(Planned("sandbox", "sandbox", ["sandbox"], stop_stage=2))
+    if want("trainer"):
+        argv = ["trainer"] + ([] if max_steps is None else ["--max-steps", str(max_steps)])
+        # With --steps the trainer's exit 0 means "step N reached", not a crash.
+        procs.append(Planned("trainer", "trainer", argv, stop_stage=1, done_on_success=max_steps is not None))
+    if want("sampler"):
         for i in range(samplers):
-            procs.append((f"sampler-{i}", ["sampler"], {"ROLLWAY_REPLICA_ID": f"sampler-{i}"}))
-    if "feeder" not in without:
-        procs.append(("feeder", ["feeder"], {}))
-    if "analytics" not in without:
-        procs.append(("analytics", ["analytics", "solve-rate"], {}))
+            procs.append(Planned(f"sampler-{i}", "sampler", ["sampler"], {"ROLLWAY_REPLICA_ID": f"sampler-{i}"}))
+    if want("evaluator"):
+        procs.append(Planned("evaluator", "evaluator", ["evaluator"], {"ROLLWAY_REPLICA_ID": "evaluator"}))
+    if want("feeder"):
+        procs.append(Planned("feeder", "feeder", ["feeder"]))
+    if want("analytics"):
+        procs.append(Planned("analytics", "analytics", ["analytics", "solve-rate"], stop_stage=1))
     return procs
 
 
+def explicitly_set(config_path: str | None, environ: dict[str, str], section: str, key: str) -> bool:
+    """Whether the config file or the environment names ``section.key`` (so ``up``'s own
+    default must not override it)."""
+    import tomllib
+
+    from rollway.config import env_overrides, find_config_file
+
+    if key in env_overrides(environ).get(section, {}):
+        return True
+    file = find_config_file(config_path)
+    if file is None or not file.exists():
+        return False
+    return key in tomllib.loads(file.read_text()).get(section, {})
+
+
+def model_command(path: str) -> list[str]:
+    """``rollway model init`` (the warm start) when this install has it, else ``model tiny``."""
+    import argparse as ap
+
+    from rollway.commands import model
+
+    probe = ap.ArgumentParser()
+    model.configure(probe)
+    actions = [a for a in probe._actions if isinstance(a, ap._SubParsersAction)]
+    action = "init" if actions and "init" in actions[0].choices else "tiny"
+    return ["model", action, "--out", path]
+
+
 def run(args: argparse.Namespace) -> int:
-    import asyncio
     import os
+    import sys
+    from pathlib import Path
+
+    import msgspec
+
+    from rollway.commands import load_config_or_exit
+    from rollway.logging import configure_logging
+
+    cfg = load_config_or_exit(args, "up")
+    overrides = {k: v for k, v in (("samplers", args.samplers), ("log_dir", args.log_dir),
+                                   ("kafka_dir", args.kafka_dir), ("grace_s", args.grace)) if v is not None}
+    try:
+        upcfg = msgspec.convert({**msgspec.to_builtins(cfg.up), **overrides}, type(cfg.up))
+    except msgspec.ValidationError as exc:
+        print(f"rollway up: {exc}", file=sys.stderr)
+        return 2
+    if args.steps is not None and (args.steps < 1 or "trainer" in args.without):
+        print("rollway up: --steps needs a positive number and the trainer", file=sys.stderr)
+        return 2
+    if args.minutes is not None and args.minutes <= 0:
+        print("rollway up: --minutes must be positive", file=sys.stderr)
+        return 2
+    log_dir = Path(upcfg.log_dir)
+    log_dir.mkdir(parents=True, exist_ok=True)
+    # up's JSON log goes to a file: stdout belongs to the view, stderr to one-line errors.
+    up_log = open(log_dir / "up.log", "a", buffering=1)
+    configure_logging("up", level=cfg.logging.level, stream=up_log)
+    env = dict(os.environ)
+    env.setdefault("HF_HUB_OFFLINE", "1")  # nothing is downloaded at run time
+    env.setdefault("TRANSFORMERS_OFFLINE", "1")
+    if args.config:
+        env["ROLLWAY_CONFIG"] = str(Path(args.config).resolve())
+    if not explicitly_set(args.config, env, "feeder", "tasks_dir"):
+        env["ROLLWAY_FEEDER__TASKS_DIR"] = UP_TASK_SET
+    try:
+        return _run(args, cfg, upcfg, env, log_dir)
+    finally:
+        up_log.close()
+
+
+def _run(args, cfg, upcfg, env: dict[str, str], log_dir) -> int:
+    import asyncio
     import signal
     import subprocess
     import sys
-    import time
     from pathlib import Path
 
     import structlog
 
     from bus.admin import ensure_topics
-    from rollway.broker import LocalKafka, external_bootstrap
-    from rollway.commands import load_config_or_exit
-    from rollway.logging import configure_logging
+    from rollway.broker import BrokerError, LocalKafka, external_bootstrap
+    from rollway.supervisor import ComponentSpec, Supervisor
 
-    configure_logging("up")
+    def interrupt(*_: object) -> None:
+        raise KeyboardInterrupt
+
+    # Until the components run, SIGTERM acts like Ctrl-C, so the `finally` below still
+    # stops a broker this command started.
+    signal.signal(signal.SIGTERM, interrupt)
     log = structlog.get_logger("rollway.up")
-    cfg = load_config_or_exit(args, "up")
-    env = dict(os.environ)
-    if args.config:
-        env["ROLLWAY_CONFIG"] = str(Path(args.config).resolve())
+    procs = plan(upcfg.samplers, args.without, max_steps=args.steps)
     kafka = None
-    bootstrap = external_bootstrap()
-    if bootstrap is None:
-        kafka = LocalKafka(args.kafka_dir, nodes=1)
-        bootstrap = kafka.start()
-    env["KAFKA_BOOTSTRAP_SERVERS"] = bootstrap
-    cfg.kafka.bootstrap_servers = bootstrap
-    children: dict[str, subprocess.Popen] = {}
-    stopping = False
-
-    def request_stop(*_: object) -> None:
-        nonlocal stopping
-        stopping = True
-
-    signal.signal(signal.SIGTERM, request_stop)
-    signal.signal(signal.SIGINT, request_stop)
+    sup: Supervisor | None = None
     try:
+        bootstrap = external_bootstrap()
+        if bootstrap is None:
+            print(f"rollway up: starting Kafka (data in {upcfg.kafka_dir})", flush=True)
+            kafka = LocalKafka(upcfg.kafka_dir, nodes=1)
+            bootstrap = kafka.start()
+        env["KAFKA_BOOTSTRAP_SERVERS"] = bootstrap
+        cfg.kafka.bootstrap_servers = bootstrap
         asyncio.run(ensure_topics(cfg.kafka))
-        for path in {cfg.sampler.model_path, cfg.trainer.model_path}:
+        kinds = {p.kind for p in procs}
+        paths = {cfg.sampler.model_path, cfg.trainer.model_path} if kinds & set(MODEL_USERS) else set()
+        for path in sorted(paths):
             if not Path(path, "config.json").exists():
-                subprocess.run([sys.executable, "-m", "rollway.cli", "model", "tiny", "--out", path],
-                               env=env, check=True)
-        log_dir = Path(args.log_dir)
-        log_dir.mkdir(parents=True, exist_ok=True)
-        for name, argv, extra in plan(args.samplers, args.without):
-            out = open(log_dir / f"{name}.log", "ab")
-            children[name] = subprocess.Popen([sys.executable, "-m", "rollway.cli", *argv],
-                                              stdout=out, stderr=subprocess.STDOUT, env={**env, **extra})
-            out.close()
-            log.info("started", component=name, pid=children[name].pid, log=str(log_dir / f"{name}.log"))
-        print(f"rollway up: {len(children)} processes, Kafka at {bootstrap}, logs in {log_dir}/ (Ctrl-C stops)",
-              flush=True)
-        exit_code = 0
-        while not stopping:
-            for name, proc in children.items():
-                if proc.poll() is not None:
-                    log.error("component exited", component=name, returncode=proc.returncode)
-                    exit_code = 1
-                    stopping = True
-            time.sleep(0.5)
-        return exit_code
+                argv = model_command(path)
+                print(f"rollway up: building the model: rollway {' '.join(argv)} (log: {log_dir}/model.log)",
+                      flush=True)
+                with open(log_dir / "model.log", "ab") as out:
+                    done = subprocess.run([sys.executable, "-m", "rollway.cli", *argv], env=env, stdout=out,
+                                          stderr=subprocess.STDOUT)
+                if done.returncode != 0:
+                    print(f"rollway up: building the model failed (exit {done.returncode}); see {log_dir}/model.log",
+                          file=sys.stderr)
+                    return 1
+        specs = [ComponentSpec(name=p.name, argv=[sys.executable, "-m", "rollway.cli", *p.argv],
+                               env={**env, **p.env}, log_path=log_dir / f"{p.name}.log",
+                               stop_stage=p.stop_stage, done_on_success=p.done_on_success) for p in procs]
+        sup = Supervisor(specs, upcfg.restart)
+        tui = not args.no_tui and sys.stdout.isatty()
+        print(f"rollway up: {len(specs)} components ({', '.join(p.name for p in procs)}), Kafka at {bootstrap}, "
+              f"logs in {log_dir}/ (Ctrl-C stops)", flush=True)
+        from rollway.up_loop import UpLoop
+
+        loop = UpLoop(cfg, upcfg, sup, tui=tui, steps=args.steps, minutes=args.minutes)
+        code, reason = asyncio.run(loop.run())
+        log.info("stopping", reason=reason, exit_code=code)
+        print(f"rollway up: {reason}; stopping components (grace {upcfg.grace_s:g} s)", flush=True,
+              file=sys.stderr if code else sys.stdout)
+        _stop(sup, upcfg.grace_s)
+        sup = None
+        print(f"rollway up: stopped ({loop.summary()})", flush=True)
+        return code
+    except BrokerError as exc:
+        print(f"rollway up: {exc}", file=sys.stderr)
+        return 1
     finally:
-        for proc in children.values():
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
-        deadline = time.monotonic() + args.grace
-        for name, proc in children.items():
-            try:
-                proc.wait(timeout=max(deadline - time.monotonic(), 0.1))
-            except subprocess.TimeoutExpired:
-                log.warning("killing component after grace period", component=name)
-                proc.kill()
+        if sup is not None:  # an error above: no child may outlive `rollway up`
+            _stop(sup, upcfg.grace_s)
         if kafka is not None:
             kafka.stop()
+
+
+def _stop(sup, grace_s: float) -> None:
+    """Graceful stop; SIGTERM is ignored meanwhile (we are stopping already), a Ctrl-C
+    kills what is left at once."""
+    import signal
+
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    try:
+        sup.stop(grace_s)
+    except KeyboardInterrupt:
+        sup.kill_all()
+        raise

@@ -1,0 +1,344 @@
+"""`rollway up`: supervision of real component processes on a real broker, and the live
+view's state on real events read back from Kafka.
+
+The supervision tests run `up` with the light components only (feeder, analytics), so
+no model is built and no vLLM starts; the whole stack under `up` is test_e2e_stack.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from bus import EventProducer, KafkaConfig, encode, read_topic
+from rollway.commands.up import explicitly_set, plan
+from rollway.live_state import LiveState
+from rollway.live_view import render, status_line
+from rollway.log_follow import LogFollower
+from rollway.supervisor import ComponentStatus, RestartPolicy
+from schemas import Cost, DeadLetter, EvalResult, Heartbeat, Metrics, Reward, Task
+from tests.conftest import TEST_PARTITIONS, unique
+
+REPO = Path(__file__).resolve().parent.parent
+LIGHT_ONLY = ["--without", "sandbox", "--without", "sampler", "--without", "trainer", "--without", "evaluator"]
+
+
+# -- bounded waits (never a fixed sleep) -----------------------------------------------------
+def wait_until(predicate, timeout: float, what: str, proc: subprocess.Popen | None = None, poll_s: float = 0.1):
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if proc is not None and proc.poll() is not None:
+            raise AssertionError(f"rollway up exited ({proc.returncode}) while waiting for {what}")
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+        time.sleep(poll_s)
+
+
+async def wait_until_async(predicate, timeout: float, what: str, proc: subprocess.Popen | None = None):
+    deadline = time.monotonic() + timeout
+    while True:
+        value = await predicate()
+        if value:
+            return value
+        if proc is not None and proc.poll() is not None:
+            raise AssertionError(f"rollway up exited ({proc.returncode}) while waiting for {what}")
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+        await asyncio.sleep(0.2)
+
+
+# -- pure parts ------------------------------------------------------------------------------
+def test_restart_backoff_doubles_up_to_the_cap():
+    policy = RestartPolicy(backoff_initial_s=0.5, backoff_max_s=3.0)
+    assert [policy.backoff(n) for n in range(1, 6)] == [0.5, 1.0, 2.0, 3.0, 3.0]
+    with pytest.raises(ValueError):
+        RestartPolicy(crash_loop_exits=0)
+
+
+def test_plan_leaves_out_unknown_commands_and_passes_max_steps():
+    known = {"sandbox", "feeder", "sampler", "trainer", "analytics"}  # an install without `evaluator`
+    names = [p.name for p in plan(2, [], commands=known)]
+    assert names == ["sandbox", "trainer", "sampler-0", "sampler-1", "feeder", "analytics"]
+    with_eval = plan(1, ["sandbox"], max_steps=7, commands=known | {"evaluator"})
+    assert [p.name for p in with_eval] == ["trainer", "sampler-0", "evaluator", "feeder", "analytics"]
+    trainer = with_eval[0]
+    assert trainer.argv == ["trainer", "--max-steps", "7"] and trainer.done_on_success
+    assert not plan(1, [], commands=known)[1].done_on_success  # without --steps any exit is restarted
+    assert with_eval[1].env == {"ROLLWAY_REPLICA_ID": "sampler-0"}
+    # Shutdown order: producers of work drain first, the sandbox (grading their last
+    # rollouts) goes last.
+    stages = {p.kind: p.stop_stage for p in plan(1, [], commands=known | {"evaluator"})}
+    assert stages["feeder"] == stages["sampler"] == stages["evaluator"] < stages["trainer"] < stages["sandbox"]
+
+
+def test_explicitly_set_reads_file_and_environment(tmp_path):
+    cfg = tmp_path / "r.toml"
+    cfg.write_text('[feeder]\ntasks_dir = "tasks/demo"\n')
+    assert explicitly_set(str(cfg), {}, "feeder", "tasks_dir")
+    assert not explicitly_set(str(cfg), {}, "feeder", "group_size")
+    assert explicitly_set(None, {"ROLLWAY_FEEDER__TASKS_DIR": "x"}, "feeder", "tasks_dir")
+
+
+# -- the view's state on real events ---------------------------------------------------------
+def trainer_metrics(step: int, started: float, **values: float) -> Metrics:
+    return Metrics(source="trainer", step=step, weight_version=step,
+                   values={"process_started_at": started, **values}, created_at=1000.0 + step)
+
+
+def reward(i: int, score: float, value: float, cheated: bool = False) -> Reward:
+    return Reward(trajectory_id=f"t{i}", task_id="task", group_id="g", sample_index=i, attempt="a", score=score,
+                  cheated=cheated, reward=value, cost=Cost(generated_tokens=10 * i), created_at=2000.0 + i)
+
+
+def beat(replica: str, status: str, version: int, tps: float, pause: float, updates: int, at: float) -> Heartbeat:
+    return Heartbeat(replica_id=replica, role="sampler", status=status, weight_version=version, tokens_per_s=tps,
+                     last_pause_ms=pause, updates_applied=updates, created_at=at)
+
+
+async def test_view_state_from_real_events_read_back_from_kafka(kafka_config):
+    now = 5000.0
+    metrics = [
+        trainer_metrics(1, 100.0, groups=2, count_dropped_stale=1, count_dropped_zero_variance=2),
+        trainer_metrics(2, 100.0, groups=2, count_dropped_stale=3, count_dropped_zero_variance=2),
+        # The trainer restarted: its counters start from zero again.
+        trainer_metrics(3, 200.0, groups=1, count_dropped_stale=1, reward_mean=0.5, entropy_full=2.0,
+                        entropy_kept=1.5, mismatch_kl_k3=0.0012, staleness_mean=0.75, staleness_max=2.0,
+                        tokens_per_s=1000.0, published_version=2.0),
+        trainer_metrics(3, 200.0, groups=1, count_dropped_stale=1),  # step 3 again: counted once
+        Metrics(source="feeder", values={"published_groups": 10.0}, created_at=1001.0),
+    ]
+    beats = [
+        beat("sampler-0", "serving", 2, 50.0, 12.5, 2, now - 1),
+        beat("sampler-1", "serving", 1, 30.0, 40.0, 1, now - 2),
+        beat("sampler-1", "serving", 0, 99.0, 0.0, 0, now - 60),  # older beat, read later: ignored
+        beat("sampler-2", "stopped", 2, 99.0, 0.0, 0, now - 3),  # not serving: no tokens/s
+    ]
+    rewards = [reward(1, 1.0, 0.9), reward(2, 0.0, -0.1), reward(3, 1.0, 0.0, cheated=True), reward(4, 1.0, 0.8),
+               reward(5, 0.0, 0.0), reward(2, 0.0, -0.1)]  # the last one re-published: counted once
+    evals = [EvalResult(split="family:heldout", weight_version=v, pass_at_1=p, tasks=100, samples=1,
+                        created_at=3000.0 + i)
+             for i, (v, p) in enumerate([(0, 0.15), (4, 0.35), (2, 0.25)])]
+    letter = DeadLetter(topic="x.tasks", partition=0, offset=7, error="cannot decode Task", error_kind="decode")
+    prefix = kafka_config.topic_prefix
+    async with EventProducer(kafka_config) as producer:
+        for event in metrics + beats + evals + [letter]:
+            await producer.publish(event)
+        for r in rewards:  # one partition: the rolling window depends on their order
+            value, headers = encode(r)
+            await producer.publish_raw(prefix + "rewards", value, key=r.trajectory_id.encode(), headers=headers,
+                                       partition=0)
+        await producer.publish_raw(prefix + "metrics", b"\x00\xffgarbage", key=b"bad",
+                                   headers=[("rollway-type", b"Metrics")])
+    expected = len(metrics) + len(beats) + len(rewards) + len(evals) + 1
+    state = LiveState(window=4)
+    seen = 0
+    async with LogFollower(kafka_config, ["metrics", "health", "rewards", "evals", "dlq"]) as follower:
+        async def all_read() -> bool:
+            nonlocal seen
+            for env in await follower.poll(timeout_ms=200):
+                state.apply(env.event)
+                seen += 1
+            return seen == expected and follower.undecodable == 1
+        await wait_until_async(all_read, 30, "every event read back")
+        state.undecodable = follower.undecodable
+    state.note("feeder restarted (restart 1, pid 123)")
+    comps = [ComponentStatus("feeder", "running", 1, 123, -9, "var/logs/feeder.log"),
+             ComponentStatus("trainer", "restarting", 2, None, 1, "var/logs/trainer.log")]
+    m = state.model(now=now, elapsed_s=65.0, components=comps)
+
+    assert m.train_step == 3 and m.published_version == 2
+    assert m.groups_trained == 5
+    assert m.dropped == {"stale": 4, "zero_variance": 2}
+    assert m.groups_published == 10
+    assert m.sampling_tokens_per_s == 80.0 and m.training_tokens_per_s == 1000.0
+    assert [(r.replica_id, r.weight_version) for r in m.replicas] == [("sampler-0", 2), ("sampler-1", 1),
+                                                                     ("sampler-2", 2)]
+    assert m.apply_pause_ms == 40.0
+    assert m.rewards_seen == 5 and m.window_rewards == 4
+    assert m.reward_mean == pytest.approx((-0.1 + 0.0 + 0.8 + 0.0) / 4)
+    assert m.solve_rate == 0.25  # t3 was a cheat, t1 left the window
+    assert m.step_reward_mean == 0.5
+    assert (m.eval_latest.weight_version, m.eval_latest.pass_at_1) == (4, 0.35)
+    assert (m.eval_first.weight_version, m.eval_first.pass_at_1) == (0, 0.15)
+    assert (m.entropy_full, m.entropy_kept, m.mismatch_kl, m.staleness_mean, m.staleness_max) == \
+        (2.0, 1.5, 0.0012, 0.75, 2.0)
+    assert m.dead_letters == 1 and m.dead_letters_by_kind == {"decode": 1}
+    assert m.last_dead_letter == "x.tasks@7: cannot decode Task"
+    assert m.undecodable == 1
+
+    line = status_line(m)
+    for part in ("[0:01:05]", "step 3", "weights sampler-0=v2 sampler-1=v1 sampler-2=v2", "tok/s 80",
+                 "groups 5 trained/6 dropped", "reward 0.175", "solve 0.250", "pass@1 0.350@v4",
+                 "entropy 1.500", "mismatch 0.00120", "stale 0.75", "pause 40ms", "dlq 1",
+                 "| feeder:running(1restart) trainer:restarting(2restarts)"):
+        assert part in line, (part, line)
+
+    from rich.console import Console
+
+    console = Console(record=True, width=220, color_system=None)
+    console.print(render(m))
+    text = console.export_text()
+    for part in ("0.350 @ v4 (family:heldout, 100 tasks x 1)  first 0.150 @ v0", "trained 5  dropped 6 (stale 4, "
+                 "zero_variance 2)  published 10", "feeder restarted (restart 1, pid 123)", "killed by SIGKILL",
+                 "var/logs/trainer.log", "1 undecodable records skipped by the view"):
+        assert part in text, (part, text)
+
+
+# -- supervision under a real `rollway up` ---------------------------------------------------
+def up_config(tmp: Path, prefix: str, tasks_dir: str, **restart: float) -> Path:
+    partitions = ", ".join(f'"{k}" = {v}' for k, v in TEST_PARTITIONS.items())
+    restart_lines = "\n".join(f"{k} = {v}" for k, v in restart.items())
+    path = tmp / "rollway.toml"
+    path.write_text(f"""
+[kafka]
+topic_prefix = "{prefix}"
+partitions = {{ {partitions} }}
+[feeder]
+tasks_dir = "{tasks_dir}"
+group_size = 1
+groups_per_second = 20.0
+# Without samplers no reward ever comes back: each feeder process publishes exactly
+# this many groups, then waits.
+max_outstanding_groups = 2
+[up]
+status_every_s = 0.5
+grace_s = 20.0
+[up.restart]
+{restart_lines}
+""")
+    return path
+
+
+def start_up(config: Path, tmp: Path, kafka_bootstrap: str, *extra: str) -> tuple[subprocess.Popen, Path, Path]:
+    out = tmp / "up.out"
+    logs = tmp / "logs"
+    env = {**os.environ, "KAFKA_BOOTSTRAP_SERVERS": kafka_bootstrap}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "rollway.cli", "--config", str(config), "up", "--no-tui", "--log-dir", str(logs),
+         *LIGHT_ONLY, *extra],
+        cwd=REPO, env=env, stdout=open(out, "w"), stderr=subprocess.STDOUT,
+    )
+    return proc, out, logs
+
+
+def up_events(logs: Path, name: str) -> list[dict]:
+    path = logs / "up.log"
+    if not path.exists():
+        return []
+    out = []
+    for line in path.read_text().splitlines():
+        try:
+            item = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if item.get("event") == name:
+            out.append(item)
+    return out
+
+
+def leftover_processes(config: Path) -> list[str]:
+    return subprocess.run(["pgrep", "-f", str(config)], capture_output=True, text=True).stdout.split()
+
+
+def stop_up(proc: subprocess.Popen, timeout: float = 60) -> int:
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+    try:
+        return proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+        raise
+
+
+async def test_killed_component_is_restarted_and_the_stack_goes_on(kafka_bootstrap, tmp_path):
+    prefix = f"{unique('up-')}."
+    config = up_config(tmp_path, prefix, f"{REPO}/tasks/demo", backoff_initial_s=0.2)
+    kafka = KafkaConfig(bootstrap_servers=kafka_bootstrap, topic_prefix=prefix)
+    proc, out, logs = start_up(config, tmp_path, kafka_bootstrap)
+    try:
+        async def tasks(n: int) -> list:
+            got = [e.event for e in await read_topic(kafka, "tasks")]
+            return got if len(got) >= n else []
+
+        first = await wait_until_async(lambda: tasks(2), 60, "the feeder's first 2 groups", proc)
+        assert len(first) == 2 and all(isinstance(t, Task) for t in first)
+        started = {e["component"]: e["pid"] for e in up_events(logs, "component started")}
+        assert set(started) == {"feeder", "analytics"}
+        os.kill(started["feeder"], signal.SIGKILL)
+
+        restarted = wait_until(lambda: up_events(logs, "component restarted"), 30, "the feeder's restart", proc)
+        assert [(e["component"], e["restarts"]) for e in restarted] == [("feeder", 1)]
+        assert restarted[0]["pid"] != started["feeder"]
+        exited = up_events(logs, "component exited; restarting")
+        assert [(e["component"], e["returncode"]) for e in exited] == [("feeder", -signal.SIGKILL)]
+        # The stack goes on: the new feeder process publishes its own 2 groups.
+        after = await wait_until_async(lambda: tasks(4), 60, "2 more groups from the restarted feeder", proc)
+        assert len(after) == 4 and len({t.group_id for t in after}) == 4
+        line = wait_until(lambda: [ln for ln in out.read_text().splitlines()
+                                   if "feeder:running(1restart)" in ln and "analytics:running" in ln],
+                          30, "a status line with the restart count", proc)
+        assert line[-1].endswith("| feeder:running(1restart) analytics:running")
+        assert "rollway up: feeder exited (killed by SIGKILL)" in out.read_text()
+    finally:
+        code = stop_up(proc)
+    text = out.read_text()
+    assert code == 0, text
+    assert "rollway up: SIGTERM received; stopping components" in text
+    assert "rollway up: stopped (train step -, restarts 1," in text
+    assert leftover_processes(config) == []
+    # Both feeder processes logged to the same file: the JSON logs stay in the log dir.
+    # the killed one never got to say it; the restarted one drained on SIGTERM
+    assert (logs / "feeder.log").read_text().count("feeder stopped: stopped; published 2 groups\n") == 1
+
+
+async def test_crash_loop_gives_up_naming_the_component_and_its_log(kafka_bootstrap, tmp_path):
+    prefix = f"{unique('up-')}."
+    config = up_config(tmp_path, prefix, "/nonexistent/tasks", backoff_initial_s=0.1, crash_loop_exits=3,
+                       crash_loop_window_s=120)
+    proc, out, logs = start_up(config, tmp_path, kafka_bootstrap)
+    try:
+        code = proc.wait(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    text = out.read_text()
+    assert code == 1, text
+    assert (f"rollway up: feeder exited 3 times within 120 s (last exit code 2); giving up. "
+            f"See its log: {logs / 'feeder.log'}") in text
+    assert [e["restarts"] for e in up_events(logs, "component restarted")] == [1, 2]
+    gave_up = up_events(logs, "component crash loop; giving up")
+    assert [(e["component"], e["exits"]) for e in gave_up] == [("feeder", 3)]
+    assert (logs / "feeder.log").read_text().count("tasks folder /nonexistent/tasks does not exist") == 3
+    assert leftover_processes(config) == []  # analytics was stopped with the stack
+
+
+def test_minutes_stops_the_stack_cleanly(kafka_bootstrap, tmp_path):
+    prefix = f"{unique('up-')}."
+    config = up_config(tmp_path, prefix, f"{REPO}/tasks/demo")
+    proc, out, logs = start_up(config, tmp_path, kafka_bootstrap, "--without", "feeder", "--minutes", "0.05")
+    try:
+        code = proc.wait(timeout=90)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    text = out.read_text()
+    assert code == 0, text
+    assert "rollway up: 1 components (analytics)" in text
+    assert "rollway up: --minutes 0.05 elapsed; stopping components" in text
+    assert [e["component"] for e in up_events(logs, "component stopped")] == ["analytics"]
+    assert leftover_processes(config) == []
+
