@@ -10,11 +10,12 @@ import sys
 
 # (name, module, one-line help). Add a line here to add a command.
 COMMANDS: list[tuple[str, str, str]] = [
-    ("up", "rollway.commands.up", "run the whole stack as local processes (no Docker)"),
+    ("up", "rollway.commands.up", "run the main job: the whole stack as supervised local processes, live view"),
     ("broker", "rollway.commands.broker", "start/stop/status a local Apache Kafka (KRaft)"),
     ("config", "rollway.commands.config", "show the effective configuration"),
     ("topics", "rollway.commands.topics", "create topics; list partitions, end offsets and group lag"),
     ("tail", "rollway.commands.tail", "print decoded events of a topic"),
+    ("report", "rollway.commands.report", "PNG plots and a markdown summary of a run, read from the log"),
     ("model", "rollway.commands.model", "build the local tiny model and tokenizer"),
     ("analytics", "rollway.commands.analytics", "example analytics consumers (solve rate)"),
     ("sampler", "rollway.commands.sampler", "run a sampler replica: tasks -> agent rollouts -> trajectory chunks"),

@@ -1,0 +1,68 @@
+"""``rollway report``: PNG plots and a markdown summary of a run, read from the log.
+
+Reads train steps, metrics, rewards, evals, health and dead letters with
+:func:`bus.read_topic` (no consumer group, up to the topics' current ends), so it works
+on a running stack as well as a finished one. On a log with nothing to plot it says so
+in one line and exits 0.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+REPORT_TOPICS = ("train-steps", "metrics", "rewards", "evals", "health", "dlq")
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--out", default="var/report", help="folder for the PNGs and summary.md (default var/report)")
+
+
+def run(args: argparse.Namespace) -> int:
+    import asyncio
+    import sys
+    from pathlib import Path
+
+    from bus import DecodeFailure, RecordMissing, read_topic
+    from rollway.commands import load_config_or_exit
+    from rollway.logging import configure_logging
+
+    cfg = load_config_or_exit(args, "report")
+    configure_logging("report", level="warning")
+
+    async def read_all() -> list[object]:
+        events: list[object] = []
+        for topic in REPORT_TOPICS:
+            try:
+                events += [env.event for env in await read_topic(cfg.kafka, topic)]
+            except DecodeFailure as exc:
+                # read_topic stops at an undecodable record; the other topics still report.
+                print(f"rollway report: skipped {topic}: {exc}", file=sys.stderr)
+        return events
+
+    try:
+        events = asyncio.run(read_all())
+    except (RecordMissing, OSError) as exc:
+        print(f"rollway report: could not read the log at {cfg.kafka.bootstrap_servers}: {exc}", file=sys.stderr)
+        return 1
+    except Exception as exc:  # aiokafka's connection errors share no base class with OSError
+        if type(exc).__module__.startswith("aiokafka"):
+            print(f"rollway report: could not read the log at {cfg.kafka.bootstrap_servers}: {exc!r}",
+                  file=sys.stderr)
+            return 1
+        raise
+
+    from rollway.report import collect, summary_markdown
+
+    data = collect(events, trainer_source=cfg.trainer.metrics_source)
+    source = f"Kafka {cfg.kafka.bootstrap_servers}, topics {cfg.kafka.topic_prefix}*"
+    if data.empty():
+        print(f"rollway report: nothing to plot yet (no train steps, rewards, evals or apply pauses in {source})")
+        return 0
+
+    from rollway.report_plots import draw_all
+
+    out = Path(args.out)
+    plots = draw_all(data, out)
+    (out / "summary.md").write_text(summary_markdown(data, plots, source))
+    print(f"rollway report: {len(plots)} plots and summary.md in {out}/")
+    return 0

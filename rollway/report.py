@@ -1,0 +1,163 @@
+"""``rollway report``'s data: events from the log in, series and a markdown summary out.
+
+Pure (no Kafka, no matplotlib): :func:`collect` turns decoded events into a
+:class:`RunData`; :func:`summary_markdown` writes the figures; ``rollway.report_plots``
+draws them. Sources:
+
+  * per-step series (reward, solve rate, entropy, mismatch, staleness): the train-step
+    log (``TrainStep.metrics``, first entry per step wins, as in replay), completed by
+    trainer ``Metrics`` for steps whose log entry is missing;
+  * staleness histogram: the trainer ``Metrics`` histograms, summed over distinct steps;
+  * tokens per trajectory, overall solve rate: ``Reward`` (one per trajectory);
+  * held-out pass@1 per version: ``EvalResult``;
+  * weight-apply pauses: sampler ``Metrics`` (``apply_pause_ms``), else heartbeats;
+  * dead letters: ``DeadLetter`` count.
+"""
+
+from __future__ import annotations
+
+import statistics
+from typing import Iterable
+
+import msgspec
+
+from rollway.live_state import solved
+from schemas import DeadLetter, EvalResult, Heartbeat, Metrics, Reward, TrainStep
+
+
+class Pause(msgspec.Struct, frozen=True):
+    replica: str
+    weight_version: int
+    pause_ms: float
+    at: float  # created_at, epoch seconds
+
+
+class RunData(msgspec.Struct, kw_only=True):
+    steps: dict[int, dict[str, float]]  # step -> metrics
+    staleness_hist: list[float]  # tokens per staleness bin; the last bin is "older"
+    rewards: list[Reward]  # one per trajectory, by created_at
+    evals: list[EvalResult]  # by (weight_version, created_at)
+    pauses: list[Pause]  # by time
+    dead_letters: int
+
+    def empty(self) -> bool:
+        return not (self.steps or self.rewards or self.evals or self.pauses)
+
+
+def collect(events: Iterable[object], trainer_source: str = "trainer") -> RunData:
+    steps: dict[int, dict[str, float]] = {}
+    from_metrics: dict[int, Metrics] = {}
+    rewards: dict[str, Reward] = {}
+    evals: list[EvalResult] = []
+    pauses: list[Pause] = []
+    beat_pauses: dict[tuple[str, int], Pause] = {}
+    dead = 0
+    for e in events:
+        if isinstance(e, TrainStep):
+            steps.setdefault(e.step, dict(e.metrics))
+        elif isinstance(e, Metrics):
+            if e.source == trainer_source and e.step >= 0:
+                from_metrics.setdefault(e.step, e)
+            elif e.source.startswith("sampler:") and "apply_pause_ms" in e.values:
+                pauses.append(Pause(e.source.removeprefix("sampler:"), e.weight_version,
+                                    e.values["apply_pause_ms"], e.created_at))
+        elif isinstance(e, Reward):
+            rewards.setdefault(e.trajectory_id, e)
+        elif isinstance(e, EvalResult):
+            evals.append(e)
+        elif isinstance(e, Heartbeat):
+            if e.role == "sampler" and e.updates_applied > 0:
+                beat_pauses.setdefault((e.replica_id, e.updates_applied),
+                                       Pause(e.replica_id, e.weight_version, e.last_pause_ms, e.created_at))
+        elif isinstance(e, DeadLetter):
+            dead += 1
+    for step, m in from_metrics.items():
+        steps.setdefault(step, dict(m.values))
+    hist: list[float] = []
+    for m in from_metrics.values():
+        h = m.histograms.get("staleness", [])
+        if len(h) > len(hist):
+            hist.extend([0.0] * (len(h) - len(hist)))
+        for i, v in enumerate(h):
+            hist[i] += v
+    # The sampler's Metrics are the durable record; heartbeats (a compacted topic) only
+    # stand in when no sampler published pause metrics.
+    if not pauses:
+        pauses = list(beat_pauses.values())
+    return RunData(
+        steps=dict(sorted(steps.items())),
+        staleness_hist=hist,
+        rewards=sorted(rewards.values(), key=lambda r: r.created_at),
+        evals=sorted(evals, key=lambda e: (e.weight_version, e.created_at)),
+        pauses=sorted(pauses, key=lambda p: p.at),
+        dead_letters=dead,
+    )
+
+
+def series(data: RunData, key: str) -> tuple[list[int], list[float]]:
+    """(steps, values) of one per-step metric, steps where it is present."""
+    pairs = [(s, m[key]) for s, m in data.steps.items() if key in m]
+    return [p[0] for p in pairs], [p[1] for p in pairs]
+
+
+def f3(x: float) -> str:
+    return f"{x:.3f}"
+
+
+def summary_markdown(data: RunData, plots: list[tuple[str, str]], source: str) -> str:
+    """The report's markdown: a figures table, held-out results per version, the plots
+    (``(file name, caption)``)."""
+    rows: list[tuple[str, str]] = []
+    if data.steps:
+        rows.append(("train steps", f"{len(data.steps)} (last step {max(data.steps)})"))
+        for key, label in (("reward_mean", "reward mean per step"), ("solve_rate", "solve rate per step"),
+                           ("entropy_full", "entropy (full)"), ("entropy_kept", "entropy (kept set)")):
+            _, vals = series(data, key)
+            if vals:
+                rows.append((label, f"first {f3(vals[0])}, last {f3(vals[-1])}, mean {f3(statistics.fmean(vals))}"))
+        _, kl = series(data, "mismatch_kl_k3")
+        if kl:
+            rows.append(("trainer-sampler mismatch KL (k3)",
+                         f"mean {kl_fmt(statistics.fmean(kl))}, max {kl_fmt(max(kl))}, last {kl_fmt(kl[-1])}"))
+        _, st = series(data, "staleness_mean")
+        if st:
+            rows.append(("staleness (versions)", f"mean of steps {statistics.fmean(st):.2f}"
+                         + (f", tokens per bin {staleness_bins(data.staleness_hist)}" if data.staleness_hist else "")))
+    if data.rewards:
+        rewards = data.rewards
+        tokens = [r.cost.generated_tokens for r in rewards]
+        rows.append(("rewards", f"{len(rewards)}, mean {f3(statistics.fmean(r.reward for r in rewards))}"))
+        rows.append(("solve rate (all rewards)", f3(sum(solved(r) for r in rewards) / len(rewards))))
+        rows.append(("tokens per trajectory", f"mean {statistics.fmean(tokens):.1f}, median {statistics.median(tokens):g}, "
+                                              f"max {max(tokens)}"))
+    if data.evals:
+        first, last = data.evals[0], data.evals[-1]
+        rows.append(("held-out pass@1", f"first {f3(first.pass_at_1)} @ v{first.weight_version}, "
+                                        f"latest {f3(last.pass_at_1)} @ v{last.weight_version} "
+                                        f"({last.pass_at_1 - first.pass_at_1:+.3f})"))
+    if data.pauses:
+        ms = [p.pause_ms for p in data.pauses]
+        rows.append(("weight-apply pause", f"median {statistics.median(ms):.1f} ms, max {max(ms):.1f} ms "
+                                           f"over {len(ms)} updates"))
+    rows.append(("dead letters", str(data.dead_letters)))
+
+    lines = ["# Rollway run report", "", f"Read from the log: {source}.", "", "| figure | value |", "|---|---|"]
+    lines += [f"| {label} | {value} |" for label, value in rows]
+    if data.evals:
+        lines += ["", "## Held-out pass@1 per weight version", "",
+                  "| version | split | pass@1 | tasks x samples | mean reward | mean tokens |", "|---|---|---|---|---|---|"]
+        lines += [f"| v{e.weight_version} | {e.split} | {f3(e.pass_at_1)} | {e.tasks} x {e.samples} | "
+                  f"{f3(e.mean_reward)} | {e.mean_generated_tokens:.1f} |" for e in data.evals]
+    if plots:
+        lines += ["", "## Plots", ""]
+        lines += [f"![{caption}]({name})" for name, caption in plots]
+    return "\n".join(lines) + "\n"
+
+
+def kl_fmt(x: float) -> str:
+    return f"{x:.3g}"
+
+
+def staleness_bins(hist: list[float]) -> str:
+    last = len(hist) - 1
+    return ", ".join(f"{i if i < last else f'>={i}'}: {int(v)}" for i, v in enumerate(hist))

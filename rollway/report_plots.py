@@ -1,0 +1,135 @@
+"""``rollway report``'s PNG plots (matplotlib, Agg: no display needed). One function per
+plot; each returns its file name and caption, or None when the log has no data for it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Callable
+
+from rollway.report import RunData, series
+
+Plot = tuple[str, str]
+
+
+def _figure():
+    import matplotlib
+
+    matplotlib.use("Agg")  # headless: CI, pipes, machines without a display
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4), dpi=100)
+    ax.grid(True, alpha=0.3)
+    return plt, fig, ax
+
+
+def _save(plt, fig, out: Path, name: str, caption: str) -> Plot:
+    fig.tight_layout()
+    fig.savefig(out / name, format="png")
+    plt.close(fig)
+    return name, caption
+
+
+def reward_solve_rate(data: RunData, out: Path) -> Plot | None:
+    steps, reward = series(data, "reward_mean")
+    solve_steps, solve = series(data, "solve_rate")
+    if not steps and not solve_steps:
+        return None
+    plt, fig, ax = _figure()
+    ax.plot(steps, reward, label="reward mean", marker=".")
+    ax.plot(solve_steps, solve, label="solve rate", marker=".")
+    ax.set_xlabel("train step")
+    ax.set_title("Reward and solve rate of the trained groups")
+    ax.legend()
+    return _save(plt, fig, out, "reward_solve_rate.png", "reward and solve rate over train steps")
+
+
+def heldout_pass_at_1(data: RunData, out: Path) -> Plot | None:
+    if not data.evals:
+        return None
+    plt, fig, ax = _figure()
+    for split in sorted({e.split for e in data.evals}):
+        evals = [e for e in data.evals if e.split == split]
+        ax.plot([e.weight_version for e in evals], [e.pass_at_1 for e in evals], marker="o", label=split)
+    ax.set_xlabel("weight version")
+    ax.set_ylabel("pass@1")
+    ax.set_ylim(0, 1)
+    ax.set_title("Held-out pass@1 per weight version")
+    ax.legend()
+    return _save(plt, fig, out, "heldout_pass_at_1.png", "held-out pass@1 per weight version")
+
+
+def entropy(data: RunData, out: Path) -> Plot | None:
+    full_steps, full = series(data, "entropy_full")
+    kept_steps, kept = series(data, "entropy_kept")
+    if not full_steps and not kept_steps:
+        return None
+    plt, fig, ax = _figure()
+    ax.plot(full_steps, full, label="full distribution", marker=".")
+    ax.plot(kept_steps, kept, label="renormalized over the kept set", marker=".")
+    ax.set_xlabel("train step")
+    ax.set_ylabel("nats per token")
+    ax.set_title("Policy entropy on trained tokens")
+    ax.legend()
+    return _save(plt, fig, out, "entropy.png", "entropy over train steps")
+
+
+def mismatch(data: RunData, out: Path) -> Plot | None:
+    steps, k3 = series(data, "mismatch_kl_k3")
+    k1_steps, k1 = series(data, "mismatch_kl_k1")
+    if not steps and not k1_steps:
+        return None
+    plt, fig, ax = _figure()
+    ax.plot(steps, k3, label="KL estimate k3", marker=".")
+    ax.plot(k1_steps, k1, label="KL estimate k1", marker=".", alpha=0.6)
+    ax.set_xlabel("train step")
+    ax.set_title("Trainer-sampler mismatch (trainer vs recorded log-probs)")
+    ax.legend()
+    return _save(plt, fig, out, "mismatch.png", "trainer-sampler mismatch over train steps")
+
+
+def staleness(data: RunData, out: Path) -> Plot | None:
+    if not data.staleness_hist or not any(data.staleness_hist):
+        return None
+    plt, fig, ax = _figure()
+    last = len(data.staleness_hist) - 1
+    labels = [str(i) if i < last else f">={i}" for i in range(len(data.staleness_hist))]
+    ax.bar(labels, data.staleness_hist)
+    ax.set_xlabel("staleness (weight versions behind the trainer)")
+    ax.set_ylabel("trained tokens")
+    ax.set_title("Staleness of trained tokens")
+    return _save(plt, fig, out, "staleness.png", "staleness histogram")
+
+
+def tokens_per_trajectory(data: RunData, out: Path) -> Plot | None:
+    if not data.rewards:
+        return None
+    plt, fig, ax = _figure()
+    ax.hist([r.cost.generated_tokens for r in data.rewards], bins=min(30, max(len(data.rewards), 1)))
+    ax.set_xlabel("generated tokens per trajectory")
+    ax.set_ylabel("trajectories")
+    ax.set_title("Tokens per trajectory")
+    return _save(plt, fig, out, "tokens_per_trajectory.png", "tokens per trajectory")
+
+
+def apply_pauses(data: RunData, out: Path) -> Plot | None:
+    if not data.pauses:
+        return None
+    plt, fig, ax = _figure()
+    for replica in sorted({p.replica for p in data.pauses}):
+        ps = [p for p in data.pauses if p.replica == replica]
+        ax.plot([p.weight_version for p in ps], [p.pause_ms for p in ps], marker="o", linestyle="", label=replica)
+    ax.set_xlabel("weight version applied")
+    ax.set_ylabel("pause (ms)")
+    ax.set_title("Weight-apply pauses of the samplers")
+    ax.legend()
+    return _save(plt, fig, out, "apply_pauses.png", "weight-apply pauses")
+
+
+PLOTS: list[Callable[[RunData, Path], Plot | None]] = [
+    reward_solve_rate, heldout_pass_at_1, entropy, mismatch, staleness, tokens_per_trajectory, apply_pauses,
+]
+
+
+def draw_all(data: RunData, out: Path) -> list[Plot]:
+    out.mkdir(parents=True, exist_ok=True)
+    return [plot for draw in PLOTS if (plot := draw(data, out)) is not None]
