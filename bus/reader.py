@@ -1,12 +1,13 @@
-"""Reading the log without a consumer group: exact records by position (trainer replay)
-and a whole topic up to its current end (the train-step log)."""
+"""Reading the log without a consumer group: exact records by position (trainer replay),
+a whole topic up to its current end (the train-step log), and raw offset ranges (tail,
+analytics catching up). The one place that reads "up to an end offset"."""
 
 from __future__ import annotations
 
 from collections import defaultdict
-from typing import Sequence
+from typing import AsyncIterator, Sequence
 
-from aiokafka import AIOKafkaConsumer, TopicPartition
+from aiokafka import AIOKafkaConsumer, ConsumerRecord, TopicPartition
 
 from bus import codec
 from bus.config import KafkaConfig
@@ -19,7 +20,7 @@ class RecordMissing(LookupError):
     """A referenced record is not in the log (deleted by retention or never written)."""
 
 
-def _plain_reader(cfg: KafkaConfig, role: str) -> AIOKafkaConsumer:
+def plain_reader(cfg: KafkaConfig, role: str) -> AIOKafkaConsumer:
     """A consumer that joins no group, commits nothing and sees committed records only."""
     return AIOKafkaConsumer(
         bootstrap_servers=cfg.bootstrap_servers,
@@ -40,7 +41,7 @@ async def fetch_records(cfg: KafkaConfig, refs: Sequence[RecordRef], timeout_ms:
     for ref in refs:
         wanted[TopicPartition(ref.topic, ref.partition)].add(ref.offset)
     found: dict[tuple[str, int, int], Envelope] = {}
-    consumer = _plain_reader(cfg, "reader")
+    consumer = plain_reader(cfg, "reader")
     await consumer.start()
     try:
         for tp, offsets in wanted.items():
@@ -67,6 +68,38 @@ async def fetch_records(cfg: KafkaConfig, refs: Sequence[RecordRef], timeout_ms:
     return [found[(r.topic, r.partition, r.offset)] for r in refs]
 
 
+async def topic_partitions(consumer: AIOKafkaConsumer, topic: str) -> list[TopicPartition]:
+    """The partitions of ``topic`` (full name) as the cluster knows them; [] if it does not
+    exist. aiokafka's public partitions_for_topic only knows subscribed topics."""
+    partitions = (await consumer._client.fetch_all_metadata()).partitions_for_topic(topic) or set()
+    return [TopicPartition(topic, p) for p in sorted(partitions)]
+
+
+async def read_ranges(
+    consumer: AIOKafkaConsumer, ranges: dict[TopicPartition, tuple[int, int]], timeout_ms: int = 10_000,
+) -> AsyncIterator[list[ConsumerRecord]]:
+    """Raw records of each partition in ``[start, end)``, partition by partition, in
+    offset order, as fetched batches. ``consumer`` is a plain reader (:func:`plain_reader`);
+    its assignment is replaced. Raises :class:`RecordMissing` when a partition cannot be
+    read up to ``end`` within ``timeout_ms``."""
+    for tp, (start, end) in ranges.items():
+        if start >= end:
+            continue
+        consumer.assign([tp])
+        consumer.seek(tp, start)
+        # Position, not the last offset seen: compaction and transaction markers leave gaps.
+        while await consumer.position(tp) < end:
+            batch = await consumer.getmany(tp, timeout_ms=timeout_ms)
+            records = batch.get(tp, [])
+            if not records:
+                raise RecordMissing(f"could not read {tp.topic}:{tp.partition} up to offset {end}")
+            wanted = [r for r in records if r.offset < end]
+            if wanted:
+                yield wanted
+            if len(wanted) < len(records):
+                break
+
+
 async def read_topic(cfg: KafkaConfig, topic: str, timeout_ms: int = 10_000) -> list[Envelope]:
     """Every record of ``topic`` (short or full name) from its beginning up to its end
     offsets at the time of the call, decoded; partition by partition, in offset order.
@@ -78,31 +111,22 @@ async def read_topic(cfg: KafkaConfig, topic: str, timeout_ms: int = 10_000) -> 
     """
     if not topic.startswith(cfg.topic_prefix):
         topic = topic_spec(topic, cfg.topic_prefix).name(cfg.topic_prefix)
-    consumer = _plain_reader(cfg, "reader")
+    consumer = plain_reader(cfg, "reader")
     await consumer.start()
     out: list[Envelope] = []
     try:
-        # aiokafka's public partitions_for_topic only knows subscribed topics; ask the
-        # cluster (as bus.admin and bus.tail do).
-        partitions = (await consumer._client.fetch_all_metadata()).partitions_for_topic(topic) or set()
-        tps = [TopicPartition(topic, p) for p in sorted(partitions)]
+        tps = await topic_partitions(consumer, topic)
         if not tps:
             return out
-        consumer.assign(tps)
-        await consumer.seek_to_beginning(*tps)
+        begins = await consumer.beginning_offsets(tps)
         ends = await consumer.end_offsets(tps)
-        for tp in tps:
-            while await consumer.position(tp) < ends[tp]:
-                batch = await consumer.getmany(tp, timeout_ms=timeout_ms)
-                records = batch.get(tp, [])
-                if not records:
-                    raise RecordMissing(f"could not read {tp.topic}:{tp.partition} up to offset {ends[tp]}")
-                for record in records:
-                    try:
-                        out.append(envelope_of(record))
-                    except codec.DecodeFailure as exc:
-                        raise codec.DecodeFailure(
-                            exc.kind, f"{tp.topic}:{tp.partition}@{record.offset}: {exc}") from None
+        async for records in read_ranges(consumer, {tp: (begins[tp], ends[tp]) for tp in tps}, timeout_ms):
+            for record in records:
+                try:
+                    out.append(envelope_of(record))
+                except codec.DecodeFailure as exc:
+                    raise codec.DecodeFailure(
+                        exc.kind, f"{record.topic}:{record.partition}@{record.offset}: {exc}") from None
     finally:
         await consumer.stop()
     return out

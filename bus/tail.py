@@ -1,26 +1,40 @@
-"""``rollway tail``: print a topic's records as JSON lines or a one-line view.
+"""``rollway tail``: answer questions about a topic from its records.
 
-A plain Kafka reader: it assigns partitions itself and joins no consumer group
-(unless ``group`` is given), so tailing never disturbs the components. Records that do
-not decode are printed as hex with the decode error instead of stopping the tail.
+A plain Kafka reader (:mod:`bus.reader`): it assigns partitions itself and joins no
+consumer group (unless ``group`` is given), so tailing never disturbs the components.
+
+* ``--last N`` (the default start, N=10) is the newest N records *that match the
+  filters*, counted across all partitions and printed merged by record time.
+* ``--from-beginning`` / ``--since`` / ``--offset`` print every match from there to the
+  end offsets seen at start, partition by partition.
+* ``-f`` then keeps printing new records; ``-f`` alone starts from now.
+* stdout carries matching events only. Records that do not decode go to stderr (JSON or
+  a line, as ``--format`` says), or with ``skip_undecodable`` only their count does.
 """
 
 from __future__ import annotations
 
 import asyncio
 import datetime as dt
+import difflib
 import operator
 import re
+import sys
 import time
+import types
+import typing
 from typing import Any, Callable, TextIO
 
 import msgspec
-from aiokafka import AIOKafkaConsumer, TopicPartition
+from aiokafka import TopicPartition
 
 from bus import codec
 from bus.config import KafkaConfig
-from bus.topics import TOPICS
+from bus.reader import plain_reader, read_ranges, topic_partitions
+from bus.topics import TOPICS, topic_spec
 from schemas import TrajectoryChunk, arrays
+
+DEFAULT_LAST = 10
 
 
 class TailError(ValueError):
@@ -33,7 +47,7 @@ class TailOptions(msgspec.Struct, kw_only=True):
     from_beginning: bool = False
     offsets: list[str] = []  # "P:O"
     since: str | None = None  # "10m", "2h", ISO time or epoch milliseconds
-    last: int = 10  # default start: the last N records of each partition
+    last: int | None = None  # the newest N matches; default 10, or 0 with follow
     follow: bool = False
     limit: int | None = None
     key: str | None = None
@@ -41,7 +55,9 @@ class TailOptions(msgspec.Struct, kw_only=True):
     meta: bool = False  # partition, offset, timestamp, headers
     decode_arrays: bool = False  # expand packed per-token arrays into numbers
     group: str | None = None
-    idle_timeout_s: float = 2.0  # without --follow: stop after this long with nothing new
+    skip_undecodable: bool = False  # count undecodable records instead of printing them
+    max_width: int | None = None  # line format: cut each field value to this many characters
+    idle_timeout_s: float = 2.0  # with a group and without --follow: stop after this long idle
 
 
 # -- option parsing -------------------------------------------------------------------
@@ -118,9 +134,53 @@ def parse_where(specs: list[str]) -> list[Condition]:
     return out
 
 
+# Keys a printed event has beyond its struct fields: its type, and what --decode-arrays adds.
+_EXTRA_KEYS = {"type"}
+_DECODED_KEYS = {"kept_sets", "token_versions"}
+
+
+def _struct_of(annotation: Any) -> type[msgspec.Struct] | None:
+    """The Struct an annotation names (also inside ``X | None``), else None."""
+    if isinstance(annotation, type) and issubclass(annotation, msgspec.Struct):
+        return annotation
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType):
+        for arg in typing.get_args(annotation):
+            found = _struct_of(arg)
+            if found is not None:
+                return found
+    return None
+
+
+def _path_problem(cls: type[msgspec.Struct], path: list[str], decode_arrays: bool) -> str | None:
+    """Why ``path`` is not a field of ``cls`` (None when it is)."""
+    extra = _EXTRA_KEYS | (_DECODED_KEYS if decode_arrays else set())
+    for depth, part in enumerate(path):
+        fields = {f.name: f.type for f in msgspec.structs.fields(cls)}
+        if part not in fields and not (depth == 0 and part in extra):
+            names = sorted(fields)
+            near = difflib.get_close_matches(part, names, n=1)
+            hint = f" (did you mean {near[0]!r}?)" if near else ""
+            return f"{cls.__name__} has no field {part!r}{hint}; fields: {', '.join(names)}"
+        inner = _struct_of(fields.get(part))
+        if inner is None:
+            return None  # a scalar, list or dict: deeper keys are the data's business
+        cls = inner
+    return None
+
+
+def check_where(conditions: list[Condition], event_types: list[type], decode_arrays: bool = False) -> None:
+    """Refuse a condition naming a field that none of ``event_types`` has (a typo would
+    otherwise match nothing and look like "no such records")."""
+    for cond in conditions:
+        problems = [_path_problem(cls, cond.path, decode_arrays) for cls in event_types]
+        if event_types and all(problems):
+            raise TailError(f"--where {'.'.join(cond.path)}{cond.op}{cond.value}: {problems[0]}")
+
+
 # -- rendering -------------------------------------------------------------------------
-def event_to_builtins(event: Any, decode_arrays: bool) -> dict[str, Any]:
-    data = msgspec.to_builtins(event)  # bytes become base64 strings
+def event_to_builtins(event: Any, decode_arrays: bool, keep_bytes: bool = False) -> dict[str, Any]:
+    """The event as plain data; bytes become base64 strings unless ``keep_bytes``."""
+    data = msgspec.to_builtins(event, builtin_types=(bytes,) if keep_bytes else ())
     if decode_arrays and isinstance(event, TrajectoryChunk):
         data["token_ids"] = event.token_array().tolist()
         data["logprobs"] = [round(float(x), 6) for x in event.logprob_array()]
@@ -135,44 +195,122 @@ def event_to_builtins(event: Any, decode_arrays: bool) -> dict[str, Any]:
     return data
 
 
-def _short(value: Any) -> str:
-    text = value if isinstance(value, str) else msgspec.json.encode(value).decode()
+def iso_time(timestamp_ms: int) -> str:
+    when = dt.datetime.fromtimestamp(timestamp_ms / 1000, dt.timezone.utc)
+    return when.isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def _field_text(value: Any, max_width: int | None) -> str:
+    if isinstance(value, bytes):
+        text = f"<{len(value)} bytes>"  # packed arrays: --decode-arrays shows the numbers
+    elif isinstance(value, str):
+        text = value
+    else:
+        text = msgspec.json.encode(value, enc_hook=lambda b: f"<{len(b)} bytes>").decode()
     text = text.replace("\n", "\\n")
-    return text if len(text) <= 40 else text[:37] + "..."
+    if max_width is not None and len(text) > max_width:
+        text = text[:max(max_width - 3, 0)] + "..."
+    return text
 
 
-def render_line(record, type_name: str, data: dict[str, Any] | None, error: str | None, meta: bool) -> str:
-    when = dt.datetime.fromtimestamp(record.timestamp / 1000, dt.timezone.utc).strftime("%H:%M:%S.%f")[:-3]
-    head = f"{when} {record.topic}:{record.partition}@{record.offset}"
+def render_line(record, type_name: str | None, data: dict[str, Any] | None, error: str | None, meta: bool,
+                max_width: int | None = None) -> str:
+    head = f"{iso_time(record.timestamp)} {record.topic}:{record.partition}@{record.offset}"
     if meta and record.headers:
         head += " [" + ",".join(f"{k}={v.decode(errors='replace')}" for k, v in record.headers) + "]"
     if error is not None:
         return f"{head} UNDECODABLE {error} value={(record.value or b'').hex()}"
     fields = " ".join(
-        f"{k}={_short(v)}" for k, v in (data or {}).items()
-        if v not in ("", None, [], {}) and not (isinstance(v, str) and len(v) > 200)
+        f"{k}={_field_text(v, max_width)}" for k, v in (data or {}).items() if v not in ("", None, [], {}, b"")
     )
     key = (record.key or b"").decode(errors="replace")
     return f"{head} {type_name} key={key} {fields}"
 
 
-def render_json(record, type_name: str | None, data: dict[str, Any] | None, error: str | None, meta: bool) -> str:
+def render_json(record, type_name: str | None, data: dict[str, Any] | None, error: str | None, meta: bool,
+                max_width: int | None = None) -> str:
     if error is not None:
         out = {"undecodable": True, "error": error, "value_hex": (record.value or b"").hex(),
                "topic": record.topic, "partition": record.partition, "offset": record.offset,
+               "timestamp_ms": record.timestamp, "time": iso_time(record.timestamp),
                "key": (record.key or b"").decode(errors="replace")}
         return msgspec.json.encode(out).decode()
     out = {"type": type_name, **(data or {})}
     if meta:
         out["_meta"] = {
             "topic": record.topic, "partition": record.partition, "offset": record.offset,
-            "timestamp_ms": record.timestamp, "key": (record.key or b"").decode(errors="replace"),
+            "timestamp_ms": record.timestamp, "time": iso_time(record.timestamp),
+            "key": (record.key or b"").decode(errors="replace"),
             "headers": {k: v.decode(errors="replace") for k, v in (record.headers or ())},
         }
     return msgspec.json.encode(out).decode()
 
 
-# -- the tail loop -------------------------------------------------------------------------
+# -- matching and printing -------------------------------------------------------------------
+class _LimitReached(Exception):
+    pass
+
+
+class _Item(msgspec.Struct):
+    """A record that matched (``event`` set) or did not decode (``error`` set)."""
+
+    record: Any
+    type_name: str | None
+    data: dict[str, Any] | None
+    error: str | None
+
+    @property
+    def order(self) -> tuple[int, int, int]:
+        return (self.record.timestamp, self.record.partition, self.record.offset)
+
+
+class _Printer:
+    """Filters records and writes matches to ``out``, undecodable ones to ``err``."""
+
+    def __init__(self, opts: TailOptions, conditions: list[Condition], out: TextIO, err: TextIO) -> None:
+        self.opts = opts
+        self.conditions = conditions
+        self.out = out
+        self.err = err
+        self.render = render_json if opts.format == "json" else render_line
+        self.printed = 0
+        self.undecodable = 0
+
+    def classify(self, record) -> _Item | None:
+        """The record as a match or an undecodable item; None when filtered out."""
+        if self.opts.key is not None and (record.key or b"").decode(errors="replace") != self.opts.key:
+            return None
+        try:
+            event = codec.decode(record.value, tuple(record.headers or ()))
+        except codec.DecodeFailure as exc:
+            return _Item(record, None, None, str(exc))
+        data = event_to_builtins(event, self.opts.decode_arrays, keep_bytes=self.opts.format == "line")
+        type_name = type(event).__name__
+        if self.conditions and not all(c.matches({"type": type_name, **data}) for c in self.conditions):
+            return None
+        return _Item(record, type_name, data, None)
+
+    def emit(self, item: _Item) -> None:
+        if item.error is not None:
+            self.undecodable += 1
+            if not self.opts.skip_undecodable:
+                self.err.write(self.render(item.record, None, None, item.error, self.opts.meta) + "\n")
+                self.err.flush()
+            return
+        self.out.write(self.render(item.record, item.type_name, item.data, None, self.opts.meta,
+                                   self.opts.max_width) + "\n")
+        self.out.flush()
+        self.printed += 1
+        if self.opts.limit is not None and self.printed >= self.opts.limit:
+            raise _LimitReached
+
+    def feed(self, record) -> None:
+        item = self.classify(record)
+        if item is not None:
+            self.emit(item)
+
+
+# -- the tail --------------------------------------------------------------------------------
 def full_topic_name(cfg: KafkaConfig, topic: str) -> str:
     if topic.startswith(cfg.topic_prefix):
         return topic
@@ -181,89 +319,76 @@ def full_topic_name(cfg: KafkaConfig, topic: str) -> str:
     return topic  # any other topic name, printed raw if its records are not events
 
 
-async def tail(cfg: KafkaConfig, opts: TailOptions, out: TextIO) -> int:
-    """Print matching records; returns how many were printed."""
+def _event_types(cfg: KafkaConfig, topic: str) -> list[type]:
+    """The event types a topic carries ([] for a topic outside the registry)."""
+    try:
+        return [topic_spec(topic, cfg.topic_prefix).event_type] if topic.startswith(cfg.topic_prefix) else []
+    except KeyError:
+        return []
+
+
+async def tail(cfg: KafkaConfig, opts: TailOptions, out: TextIO, err: TextIO | None = None,
+               live: asyncio.Event | None = None) -> int:
+    """Print matching records; returns how many were printed. ``live`` is set once the
+    bounded part is printed and, with ``follow``, the positions for new records are fixed
+    (anything published after that is printed)."""
+    err = err if err is not None else sys.stderr
     conditions = parse_where(opts.where)
     start_offsets = parse_offsets(opts.offsets)
     since_ms = parse_since(opts.since) if opts.since else None
+    if opts.last is not None and opts.last < 0:
+        raise TailError(f"--last {opts.last}: must be 0 or more")
     topic = full_topic_name(cfg, opts.topic)
-    consumer = AIOKafkaConsumer(
-        bootstrap_servers=cfg.bootstrap_servers,
-        client_id=f"{cfg.client_id}-tail",
-        group_id=opts.group,
-        enable_auto_commit=opts.group is not None,
-        auto_offset_reset="earliest",
-        isolation_level="read_committed",
-    )
-    await consumer.start()
-    printed = 0
+    check_where(conditions, _event_types(cfg, topic), opts.decode_arrays)
+    printer = _Printer(opts, conditions, out, err)
+    consumer = plain_reader(cfg, "tail") if opts.group is None else None
     try:
-        partitions = (await consumer._client.fetch_all_metadata()).partitions_for_topic(topic)
-        if not partitions:
-            raise TailError(f"topic {topic} does not exist")
-        tps = [TopicPartition(topic, p) for p in sorted(partitions)]
-        unknown = set(start_offsets) - set(partitions)
-        if unknown:
-            raise TailError(f"--offset names partitions {sorted(unknown)} that {topic} does not have")
         if opts.group is not None:
-            consumer.subscribe([topic])
+            await _tail_as_group(cfg, topic, opts, printer)
         else:
-            consumer.assign(tps)
-            await _position(consumer, tps, opts, start_offsets, since_ms)
-        ends = await consumer.end_offsets(tps)
-        render = render_json if opts.format == "json" else render_line
-        idle_since = time.monotonic()
-        while True:
-            batch = await consumer.getmany(timeout_ms=200)
-            if not batch:
-                if not opts.follow:
-                    positions_done = opts.group is None and await _caught_up(consumer, ends)
-                    if positions_done or time.monotonic() - idle_since > opts.idle_timeout_s:
-                        return printed
-                continue
-            idle_since = time.monotonic()
-            for tp_records in batch.values():
-                for record in tp_records:
-                    if opts.key is not None and (record.key or b"").decode(errors="replace") != opts.key:
-                        continue
-                    line = _render_record(record, conditions, opts, render)
-                    if line is None:
-                        continue
-                    out.write(line + "\n")
-                    out.flush()
-                    printed += 1
-                    if opts.limit is not None and printed >= opts.limit:
-                        return printed
+            await consumer.start()
+            await _tail(consumer, topic, opts, printer, start_offsets, since_ms, live)
+    except _LimitReached:
+        pass
     finally:
-        await consumer.stop()
+        if consumer is not None:
+            await consumer.stop()
+        if opts.skip_undecodable and printer.undecodable:
+            print(f"rollway tail: skipped {printer.undecodable} undecodable record(s)", file=err)
+    return printer.printed
 
 
-async def _caught_up(consumer, ends: dict) -> bool:
-    for tp, end in ends.items():
-        if await consumer.position(tp) < end:
-            return False
-    return True
-
-
-def _render_record(record, conditions: list[Condition], opts: TailOptions, render) -> str | None:
-    headers = tuple(record.headers or ())
-    try:
-        event = codec.decode(record.value, headers)
-    except codec.DecodeFailure as exc:
-        if conditions:
-            return None  # nothing to match a field against
-        return render(record, None, None, str(exc), opts.meta)
-    data = event_to_builtins(event, opts.decode_arrays)
-    if not all(c.matches(data) for c in conditions):
-        return None
-    return render(record, type(event).__name__, data, None, opts.meta)
-
-
-async def _position(consumer, tps, opts: TailOptions, start_offsets: dict[int, int], since_ms: int | None) -> None:
+async def _tail(consumer, topic: str, opts: TailOptions, printer: _Printer, start_offsets: dict[int, int],
+                since_ms: int | None, live: asyncio.Event | None) -> None:
+    tps = await topic_partitions(consumer, topic)
+    if not tps:
+        raise TailError(f"topic {topic} does not exist")
+    unknown = set(start_offsets) - {tp.partition for tp in tps}
+    if unknown:
+        raise TailError(f"--offset names partitions {sorted(unknown)} that {topic} does not have")
     begins = await consumer.beginning_offsets(tps)
     ends = await consumer.end_offsets(tps)
+    explicit_start = bool(start_offsets) or since_ms is not None or opts.from_beginning
+    if explicit_start:
+        starts = await _starts(consumer, tps, opts, begins, ends, start_offsets, since_ms)
+        async for records in read_ranges(consumer, {tp: (starts[tp], ends[tp]) for tp in tps}):
+            for record in records:
+                printer.feed(record)
+    else:
+        last = opts.last if opts.last is not None else (0 if opts.follow else DEFAULT_LAST)
+        for item in await _last_matching(consumer, tps, begins, ends, last, printer):
+            printer.emit(item)
+    if opts.follow:
+        await _follow(consumer, tps, ends, printer, live)
+    elif live is not None:
+        live.set()
+
+
+async def _starts(consumer, tps, opts: TailOptions, begins, ends, start_offsets: dict[int, int],
+                  since_ms: int | None) -> dict[TopicPartition, int]:
     if since_ms is not None:
         found = await consumer.offsets_for_times({tp: since_ms for tp in tps})
+    out = {}
     for tp in tps:
         if tp.partition in start_offsets:
             target = start_offsets[tp.partition]
@@ -272,12 +397,80 @@ async def _position(consumer, tps, opts: TailOptions, start_offsets: dict[int, i
         elif since_ms is not None:
             hit = found.get(tp)
             target = hit.offset if hit is not None else ends[tp]
-        elif opts.from_beginning:
-            target = begins[tp]
         else:
-            target = max(begins[tp], ends[tp] - opts.last)
-        consumer.seek(tp, max(min(target, ends[tp]), begins[tp]))
+            target = begins[tp]
+        out[tp] = max(min(target, ends[tp]), begins[tp])
+    return out
 
 
-def run_tail(cfg: KafkaConfig, opts: TailOptions, out: TextIO) -> int:
-    return asyncio.run(tail(cfg, opts, out))
+async def _last_matching(consumer, tps, begins, ends, n: int, printer: _Printer) -> list[_Item]:
+    """The newest ``n`` matches across all partitions merged by record time, with the
+    undecodable records among them. Each partition is read backwards in growing windows
+    until it holds ``n`` matches (no partition can contribute more than that)."""
+    if n == 0:
+        return []
+    items: list[_Item] = []
+    for tp in tps:
+        high, window, found = ends[tp], max(2 * n, 100), 0
+        while high > begins[tp] and found < n:
+            low = max(begins[tp], high - window)
+            async for records in read_ranges(consumer, {tp: (low, high)}):
+                for record in records:
+                    item = printer.classify(record)
+                    if item is not None:
+                        items.append(item)
+                        found += item.error is None
+            high, window = low, window * 2
+    items.sort(key=lambda item: item.order)
+    matches = 0
+    for cut in range(len(items) - 1, -1, -1):
+        matches += items[cut].error is None
+        if matches == n:
+            return items[cut:]
+    return items
+
+
+async def _follow(consumer, tps, ends, printer: _Printer, live: asyncio.Event | None) -> None:
+    """Print records written after ``ends`` until cancelled (Ctrl-C) or the limit."""
+    consumer.assign(tps)
+    for tp in tps:
+        consumer.seek(tp, ends[tp])
+    if live is not None:
+        live.set()
+    while True:
+        batch = await consumer.getmany(timeout_ms=500)
+        for records in batch.values():
+            for record in records:
+                printer.feed(record)
+
+
+async def _tail_as_group(cfg: KafkaConfig, topic: str, opts: TailOptions, printer: _Printer) -> None:
+    """Consume as a consumer group (offsets auto-committed); stops when idle unless following."""
+    from aiokafka import AIOKafkaConsumer
+
+    consumer = AIOKafkaConsumer(
+        bootstrap_servers=cfg.bootstrap_servers, client_id=f"{cfg.client_id}-tail", group_id=opts.group,
+        enable_auto_commit=True, auto_offset_reset="earliest", isolation_level="read_committed",
+    )
+    await consumer.start()
+    try:
+        if not await topic_partitions(consumer, topic):
+            raise TailError(f"topic {topic} does not exist")
+        consumer.subscribe([topic])
+        idle_since = time.monotonic()
+        while True:
+            batch = await consumer.getmany(timeout_ms=200)
+            if not batch:
+                if not opts.follow and time.monotonic() - idle_since > opts.idle_timeout_s:
+                    return
+                continue
+            idle_since = time.monotonic()
+            for records in batch.values():
+                for record in records:
+                    printer.feed(record)
+    finally:
+        await consumer.stop()
+
+
+def run_tail(cfg: KafkaConfig, opts: TailOptions, out: TextIO, err: TextIO | None = None) -> int:
+    return asyncio.run(tail(cfg, opts, out, err))

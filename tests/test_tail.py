@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from bus import EventConsumer, EventProducer
+from bus import EventConsumer, EventProducer, encode
 from bus.tail import TailError, TailOptions, parse_since, tail
 from schemas import Cost, Reward
 from tests.samples import sample_chunk
@@ -25,9 +25,14 @@ def reward(i: int, score: float, turns: int = 1) -> Reward:
 
 
 async def run_tail(cfg, **opts) -> list[str]:
-    out = io.StringIO()
-    await tail(cfg, TailOptions(**opts), out)
-    return out.getvalue().splitlines()
+    return (await run_tail_both(cfg, **opts))[0]
+
+
+async def run_tail_both(cfg, **opts) -> tuple[list[str], list[str]]:
+    """(stdout lines, stderr lines) of a tail."""
+    out, err = io.StringIO(), io.StringIO()
+    await tail(cfg, TailOptions(**opts), out, err)
+    return out.getvalue().splitlines(), err.getvalue().splitlines()
 
 
 @pytest.fixture
@@ -42,16 +47,21 @@ async def rewards_topic(kafka_config):
     return kafka_config
 
 
-async def test_tail_from_beginning_json_lines_and_garbage_as_hex(rewards_topic):
-    lines = await run_tail(rewards_topic, topic="rewards", from_beginning=True)
-    assert len(lines) == 13
+async def test_tail_from_beginning_json_lines_and_garbage_on_stderr(rewards_topic):
+    lines, errors = await run_tail_both(rewards_topic, topic="rewards", from_beginning=True)
+    # Regression: stdout is events only (jq used to get rows of nulls); garbage goes to stderr.
     parsed = [json.loads(line) for line in lines]
-    good = [p for p in parsed if not p.get("undecodable")]
-    assert sorted(p["trajectory_id"] for p in good) == sorted(f"traj-{i}" for i in range(12))
-    assert all(p["type"] == "Reward" for p in good)
-    (bad,) = [p for p in parsed if p.get("undecodable")]
-    assert bad["value_hex"] == "deadbeef" and "cannot decode Reward" in bad["error"]
-    assert bad["partition"] == 0 and bad["key"] == "junk"
+    assert sorted(p["trajectory_id"] for p in parsed) == sorted(f"traj-{i}" for i in range(12))
+    assert all(p["type"] == "Reward" for p in parsed)
+    (bad,) = [json.loads(line) for line in errors]
+    assert bad["undecodable"] is True and bad["value_hex"] == "deadbeef" and "cannot decode Reward" in bad["error"]
+    assert bad["partition"] == 0 and bad["key"] == "junk" and bad["time"].endswith("Z")
+    # Regression: with --where, undecodable records used to vanish without notice.
+    lines, errors = await run_tail_both(rewards_topic, topic="rewards", from_beginning=True, where=["score=1"])
+    assert len(lines) == 6 and len(errors) == 1 and json.loads(errors[0])["value_hex"] == "deadbeef"
+    # Or skipped, with their count.
+    lines, errors = await run_tail_both(rewards_topic, topic="rewards", from_beginning=True, skip_undecodable=True)
+    assert len(lines) == 12 and errors == ["rollway tail: skipped 1 undecodable record(s)"]
 
 
 async def test_tail_filters_key_where_limit_and_meta(rewards_topic):
@@ -70,34 +80,105 @@ async def test_tail_filters_key_where_limit_and_meta(rewards_topic):
     assert meta["topic"] == rewards_topic.topic_prefix + "rewards" and meta["offset"] >= 0
 
 
-async def test_tail_offset_and_last(rewards_topic):
-    all_lines = [json.loads(x) for x in await run_tail(rewards_topic, topic="rewards", from_beginning=True, meta=True)]
-    p0 = [x for x in all_lines if not x.get("undecodable") and x["_meta"]["partition"] == 0]
-    lines = await run_tail(rewards_topic, topic="rewards", offsets=["0:2"], meta=True)
-    offsets = [json.loads(x).get("_meta", json.loads(x)).get("offset") for x in lines]
-    assert offsets == list(range(2, len(p0) + 1))  # partition 0 only, from offset 2, garbage last
-    lines = await run_tail(rewards_topic, topic="rewards", last=1)
-    assert len(lines) == 2  # the newest record of each of the two partitions
+async def test_tail_offset(rewards_topic):
+    lines, errors = await run_tail_both(rewards_topic, topic="rewards", offsets=["0:0"], meta=True)
+    # Partition 0 only (keys k0/k1 both land on partition 1): just the garbage record.
+    assert lines == [] and [json.loads(e)["offset"] for e in errors] == [0]
+    lines = await run_tail(rewards_topic, topic="rewards", offsets=["1:10"], meta=True)
+    assert [json.loads(x)["_meta"]["offset"] for x in lines] == [10, 11]
 
 
 async def test_tail_since(rewards_topic):
-    assert len(await run_tail(rewards_topic, topic="rewards", since="1h")) == 13
+    lines, errors = await run_tail_both(rewards_topic, topic="rewards", since="1h")
+    assert len(lines) == 12 and len(errors) == 1
     future = str(int(time.time() * 1000) + 3_600_000)
-    assert await run_tail(rewards_topic, topic="rewards", since=future) == []
+    assert await run_tail_both(rewards_topic, topic="rewards", since=future) == ([], [])
 
 
-async def test_tail_follow_sees_new_records(kafka_config):
+BASE_MS = 1_780_000_000_000
+
+
+@pytest.fixture
+async def timed_rewards(kafka_config):
+    """20 rewards one second apart, alternating between the 2 partitions, written
+    partition 0 first: fetch order is not time order. Then a garbage record, newest."""
+    topic = kafka_config.topic_prefix + "rewards"
+    async with EventProducer(kafka_config) as producer:
+        for partition in (0, 1):
+            for i in range(partition, 20, 2):
+                value, headers = encode(reward(i, score=1.0 if i % 2 else 0.0, turns=i))
+                await producer.raw.send_and_wait(topic, value, key=f"k{i}".encode(), headers=headers,
+                                                 partition=partition, timestamp_ms=BASE_MS + i * 1000)
+        await producer.raw.send_and_wait(topic, b"\x01", key=b"junk", headers=[("rollway-type", b"Reward")],
+                                         partition=1, timestamp_ms=BASE_MS + 60_000)
+    return kafka_config
+
+
+async def test_tail_last_counts_across_partitions_after_filtering_merged_by_time(timed_rewards):
+    # Regression: --last counted per partition before --where (4 records, out of order).
+    lines, errors = await run_tail_both(timed_rewards, topic="rewards", last=5, where=["task_id=task-0"])
+    assert [json.loads(x)["sample_index"] for x in lines] == [6, 9, 12, 15, 18]
+    assert len(errors) == 1  # the garbage record is newer than the oldest match printed
+    # Regression: no flags printed 10 per partition; now the newest 10 overall, in time order.
+    lines = await run_tail(timed_rewards, topic="rewards", skip_undecodable=True)
+    assert [json.loads(x)["sample_index"] for x in lines] == list(range(10, 20))
+    lines = await run_tail(timed_rewards, topic="rewards", last=3, where=["score=1", "cost.turns<=9"])
+    assert [json.loads(x)["sample_index"] for x in lines] == [5, 7, 9]
+    lines = await run_tail(timed_rewards, topic="rewards", last=100)
+    assert [json.loads(x)["sample_index"] for x in lines] == list(range(20))
+    assert await run_tail(timed_rewards, topic="rewards", last=0) == []
+    with pytest.raises(TailError, match="--last -1"):
+        await run_tail(timed_rewards, topic="rewards", last=-1)
+
+
+async def test_tail_line_format_has_full_timestamps_and_whole_nested_fields(timed_rewards):
+    (line,) = await run_tail(timed_rewards, topic="rewards", last=1, format="line")
+    assert line.startswith("2026-05-28T20:26:59.000Z ")  # BASE_MS + 19 s, with the date, in UTC
+    cost = '{"generated_tokens":190,"env_tokens":0,"turns":19,"tool_seconds":0.0,"segments":1}'
+    assert f" cost={cost} " in line  # regression: nested fields were cut at 40 characters
+    (short,) = await run_tail(timed_rewards, topic="rewards", last=1, format="line", max_width=12)
+    assert ' cost={"generat... ' in short and " trajectory_id=traj-19 " in short
+
+
+async def test_tail_where_field_names_are_checked_against_the_event_type(timed_rewards):
+    # Regression: a typo printed nothing and looked like "no such records".
+    with pytest.raises(TailError, match=r"--where scor=1: Reward has no field 'scor' \(did you mean 'score'\?\)"):
+        await run_tail(timed_rewards, topic="rewards", where=["scor=1"])
+    with pytest.raises(TailError, match="Cost has no field 'turnz'"):
+        await run_tail(timed_rewards, topic="rewards", where=["cost.turnz>1"])
+    with pytest.raises(TailError, match="EvalResult has no field 'pass_at1'"):
+        await run_tail(timed_rewards, topic="evals", where=["pass_at1>0"])
+    assert await run_tail(timed_rewards, topic="evals", where=["pass_at_1>0", "per_kind.arith>0"]) == []
+    assert len(await run_tail(timed_rewards, topic="rewards", where=["type=Reward"], last=2)) == 2
+
+
+async def test_tail_follow_alone_prints_only_new_records(rewards_topic):
     import asyncio
 
-    out = io.StringIO()
-    task = asyncio.create_task(tail(kafka_config, TailOptions(topic="rewards", follow=True, limit=2), out))
-    await asyncio.sleep(1.0)
-    async with EventProducer(kafka_config) as producer:
+    out, live = io.StringIO(), asyncio.Event()
+    task = asyncio.create_task(tail(rewards_topic, TailOptions(topic="rewards", follow=True, limit=2), out,
+                                    io.StringIO(), live))
+    await asyncio.wait_for(live.wait(), 20)
+    assert out.getvalue() == ""  # regression: -f used to replay old records first
+    async with EventProducer(rewards_topic) as producer:
         await producer.publish(reward(100, 1.0))
         await producer.publish(reward(101, 0.0))
     assert await asyncio.wait_for(task, 20) == 2
     # Different keys may land on different partitions: no order across them.
     assert sorted(json.loads(x)["sample_index"] for x in out.getvalue().splitlines()) == [100, 101]
+
+
+async def test_tail_last_then_follow(rewards_topic):
+    import asyncio
+
+    out, live = io.StringIO(), asyncio.Event()
+    opts = TailOptions(topic="rewards", follow=True, last=2, limit=3, skip_undecodable=True)
+    task = asyncio.create_task(tail(rewards_topic, opts, out, io.StringIO(), live))
+    await asyncio.wait_for(live.wait(), 20)
+    async with EventProducer(rewards_topic) as producer:
+        await producer.publish(reward(102, 1.0))
+    assert await asyncio.wait_for(task, 20) == 3
+    assert [json.loads(x)["sample_index"] for x in out.getvalue().splitlines()] == [10, 11, 102]
 
 
 async def test_tail_line_format_and_decoded_arrays(kafka_config):
@@ -167,3 +248,41 @@ async def test_rollway_tail_and_topics_commands(rewards_topic):
     # committed (lag 0), otherwise the partition has no committed offset and no lag.
     assert rows[1][2:] == ["0", "12", "lag-check=7(at", "5)"]
     assert rows[0][2:] in (["0", "1", "-"], ["0", "1", "lag-check=0(at", "1)"])
+
+
+def test_rollway_tail_where_typo_exits_2_and_help_lists_the_questions():
+    proc = subprocess.run([sys.executable, "-m", "rollway.cli", "tail", "rewards", "--where", "scor=1"],
+                          capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "KAFKA_BOOTSTRAP_SERVERS": "127.0.0.1:1"})
+    assert proc.returncode == 2 and proc.stdout == ""
+    assert proc.stderr.startswith("rollway tail: --where scor=1: Reward has no field 'scor'")
+    proc = subprocess.run([sys.executable, "-m", "rollway.cli", "tail", "--help"], capture_output=True, text=True,
+                          timeout=60)
+    assert "rollway tail rewards --last 5 --where task_id=task-3" in proc.stdout
+    assert "rollway tail rewards -f" in proc.stdout
+
+
+async def test_rollway_tail_exits_cleanly_on_ctrl_c_and_closed_pipe(rewards_topic):
+    import asyncio
+    import signal
+
+    argv = [sys.executable, "-m", "rollway.cli", "tail", "rewards", "--from-beginning", "-f", "--skip-undecodable"]
+    interrupted = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                   env=cli_env(rewards_topic))
+    piped = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                             env=cli_env(rewards_topic))
+    try:
+        for proc in (interrupted, piped):  # each is following once its first record is out
+            assert "traj-" in await asyncio.wait_for(asyncio.to_thread(proc.stdout.readline), 60)
+        interrupted.send_signal(signal.SIGINT)
+        _, err = await asyncio.to_thread(interrupted.communicate, timeout=30)
+        assert interrupted.returncode == 130 and "Traceback" not in err, err
+        piped.stdout.close()  # `| head` has what it wanted; the next write hits a closed pipe
+        async with EventProducer(rewards_topic) as producer:
+            await producer.publish(reward(200, 1.0))
+        err = await asyncio.wait_for(asyncio.to_thread(piped.stderr.read), 60)
+        assert await asyncio.to_thread(piped.wait, 30) == 0 and "Traceback" not in err, err
+        assert "Exception ignored" not in err, err
+    finally:
+        interrupted.kill()
+        piped.kill()
