@@ -169,14 +169,18 @@ async def test_eval_cli_publishes_the_result_and_nothing_trainable(stack, kafka_
     assert doc["record"] == {"topic": kafka_config.topic_prefix + "evals", "partition": 0, "offset": 0}
     await assert_nothing_trainable(kafka_config)
 
-    # The table for people: each kind, the total, the version; --no-publish publishes nothing.
-    code, out, err = await rollway(config, "eval", "--tasks", str(tmp_path / "tasks"), "--version", "0",
+    # A family split the sandbox resolves by id, shown as a table; --no-publish publishes
+    # nothing. Every untouched family repository fails its hidden tests.
+    code, out, err = await rollway(config, "eval", "--split", "heldout", "--max-tasks", "4", "--version", "0",
                                    "--samples", "1", "--no-publish")
     assert code == 0, err
-    assert table_rows(out) == [["arith", "2", "0.500"], ["text", "1", "1.000"], ["all", "3", "0.667"]], out
-    assert out.splitlines()[0].startswith(f"dir:{tmp_path}/tasks: {MODEL} v0, 3 tasks x 1 samples, temperature 1, ")
+    assert out.splitlines()[0].startswith(f"family:heldout: {MODEL} v0, 4 tasks x 1 samples, temperature 1, ")
+    assert table_rows(out) == [["arith", "1", "0.000"], ["fix", "1", "0.000"], ["lists", "1", "0.000"],
+                               ["text", "1", "0.000"], ["all", "4", "0.000"]], out
+    assert "mean reward 0.0000   mean generated tokens 1.0   cheated 0   errors 0" in out
     assert "published" not in out
     assert len([e for e in await read_all(kafka_config, "evals") if isinstance(e, EvalResult)]) == 1
+    await assert_nothing_trainable(kafka_config)
 
 
 async def test_evaluator_follows_weights_and_evaluates_every_n_versions(stack, kafka_config, tmp_path):
@@ -217,6 +221,19 @@ async def test_evaluator_follows_weights_and_evaluates_every_n_versions(stack, k
     assert beats[-1].status == "stopped" and beats[-1].weight_version == 4 and beats[-1].replica_id == "ev-1"
     assert "evaluating" in {b.status for b in beats}
     await assert_nothing_trainable(kafka_config)
+
+    # Restarted, it finds 0, 2 and 4 in the evals log and its group's offsets past 5:
+    # it goes straight to waiting and evaluates nothing again.
+    proc = await start()
+    try:
+        await read_topic(kafka_config, "health", lambda evs: any(
+            isinstance(e, Heartbeat) and e.pid == proc.pid and e.status == "waiting" for e in evs), timeout_s=120)
+    finally:
+        await stop(proc)
+    again = [e for e in await read_all(kafka_config, "evals") if isinstance(e, EvalResult)]
+    assert versions(again) == [0, 2, 4]
+    beats = [e for e in await read_all(kafka_config, "health") if isinstance(e, Heartbeat) and e.pid == proc.pid]
+    assert "evaluating" not in {b.status for b in beats} and beats[-1].status == "stopped"
 
 
 async def test_bad_input_is_one_clear_line_and_a_nonzero_exit(kafka_config, tmp_path):
