@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -17,7 +18,7 @@ from bus import ensure_topics
 from bus.config import KafkaConfig
 from rollway.broker import free_ports
 from sampler.testing import agent_model_dir, read_topic
-from schemas import Heartbeat, TrainStep, TrajectoryChunk, WeightVersion
+from schemas import Heartbeat, Metrics, TrainStep, TrajectoryChunk, WeightVersion
 from tests.conftest import unique
 
 pytestmark = [pytest.mark.kafka, pytest.mark.vllm, pytest.mark.slow]
@@ -72,7 +73,8 @@ async def test_rollway_up_runs_the_whole_loop_and_stops_cleanly(kafka_bootstrap,
     kafka = KafkaConfig(bootstrap_servers=kafka_bootstrap, topic_prefix=prefix)
     await ensure_topics(kafka)  # so our readers can subscribe before `up` gets there
     up = subprocess.Popen(
-        [sys.executable, "-m", "rollway.cli", "--config", str(config), "up", "--samplers", "1",
+        # The evaluator (a second engine) has its own live-stack test; this one is the training loop.
+        [sys.executable, "-m", "rollway.cli", "--config", str(config), "up", "--samplers", "1", "--without", "evaluator",
          "--log-dir", str(tmp_path / "logs")],
         cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )
@@ -94,6 +96,12 @@ async def test_rollway_up_runs_the_whole_loop_and_stops_cleanly(kafka_bootstrap,
                             for e in evs),
             timeout_s=120,
         )
+        # The sampler records each applied update's pause on the metrics topic (for plots).
+        metrics = await read_topic(
+            kafka, "metrics",
+            lambda evs: any(isinstance(e, Metrics) and e.source == "sampler:sampler-0" for e in evs),
+            timeout_s=60,
+        )
     finally:
         up.send_signal(signal.SIGTERM)
         try:
@@ -113,6 +121,11 @@ async def test_rollway_up_runs_the_whole_loop_and_stops_cleanly(kafka_bootstrap,
     sampler_beats = [b for b in beats if isinstance(b, Heartbeat) and b.role == "sampler"]
     assert max(b.weight_version for b in sampler_beats) >= 2
     assert any(isinstance(c, TrajectoryChunk) and c.final for c in chunks)
+    pauses = [m for m in metrics if isinstance(m, Metrics) and m.source == "sampler:sampler-0"]
+    assert all(m.weight_version >= 1 and m.values["apply_pause_ms"] > 0 for m in pauses)
+    # The view followed the trainer's metrics; nothing needed a restart.
+    seen = re.search(r"rollway up: stopped \(train step (\d+), restarts 0, ", output)
+    assert seen is not None and int(seen.group(1)) >= 2, output[-3000:]
     # Every child is gone after SIGTERM: no component outlives `rollway up`.
     time.sleep(0.5)
     leftover = subprocess.run(["pgrep", "-f", str(config)], capture_output=True, text=True).stdout.split()
