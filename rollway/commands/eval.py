@@ -57,11 +57,15 @@ def configured(args: argparse.Namespace, cfg):
 
 def run(args: argparse.Namespace) -> int:
     import asyncio
+    import os
     import sys
 
     from rollway.commands import load_config_or_exit
     from rollway.logging import configure_logging
 
+    # stdout is for the table or the JSON document: vLLM logs to stdout unless told not to.
+    os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
     cfg = load_config_or_exit(args, "eval")
     configure_logging("eval", "cli", level="warning")
     if args.split is not None and args.tasks is not None:
