@@ -23,7 +23,7 @@ from rollway.commands.up import explicitly_set, plan
 from rollway.live_state import LiveState
 from rollway.live_view import render, status_line
 from rollway.log_follow import LogFollower
-from rollway.supervisor import ComponentStatus, RestartPolicy
+from rollway.supervisor import ComponentSpec, ComponentStatus, CrashLoop, RestartPolicy, Supervisor
 from schemas import Cost, DeadLetter, EvalResult, Heartbeat, Metrics, Reward, Task
 from tests.conftest import TEST_PARTITIONS, unique
 
@@ -88,6 +88,81 @@ def test_explicitly_set_reads_file_and_environment(tmp_path):
     assert explicitly_set(str(cfg), {}, "feeder", "tasks_dir")
     assert not explicitly_set(str(cfg), {}, "feeder", "group_size")
     assert explicitly_set(None, {"ROLLWAY_FEEDER__TASKS_DIR": "x"}, "feeder", "tasks_dir")
+
+
+# -- the supervisor's policy on real processes, with a clock the test moves -------------------
+def spec(tmp: Path, name: str, code: str, **kw) -> ComponentSpec:
+    return ComponentSpec(name=name, argv=[sys.executable, "-c", code], env=dict(os.environ),
+                         log_path=tmp / f"{name}.log", **kw)
+
+
+def state_of(sup: Supervisor, name: str) -> ComponentStatus:
+    return next(s for s in sup.statuses() if s.name == name)
+
+
+def test_supervisor_backoff_reset_and_crash_loop(tmp_path):
+    now = [0.0]
+    notes: list[str] = []
+    policy = RestartPolicy(backoff_initial_s=1.0, backoff_max_s=4.0, backoff_reset_after_s=10.0,
+                           crash_loop_exits=4, crash_loop_window_s=30.0)
+    sup = Supervisor([spec(tmp_path, "c", "import sys; sys.exit(3)")], policy, clock=lambda: now[0],
+                     notify=notes.append)
+
+    def exited() -> bool:
+        sup.tick()
+        return state_of(sup, "c").state == "restarting"
+
+    sup.start_all()
+    wait_until(exited, 30, "the first exit")  # noticed at t=0: restart at t=1
+    assert (state_of(sup, "c").restarts, state_of(sup, "c").last_exit) == (0, 3)
+    now[0] = 0.9
+    sup.tick()
+    assert state_of(sup, "c").state == "restarting"
+    now[0] = 1.0
+    sup.tick()
+    assert (state_of(sup, "c").state, state_of(sup, "c").restarts) == ("running", 1)
+    wait_until(exited, 30, "the second exit")  # 2nd quick exit in a row at t=1: 2 s
+    now[0] = 2.9
+    sup.tick()
+    assert state_of(sup, "c").state == "restarting"
+    now[0] = 3.0
+    sup.tick()
+    assert state_of(sup, "c").restarts == 2
+    now[0] = 20.0  # this run lasted 17 s >= backoff_reset_after_s: back to 1 s
+    wait_until(exited, 30, "the third exit")
+    now[0] = 21.0
+    sup.tick()
+    assert state_of(sup, "c").restarts == 3
+    with pytest.raises(CrashLoop) as crash:  # 4 exits within 30 s (t = 0, 1, 20, 21)
+        wait_until(lambda: sup.tick() or False, 30, "the fourth exit")
+    assert str(crash.value) == (f"c exited 4 times within 30 s (last exit code 3); giving up. "
+                                f"See its log: {tmp_path / 'c.log'}")
+    assert state_of(sup, "c").state == "crashed"
+    exits, restarts = notes[0::2], notes[1::2]
+    assert [n.split(" after ")[0] for n in exits] == ["c exited (code 3)"] * 3
+    assert [n.split("; ")[1] for n in exits] == [f"restarting in {d} s (see {tmp_path / 'c.log'})" for d in (1, 2, 1)]
+    assert [n.split(", pid")[0] for n in restarts] == [f"c restarted (restart {i}" for i in (1, 2, 3)]
+
+
+def test_supervisor_finished_component_and_staged_stop(tmp_path):
+    sup = Supervisor([
+        spec(tmp_path, "done", "pass", done_on_success=True),
+        spec(tmp_path, "polite", "import time; time.sleep(120)", stop_stage=0),
+        spec(tmp_path, "stubborn", "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+                                   "print('ready', flush=True); time.sleep(120)", stop_stage=1),
+    ], RestartPolicy())
+    sup.start_all()
+
+    def finished() -> bool:
+        sup.tick()
+        return sup.finished("done")
+
+    wait_until(finished, 30, "the finishing component")  # exit 0 with done_on_success: never restarted
+    assert state_of(sup, "done").restarts == 0
+    wait_until(lambda: "ready" in (tmp_path / "stubborn.log").read_text(), 30, "SIGTERM ignored")
+    sup.stop(grace_s=0.5, min_stage_s=0.5)
+    assert [(s.name, s.state, s.last_exit) for s in sup.statuses()] == [
+        ("done", "finished", 0), ("polite", "stopped", -signal.SIGTERM), ("stubborn", "stopped", -signal.SIGKILL)]
 
 
 # -- the view's state on real events ---------------------------------------------------------
