@@ -1,138 +1,187 @@
 """Write your own consumer of any Rollway topic in a few lines.
 
-Decorated function::
+A typed function; the annotation picks (and the bus decodes) the event type::
 
     from bus.analytics import consumer, run_consumers
+    from schemas import Reward
 
-    @consumer("rewards", group="my-dashboard")
-    async def on_reward(reward, env):
+    @consumer("rewards")
+    async def on_reward(reward: Reward, env):
         print(reward.task_id, reward.reward)
 
-    run_consumers([on_reward])           # blocks; Ctrl-C / SIGTERM stop it cleanly
+    if __name__ == "__main__":
+        run_consumers([on_reward])   # blocks; Ctrl-C / SIGTERM stop it; --until-end: one shot
 
-Or a class, when the consumer keeps state and reports at the end::
+``on_reward`` stays a plain async function for tests; :class:`bus.testing.ConsumerHarness`
+feeds it events without a broker. A class (:class:`Analytics`) suits a consumer with
+state and hooks. Errors follow the consumer's :class:`ErrorPolicy` (:mod:`bus.policy`),
+windows by record time are in :mod:`bus.windows`, and ``run_consumers`` logs JSON lines
+through Rollway's structlog setup to stderr, so stdout is the consumer's own.
 
-    class SolveRate(Analytics):
-        topics = ["rewards"]
-        group = "solve-rate"
-
-        async def handle(self, event, env): ...
-        async def on_stop(self): ...      # optional: flush, print, write a report
-
-Either way Rollway decodes records into typed events, acks each record after your
-handler returns (at-least-once: after a crash you may see a record again), retries a
-failing handler and then dead-letters the record to ``rollway.dlq``, sends undecodable
-records there too, and on SIGTERM lets the handler in flight finish, commits and leaves
-the group.
+Without a ``group`` a consumer reads its topics from the beginning on every start: state
+in memory is rebuilt from the log, then the consumer goes live (``on_caught_up`` marks the
+moment). With a ``group`` it commits after each handled record and resumes there.
 """
 
 from __future__ import annotations
 
 import asyncio
-from typing import Any, Awaitable, Callable, Sequence
+from typing import Sequence
 
 import structlog
+from aiokafka import TopicPartition
 
 from bus.config import KafkaConfig
-from bus.consumer import Envelope, EventConsumer
+from bus.consumer import Envelope, EventConsumer, InvalidEvent
+from bus.handler import Analytics, ConsumerError, FunctionConsumer, consumer, validate
+from bus.policy import ConsumerFailed, ConsumerStats, Dispatcher, ErrorPolicy, Retryable
+
+__all__ = [
+    "Analytics", "ConsumerApp", "ConsumerError", "ConsumerFailed", "ConsumerStats", "Envelope", "ErrorPolicy",
+    "FunctionConsumer", "InvalidEvent", "Retryable", "consumer", "run_consumers",
+]
 
 log = structlog.get_logger(__name__)
 
 
-class Analytics:
-    """Base class of a user consumer. Override ``handle``; ``on_start``/``on_stop`` optional."""
+class _KafkaSink:
+    """Outcomes onto Kafka: acks (committed once per fetched batch) and dead letters."""
 
-    topics: Sequence[str] = ()
-    group: str | None = None
-    from_beginning: bool = True
-    concurrency: int = 1
+    def __init__(self, events: EventConsumer) -> None:
+        self.events = events
 
-    async def on_start(self) -> None:  # pragma: no cover - default no-op
-        pass
+    async def ack(self, envs: list[Envelope]) -> None:
+        for env in envs:
+            await self.events.ack(env, commit=False)
 
-    async def handle(self, event: Any, env: Envelope) -> None:
-        raise NotImplementedError
-
-    async def on_stop(self) -> None:  # pragma: no cover - default no-op
-        pass
+    async def dead_letter(self, env: Envelope, error: str, kind: str, attempts: int) -> None:
+        await self.events.dead_letter(env, error, kind, attempts)
 
 
-class _FunctionConsumer(Analytics):
-    def __init__(self, fn: Callable[[Any, Envelope], Awaitable[None]], topics: Sequence[str], group: str | None,
-                 from_beginning: bool, concurrency: int) -> None:
-        self.fn = fn
-        self.topics = list(topics)
-        self.group = group
-        self.from_beginning = from_beginning
-        self.concurrency = concurrency
-        self.__name__ = getattr(fn, "__name__", "consumer")
+class _CatchUp:
+    """Whether a consumer has handled everything its partitions held when it got them."""
 
-    async def handle(self, event: Any, env: Envelope) -> None:
-        await self.fn(event, env)
+    def __init__(self, events: EventConsumer) -> None:
+        self.events = events
+        self.ends: dict[TopicPartition, int] = {}
 
-
-def consumer(
-    *topics: str,
-    group: str | None = None,
-    from_beginning: bool = True,
-    concurrency: int = 1,
-) -> Callable[[Callable[[Any, Envelope], Awaitable[None]]], Analytics]:
-    """Turn ``async def f(event, env)`` into a consumer of ``topics`` (short names)."""
-    if not topics:
-        raise ValueError("@consumer needs at least one topic, e.g. @consumer('rewards')")
-
-    def wrap(fn: Callable[[Any, Envelope], Awaitable[None]]) -> Analytics:
-        if not asyncio.iscoroutinefunction(fn):
-            raise TypeError(f"@consumer needs an async function, {fn!r} is not")
-        return _FunctionConsumer(fn, topics, group, from_beginning, concurrency)
-
-    return wrap
+    async def done(self) -> bool:
+        raw = self.events.raw
+        assigned = raw.assignment()
+        if not assigned:
+            return False  # not joined yet
+        new = [tp for tp in assigned if tp not in self.ends]
+        if new:
+            self.ends.update(await raw.end_offsets(new))
+        for tp in assigned:
+            if await raw.position(tp) < self.ends[tp]:
+                return False
+        return True
 
 
 class ConsumerApp:
-    """Runs user consumers until ``stop()`` or a signal; one EventConsumer each."""
+    """Runs user consumers until ``stop()``, a signal, a handler error, or with
+    ``until_end`` until each has handled what its topics held at start."""
 
-    def __init__(self, cfg: KafkaConfig, apps: Sequence[Analytics]) -> None:
+    def __init__(self, cfg: KafkaConfig, apps: Sequence[Analytics], until_end: bool = False) -> None:
         self.cfg = cfg
         self.apps = list(apps)
-        self._consumers: list[EventConsumer] = []
+        self.until_end = until_end
+        self.stats: dict[str, ConsumerStats] = {}
+        self._stop = asyncio.Event()
 
     def stop(self) -> None:
-        for c in self._consumers:
-            c.stop()
+        self._stop.set()
 
     async def run(self, handle_signals: bool = True) -> None:
+        """Raises :class:`ConsumerFailed` when a handler error stopped a consumer."""
         for app in self.apps:
-            if not app.topics:
-                raise ValueError(f"{type(app).__name__} has no topics")
-            self._consumers.append(EventConsumer(
-                self.cfg, list(app.topics), app.group, from_beginning=app.from_beginning,
-                client_id=f"{self.cfg.client_id}-{app.group or 'analytics'}",
-            ))
+            validate(app)
         if handle_signals:
             import signal
 
             loop = asyncio.get_running_loop()
             for sig in (signal.SIGTERM, signal.SIGINT):
                 loop.add_signal_handler(sig, self.stop)
+        tasks = [asyncio.create_task(self._run_one(app), name=app.name) for app in self.apps]
         try:
-            for app, c in zip(self.apps, self._consumers):
-                await c.start()
-                await app.on_start()
-            await asyncio.gather(*(
-                c.run(lambda env, app=app: app.handle(env.event, env), concurrency=app.concurrency)
-                for app, c in zip(self.apps, self._consumers)
-            ))
+            # The first failure stops the others: a bug fails the process fast and loud.
+            done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
+            self.stop()
+            results = await asyncio.gather(*tasks, return_exceptions=True)
+        except asyncio.CancelledError:
+            self.stop()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            raise
+        for result in results:
+            if isinstance(result, BaseException):
+                raise result
+
+    async def _run_one(self, app: Analytics) -> None:
+        events = EventConsumer(
+            self.cfg, list(app.topics), app.group, from_beginning=app.from_beginning,
+            dead_letters=app.policy.dead_letter, dead_letter_undecodable=False, client_id=f"{self.cfg.client_id}-{app.group or app.name}",
+        )
+        dispatcher = Dispatcher(app, _KafkaSink(events))
+        self.stats[app.name] = dispatcher.stats
+        catch_up, caught_up = _CatchUp(events), False
+        log.info("consumer starting", consumer=app.name, topics=list(app.topics), group=app.group)
+        await events.start()
+        try:
+            await app.run_hook("on_start")
+            while not self._stop.is_set():
+                envs = await events.getmany(timeout_ms=200, max_records=app.batch_size or 500)
+                await dispatcher.feed(envs)
+                await dispatcher.tick()
+                await events.commit()
+                if not caught_up and await catch_up.done():
+                    caught_up = True
+                    await dispatcher.flush()
+                    await events.commit()
+                    log.info("consumer caught up", consumer=app.name, **_counts(dispatcher, events))
+                    await app.run_hook("on_caught_up")
+                    if self.until_end:
+                        break
+            await dispatcher.flush()  # a partial batch fetched before the stop
         finally:
-            for app, c in zip(self.apps, self._consumers):
-                await c.close()
-                await app.on_stop()
+            dispatcher.stats.undecodable = events.undecodable
+            try:
+                await events.close()  # commits the handled prefix only: never past a failed record
+            finally:
+                log.info("consumer stopped", consumer=app.name, **_counts(dispatcher, events))
+                await app.run_hook("on_stop")
 
 
-def run_consumers(apps: Sequence[Analytics], cfg: KafkaConfig | None = None) -> None:
-    """Blocking entry point for a script: config from ``rollway.toml``/environment."""
+def _counts(dispatcher: Dispatcher, events: EventConsumer) -> dict[str, int]:
+    dispatcher.stats.undecodable = events.undecodable
+    return {f: getattr(dispatcher.stats, f) for f in dispatcher.stats.__struct_fields__}
+
+
+def run_consumers(apps: Sequence[Analytics], cfg: KafkaConfig | None = None, *, until_end: bool | None = None,
+                  log_level: str | None = None, argv: Sequence[str] | None = None) -> None:
+    """Blocking entry point for a script: config from ``rollway.toml``/environment, JSON
+    logs on stderr. The script accepts ``--until-end`` (stop once caught up: a one-shot
+    report) and ``--log-level``; arguments given here win. Exits 1 when a consumer
+    failed, 2 when one is declared wrong."""
+    import argparse
+    import sys
+
+    from rollway.logging import configure_logging
+
+    parser = argparse.ArgumentParser(description="Rollway consumers: " + ", ".join(a.name for a in apps))
+    parser.add_argument("--until-end", action="store_true", help="stop once the topics are read to their end")
+    parser.add_argument("--log-level", default="info", help="debug, info, warning, error")
+    args, _ = parser.parse_known_args(sys.argv[1:] if argv is None else list(argv))
+    configure_logging("consumer", level=log_level or args.log_level)
     if cfg is None:
         from rollway.config import load_config
 
         cfg = load_config().kafka
-    asyncio.run(ConsumerApp(cfg, apps).run())
+    try:
+        asyncio.run(ConsumerApp(cfg, apps, until_end=args.until_end if until_end is None else until_end).run())
+    except ConsumerError as exc:
+        log.error("consumer declared wrong", error=str(exc))
+        raise SystemExit(2) from None
+    except ConsumerFailed as exc:
+        log.error("consumer failed", error=str(exc), exc_info=exc.__cause__)
+        raise SystemExit(1) from None

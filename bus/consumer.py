@@ -103,6 +103,7 @@ class EventConsumer:
         *,
         from_beginning: bool = True,
         dead_letters: bool = True,
+        dead_letter_undecodable: bool | None = None,
         client_id: str | None = None,
         on_assign: Callable[[set[TopicPartition]], Awaitable[None]] | None = None,
         on_revoke: Callable[[set[TopicPartition]], Awaitable[None]] | None = None,
@@ -119,6 +120,10 @@ class EventConsumer:
         ]
         self.dlq_topic = cfg.topic_prefix + "dlq"
         self._dead_letters = dead_letters
+        # False: skip undecodable records (counted) without a dead letter, also when
+        # ``dead_letters`` is on for handler failures: a read-only consumer (analytics)
+        # must not dead-letter again what the topic's owner already dead-lettered.
+        self._dead_letter_undecodable = dead_letter_undecodable
         self._on_assign = on_assign
         self._on_revoke = on_revoke
         self._consumer = AIOKafkaConsumer(
@@ -140,6 +145,7 @@ class EventConsumer:
         self._started = False
         self._commit_lock = asyncio.Lock()
         self.dead_lettered = 0
+        self.undecodable = 0  # records skipped because they did not decode (dead-lettered or not)
 
     # -- lifecycle -------------------------------------------------------------------
     @property
@@ -310,9 +316,10 @@ class EventConsumer:
         await self.ack(env)
 
     async def _dead_letter_record(self, record, headers, error: str, kind: str) -> None:
+        self.undecodable += 1
         log.warning("undecodable record", topic=record.topic, partition=record.partition,
                     offset=record.offset, error=error, kind=kind)
-        if record.topic != self.dlq_topic:
+        if record.topic != self.dlq_topic and self._dead_letter_undecodable is not False:
             await self._publish_dead_letter(record.topic, record.partition, record.offset, record.key,
                                             record.value, headers, error, kind, 0)
         tp = TopicPartition(record.topic, record.partition)

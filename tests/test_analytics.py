@@ -1,4 +1,5 @@
-"""User consumers: the decorator and base class, and the solve-rate example, on real Kafka."""
+"""User consumers on real Kafka: the error policy (DLQ and committed offsets), rebuild on
+start and --until-end, logging, and the solve-rate example command."""
 
 from __future__ import annotations
 
@@ -9,11 +10,13 @@ import os
 import signal
 import subprocess
 import sys
+import textwrap
 
 import pytest
+from aiokafka import AIOKafkaConsumer, TopicPartition
 
-from bus import EventConsumer, EventProducer
-from bus.analytics import ConsumerApp, consumer
+from bus import EventProducer, encode, read_topic
+from bus.analytics import ConsumerApp, ConsumerFailed, ErrorPolicy, InvalidEvent, consumer
 from bus.examples.solve_rate import SolveRate
 from schemas import Cost, Reward
 
@@ -32,6 +35,11 @@ REWARDS = [
 ]
 
 
+def cli_env(cfg) -> dict[str, str]:
+    return {**os.environ, "KAFKA_BOOTSTRAP_SERVERS": cfg.bootstrap_servers,
+            "ROLLWAY_KAFKA__TOPIC_PREFIX": cfg.topic_prefix}
+
+
 def test_solve_rate_numbers():
     app = SolveRate(window=4, print_every=0, out=io.StringIO())
     for r in REWARDS:
@@ -46,31 +54,136 @@ def test_solve_rate_numbers():
     assert report.per_version[2]["mean_tokens_per_solved"] == 50.0
 
 
-async def test_decorated_consumer_sees_events_and_commits(kafka_config):
+async def committed(cfg, group: str, partition: int) -> int | None:
+    reader = AIOKafkaConsumer(bootstrap_servers=cfg.bootstrap_servers, group_id=group, enable_auto_commit=False)
+    await reader.start()
+    try:
+        return await reader.committed(TopicPartition(cfg.topic_prefix + "rewards", partition))
+    finally:
+        await reader.stop()
+
+
+@pytest.fixture
+async def rewards_with_garbage(kafka_config):
+    """Partition 0 of rewards: t0, t1, a garbage record (offset 2), t3, t4."""
+    topic = kafka_config.topic_prefix + "rewards"
     async with EventProducer(kafka_config) as producer:
-        for r in REWARDS:
-            await producer.publish(r)
+        for i in range(5):
+            if i == 2:
+                await producer.publish_raw(topic, b"\xde\xad", key=b"junk", headers=[("rollway-type", b"Reward")],
+                                           partition=0)
+                continue
+            value, headers = encode(reward(i, True, 10, 1))
+            await producer.publish_raw(topic, value, key=b"k", headers=headers, partition=0)
+    return kafka_config
+
+
+async def test_a_handler_bug_stops_the_consumer_without_dead_letters_or_commits_past_it(rewards_with_garbage):
+    cfg = rewards_with_garbage
     seen = []
 
-    @consumer("rewards", group="deco")
-    async def on_reward(event, env):
-        seen.append(event.trajectory_id)
-        if len(seen) == len(REWARDS):
-            app.stop()
+    @consumer("rewards", group="buggy")
+    async def buggy(r: Reward, env):
+        if r.sample_index == 3:
+            r.weight_versoin  # the typo from the issue  # noqa: B018
+        seen.append(r.sample_index)
 
-    app = ConsumerApp(kafka_config, [on_reward])
-    await asyncio.wait_for(app.run(handle_signals=False), 30)
-    assert sorted(seen) == sorted(r.trajectory_id for r in REWARDS)
-    # Everything was acked and committed: the same group sees nothing new.
-    async with EventConsumer(kafka_config, ["rewards"], group_id="deco") as again:
-        assert await again.getmany(timeout_ms=1500) == []
+    app = ConsumerApp(cfg, [buggy])
+    with pytest.raises(ConsumerFailed, match=r"consumer buggy stopped at .*rewards:0@3 \(Reward\): AttributeError"):
+        await asyncio.wait_for(app.run(handle_signals=False), 60)
+    assert seen == [0, 1]
+    # Regression: the group committed past the failing records and the DLQ grew by one
+    # letter per failure plus the garbage again. Now: committed up to the failing record
+    # (the garbage skipped and counted), nothing dead-lettered.
+    assert await committed(cfg, "buggy", 0) == 3
+    assert app.stats["buggy"].undecodable == 1 and app.stats["buggy"].handled == 2
+    assert await read_topic(cfg, "dlq") == []
+
+    # Fixed and restarted, the group resumes at the record that failed.
+    @consumer("rewards", group="buggy")
+    async def fixed(r: Reward, env):
+        seen.append(r.sample_index)
+
+    await asyncio.wait_for(ConsumerApp(cfg, [fixed], until_end=True).run(handle_signals=False), 60)
+    assert seen == [0, 1, 3, 4] and await committed(cfg, "buggy", 0) == 5
 
 
-def test_decorator_rejects_sync_functions_and_missing_topics():
-    with pytest.raises(TypeError, match="async"):
-        consumer("rewards")(lambda e, env: None)
-    with pytest.raises(ValueError, match="topic"):
-        consumer()
+async def test_opted_in_dead_letters_name_the_record_and_skip_the_garbage(rewards_with_garbage):
+    cfg = rewards_with_garbage
+    attempts = []
+
+    @consumer("rewards", group="strict", policy=ErrorPolicy(dead_letter=True, max_attempts=2, backoff_s=0.01))
+    async def strict(r: Reward, env):
+        if r.sample_index == 3:
+            raise InvalidEvent("inconsistent reward")
+        if r.sample_index == 4:
+            attempts.append(4)
+            raise ConnectionError("store down")
+
+    app = ConsumerApp(cfg, [strict], until_end=True)
+    await asyncio.wait_for(app.run(handle_signals=False), 60)
+    letters = [env.event for env in await read_topic(cfg, "dlq")]
+    assert [(d.offset, d.error_kind, d.consumer_group, d.attempts) for d in letters] == [
+        (3, "invalid", "strict", 1), (4, "handler", "strict", 2)]
+    assert letters[0].topic == cfg.topic_prefix + "rewards" and "inconsistent reward" in letters[0].error
+    assert attempts == [4, 4]  # retried once, then dead-lettered
+    assert await committed(cfg, "strict", 0) == 5  # the consumer went on past both
+    stats = app.stats["strict"]
+    assert (stats.handled, stats.dead_lettered, stats.undecodable) == (2, 2, 1)
+
+
+async def test_state_is_rebuilt_on_every_start_and_until_end_stops(kafka_config, capsys):
+    from bus.examples import mean_reward as example
+
+    async with EventProducer(kafka_config) as producer:
+        for r in REWARDS:
+            await producer.publish(r)  # keys spread them over both partitions
+    reports = []
+    for _ in range(2):  # a restart: the totals come back from the log, not from nothing
+        example.totals.clear()
+        await asyncio.wait_for(ConsumerApp(kafka_config, [example.mean_reward], until_end=True)
+                               .run(handle_signals=False), 60)
+        reports.append(capsys.readouterr().out)
+    assert reports[0] == reports[1] == ("version 1: mean reward 0.667 over 3 rewards\n"
+                                        "version 2: mean reward 0.667 over 3 rewards\n")
+
+
+SCRIPT = textwrap.dedent("""
+    import sys
+    from bus.analytics import consumer, run_consumers
+    from schemas import Reward
+
+    @consumer("rewards")
+    async def show(r: Reward, env):
+        if r.sample_index == int(sys.argv[1]):
+            raise KeyError("boom")
+        print(r.trajectory_id)
+
+    run_consumers([show])
+""")
+
+
+async def test_run_consumers_logs_json_to_stderr_and_fails_loudly(kafka_config):
+    async with EventProducer(kafka_config) as producer:
+        for r in REWARDS[:3]:
+            await producer.publish(r, key="one-partition")
+
+    def run(*argv: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-c", SCRIPT, *argv], capture_output=True, text=True,
+                              env=cli_env(kafka_config), timeout=60)
+
+    ok = run("99", "--until-end")
+    assert ok.returncode == 0, ok.stderr
+    assert ok.stdout == "t0\nt1\nt2\n"  # stdout is the consumer's own
+    logs = [json.loads(line) for line in ok.stderr.splitlines()]
+    assert {entry["role"] for entry in logs} == {"consumer"}
+    stopped = next(e for e in logs if e["event"] == "consumer stopped")
+    assert stopped["consumer"] == "show" and stopped["handled"] == 3
+
+    failed = run("1", "--until-end")
+    assert failed.returncode == 1 and failed.stdout == "t0\n"
+    errors = [json.loads(line) for line in failed.stderr.splitlines() if '"consumer failed"' in line]
+    assert len(errors) == 1 and "consumer show stopped at" in errors[0]["error"] and "KeyError" in errors[0]["error"]
 
 
 async def test_solve_rate_command_writes_report_and_stops_on_sigterm(kafka_config, tmp_path):
@@ -79,12 +192,10 @@ async def test_solve_rate_command_writes_report_and_stops_on_sigterm(kafka_confi
             # One key, one partition: the rolling window depends on the order of rewards.
             await producer.publish(r, key="one-partition")
     report_path = tmp_path / "report.json"
-    env = {**os.environ, "KAFKA_BOOTSTRAP_SERVERS": kafka_config.bootstrap_servers,
-           "ROLLWAY_KAFKA__TOPIC_PREFIX": kafka_config.topic_prefix}
     proc = subprocess.Popen(
         [sys.executable, "-m", "rollway.cli", "analytics", "solve-rate", "--window", "4", "--print-every", "6",
-         "--json", str(report_path), "--group", "solve-cmd"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+         "--json", str(report_path)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=cli_env(kafka_config))
     try:
         line = await asyncio.wait_for(asyncio.to_thread(proc.stdout.readline), 60)
         assert line.startswith("rewards=6 rolling_solve_rate=0.500 (last 4) mean_tokens_per_solved=125.0")

@@ -1,7 +1,9 @@
 """Solve rate from ``rollway.rewards``: rolling, and per weight version.
 
-Run it with ``rollway analytics solve-rate [--window 200] [--json report.json]``, or
-copy it as the starting point of your own consumer (see :mod:`bus.analytics`).
+Run it with ``rollway analytics solve-rate [--window 200] [--json report.json]
+[--until-end]``, or copy it as the starting point of your own consumer (see
+:mod:`bus.analytics`). It joins no consumer group: each start re-reads the rewards from
+the beginning, so the report covers the whole run also after a restart.
 
 A trajectory counts as solved when its verified score is 1 and it was not flagged for
 cheating. "Tokens" are the policy's generated tokens (``Reward.cost.generated_tokens``).
@@ -46,23 +48,18 @@ def is_solved(reward: Reward) -> bool:
 
 class SolveRate(Analytics):
     topics = ["rewards"]
-    group = "rollway-analytics-solve-rate"
 
     def __init__(self, window: int = 200, print_every: int = 50, json_path: str | None = None,
-                 out: TextIO | None = None, group: str | None = None) -> None:
+                 out: TextIO | None = None) -> None:
         self.window: deque[tuple[bool, int]] = deque(maxlen=window)
         self.per_version: dict[int, VersionStats] = {}
         self.seen = 0
         self.print_every = print_every
         self.json_path = json_path
         self.out = out or sys.stdout
-        if group:
-            self.group = group
 
-    async def handle(self, event: Reward, env: Envelope) -> None:
-        if not isinstance(event, Reward):
-            return
-        self.add(event)
+    async def handle(self, reward: Reward, env: Envelope) -> None:
+        self.add(reward)
         if self.print_every and self.seen % self.print_every == 0:
             self.print_summary()
 

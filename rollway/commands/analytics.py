@@ -11,17 +11,17 @@ def configure(parser: argparse.ArgumentParser) -> None:
     solve.add_argument("--window", type=int, default=200, help="rolling window in rewards")
     solve.add_argument("--print-every", type=int, default=50)
     solve.add_argument("--json", dest="json_path", help="write the final report here as JSON")
-    solve.add_argument("--group", help="consumer group (default rollway-analytics-solve-rate)")
+    solve.add_argument("--until-end", action="store_true",
+                       help="stop once the rewards present at start are read: a one-shot report")
+    solve.add_argument("--log-level", default="info", help="log level of the JSON logs on stderr")
 
 
 def run(args: argparse.Namespace) -> int:
     from bus.analytics import run_consumers
     from bus.examples.solve_rate import SolveRate
-    from rollway.config import load_config
-    from rollway.logging import configure_logging
+    from rollway.commands import load_config_or_exit
 
-    configure_logging("analytics")
-    cfg = load_config(args.config)
-    app = SolveRate(window=args.window, print_every=args.print_every, json_path=args.json_path, group=args.group)
-    run_consumers([app], cfg.kafka)
+    cfg = load_config_or_exit(args, "analytics")
+    app = SolveRate(window=args.window, print_every=args.print_every, json_path=args.json_path)
+    run_consumers([app], cfg.kafka, until_end=args.until_end, log_level=args.log_level, argv=[])
     return 0
