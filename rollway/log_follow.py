@@ -11,11 +11,11 @@ from __future__ import annotations
 from typing import Sequence
 
 import structlog
-from aiokafka import AIOKafkaConsumer, TopicPartition
 
 from bus import codec
 from bus.config import KafkaConfig
 from bus.consumer import Envelope, envelope_of
+from bus.reader import plain_reader, topic_partitions
 from bus.topics import topic_spec
 
 log = structlog.get_logger(__name__)
@@ -26,23 +26,17 @@ class LogFollower:
         self.cfg = cfg
         self.topics = [topic_spec(t, cfg.topic_prefix).name(cfg.topic_prefix) for t in topics]
         self.undecodable = 0
-        self._consumer = AIOKafkaConsumer(
-            bootstrap_servers=cfg.bootstrap_servers,
-            client_id=f"{cfg.client_id}-{role}",
-            enable_auto_commit=False,
-            isolation_level="read_committed",
-            request_timeout_ms=cfg.request_timeout_ms,
-        )
+        self._consumer = plain_reader(cfg, role)
 
     async def start(self) -> None:
         consumer = self._consumer
         await consumer.start()
-        # As bus.reader does: aiokafka's public partitions_for_topic only knows subscribed topics.
-        metadata = await consumer._client.fetch_all_metadata()
-        tps = [TopicPartition(t, p) for t in self.topics for p in sorted(metadata.partitions_for_topic(t) or ())]
-        missing = [t for t in self.topics if not metadata.partitions_for_topic(t)]
-        if missing:
-            log.warning("topics not found; not followed", topics=missing)
+        tps = []
+        for topic in self.topics:
+            found = await topic_partitions(consumer, topic)
+            if not found:
+                log.warning("topic not found; not followed", topic=topic)
+            tps += found
         consumer.assign(tps)
         if tps:
             await consumer.seek_to_beginning(*tps)
