@@ -38,24 +38,50 @@ if TYPE_CHECKING:
 log = structlog.get_logger(__name__)
 
 
+class WeightsRefused(ValueError):
+    """An update was refused before any byte was written (unknown name, wrong shape
+    or dtype, incomplete layer): the engine still holds its previous weights."""
+
+
+class _Refused(WeightsRefused, KeyError):
+    """Also a KeyError, which callers of the unknown-name check have always caught."""
+
+    def __str__(self) -> str:  # KeyError would quote the message
+        return str(self.args[0]) if self.args else ""
+
+
+def _spec_error(name: str, where: str, have_shape, have_dtype, src: "torch.Tensor") -> str | None:
+    if have_dtype != src.dtype:
+        return f"{name}: {where} holds dtype {have_dtype}, update has {src.dtype}"
+    if tuple(have_shape) != tuple(src.shape):
+        return f"{name}: {where} holds shape {tuple(have_shape)}, update has {tuple(src.shape)}"
+    return None
+
+
 # -- torch nn.Module -------------------------------------------------------------------
 def apply_to_module(module: "torch.nn.Module", tensors: Mapping[str, "torch.Tensor"], *, strict: bool = True) -> int:
     """Copy ``tensors`` into the module's parameters/buffers of the same names, in
-    place. Everything is validated before the first copy, so a bad name or shape
-    changes nothing. Returns the number of bytes copied."""
+    place. Every name, shape and dtype is validated before the first copy, so a bad
+    update changes nothing (``WeightsRefused``; a ``KeyError`` too, for an unknown
+    name). Returns the number of bytes copied."""
     import torch
 
     targets = module.state_dict(keep_vars=True)
     pairs = []
+    problems = []
     for name, src in tensors.items():
         dst = targets.get(name)
         if dst is None:
             if strict:
-                raise KeyError(f"module has no parameter or buffer named {name!r}")
+                problems.append(f"module has no parameter or buffer named {name!r}")
             continue
-        if tuple(dst.shape) != tuple(src.shape):
-            raise ValueError(f"{name}: module holds shape {tuple(dst.shape)}, update has {tuple(src.shape)}")
+        # copy_ would silently cast a wrong dtype: refuse it like a wrong shape.
+        error = _spec_error(name, "module", dst.shape, dst.dtype, src)
+        if error:
+            problems.append(error)
         pairs.append((dst, src))
+    if problems:
+        raise _Refused(f"{problems[0]}" + (f" (and {len(problems) - 1} more problems)" if len(problems) > 1 else ""))
     copied = 0
     with torch.no_grad():
         for dst, src in pairs:
@@ -151,7 +177,7 @@ def _check_names(model: "torch.nn.Module", names: list[str], full: bool) -> None
             unknown.append(name)
         mapped[target] = mapped.get(target, 0) + 1
     if unknown:
-        raise KeyError(f"vLLM model has no parameter for HF tensors {unknown[:5]} ({len(unknown)} unknown)")
+        raise _Refused(f"vLLM model has no parameter for HF tensors {unknown[:5]} ({len(unknown)} unknown)")
     if not full:
         return
     unique = dict(model.named_parameters())  # tied parameters once
@@ -162,10 +188,73 @@ def _check_names(model: "torch.nn.Module", names: list[str], full: bool) -> None
         if mapped.get(pname, 0) < want:
             missing.append(pname)
     if missing:
-        raise ValueError(
+        raise _Refused(
             f"this engine reloads whole layers (kernel-format weights); the update misses "
             f"{len(missing)} parameters or shards, e.g. {missing[:5]}: send the full state"
         )
+
+
+def _loadable_spec(model: "torch.nn.Module", pname: str, param: "torch.Tensor"):
+    """(shape, dtype) a parameter takes weights in: the parameter itself when it holds
+    them, else the layout vLLM recorded before repacking (what layerwise reload
+    restores and loads into); None when neither is known."""
+    if param.numel() > 0:
+        return tuple(param.shape), param.dtype
+    try:
+        from vllm.model_executor.model_loader.reload.layerwise import LAYERWISE_INFO
+    except ImportError:
+        return None
+    module_name, _, attr = pname.rpartition(".")
+    try:
+        module = model.get_submodule(module_name) if module_name else model
+    except AttributeError:
+        return None
+    info = LAYERWISE_INFO.get(module)
+    meta = info.restore_metadata[0].get(attr) if info is not None else None
+    return (tuple(meta.shape), meta.dtype) if meta is not None else None
+
+
+def _is_vocab(model: "torch.nn.Module", pname: str) -> bool:
+    module_name = pname.rpartition(".")[0]
+    try:
+        module = model.get_submodule(module_name) if module_name else model
+    except AttributeError:
+        return False
+    return any(c.__name__ == "VocabParallelEmbedding" for c in type(module).__mro__)
+
+
+def _check_specs(model: "torch.nn.Module", items: list[tuple[str, "torch.Tensor"]]) -> None:
+    """Refuse, before anything is written, an HF tensor whose dtype differs from its
+    vLLM parameter's or whose shape cannot be a slice of it. vLLM fuses (q/k/v along
+    dim 0), shards (tensor parallel: the parameter holds 1/tp of a dim) and pads (vocab
+    rows) parameters, so a dim passes when equal, a whole multiple of the parameter's
+    (a shard), or, for dim 0 of a fused slice or a vocab embedding only, smaller; the
+    number of dims must match. That catches transposed, truncated and wrong-dtype tensors,
+    which load_weights would otherwise write part-way before failing."""
+    params = dict(model.named_parameters(remove_duplicate=False))
+    packed = getattr(model, "packed_modules_mapping", {}) or {}
+    problems = []
+    for name, src in items:
+        pname = vllm_param_name(model, name)
+        if pname is None or pname not in params:
+            continue
+        # Dim 0 may be smaller only for a slice of a fused parameter or padded vocab rows.
+        short_rows = hf_to_vllm_name(name, packed)[1] is not None or _is_vocab(model, pname)
+        spec = _loadable_spec(model, pname, params[pname])
+        if spec is None:
+            continue
+        shape, dtype = spec
+        if src.dtype != dtype:
+            problems.append(f"{name}: vLLM parameter {pname} holds dtype {dtype}, update has {src.dtype}")
+            continue
+        ok = len(shape) == len(src.shape) and all(
+            s == p or (p > 0 and s % p == 0) or (d == 0 and short_rows and s < p)
+            for d, (s, p) in enumerate(zip(src.shape, shape))
+        )
+        if not ok:
+            problems.append(f"{name}: shape {tuple(src.shape)} does not fit vLLM parameter {pname} {shape}")
+    if problems:
+        raise _Refused(problems[0] + (f" (and {len(problems) - 1} more problems)" if len(problems) > 1 else ""))
 
 
 def load_hf_weights_into_vllm(model: "torch.nn.Module", items: list[tuple[str, "torch.Tensor"]], mode: str = "auto") -> dict:
@@ -178,11 +267,12 @@ def load_hf_weights_into_vllm(model: "torch.nn.Module", items: list[tuple[str, "
     if mode not in ("direct", "reload"):
         raise ValueError(f"unknown vLLM apply mode {mode!r}")
     if mode == "direct" and not _params_hold_weights(model):
-        raise ValueError(
+        raise _Refused(
             "direct in-place apply needs the weights in the parameters, but this engine repacked "
             "them into kernel formats after loading (vLLM CPU with AVX-512): use mode 'reload' or 'auto'"
         )
     _check_names(model, [n for n, _ in items], full=mode == "reload")
+    _check_specs(model, items)
     params = dict(model.named_parameters(remove_duplicate=False))
     before = {n: p.data_ptr() for n, p in params.items()}
     with torch.no_grad():

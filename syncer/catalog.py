@@ -8,6 +8,8 @@ newest keyframe at or before v and follows the deltas after it.
 
 from __future__ import annotations
 
+import time
+from collections import OrderedDict
 from dataclasses import dataclass, field
 
 import structlog
@@ -15,6 +17,7 @@ import structlog
 from syncer.manifest import (
     Manifest,
     chunk_prefix,
+    chunks_prefix,
     decode_manifest,
     manifest_key,
     manifests_prefix,
@@ -66,16 +69,25 @@ async def load_catalog(store: ObjectStore, model: str) -> Catalog:
 
 
 class ManifestReader:
-    """Reads and caches manifests (they never change once written)."""
+    """Reads and caches manifests (they never change once written). The cache keeps
+    the ``max_cached`` most recently used: a long-lived sampler sees every version."""
 
-    def __init__(self, store: ObjectStore, model: str) -> None:
+    def __init__(self, store: ObjectStore, model: str, max_cached: int = 64) -> None:
+        if max_cached < 1:
+            raise ValueError("max_cached must be >= 1")
         self.store = store
         self.model = model
-        self._cache: dict[tuple[int, str], Manifest] = {}
+        self.max_cached = max_cached
+        self._cache: OrderedDict[tuple[int, str], Manifest] = OrderedDict()
+
+    @property
+    def cached(self) -> int:
+        return len(self._cache)
 
     async def get(self, version: int, kind: str) -> Manifest:
         cached = self._cache.get((version, kind))
         if cached is not None:
+            self._cache.move_to_end((version, kind))
             return cached
         key = manifest_key(self.model, version, kind)
         data = await self.store.get(key)
@@ -86,6 +98,8 @@ class ManifestReader:
                 f"{manifest.kind}, not {self.model} v{version} {kind}"
             )
         self._cache[(version, kind)] = manifest
+        while len(self._cache) > self.max_cached:
+            self._cache.popitem(last=False)
         return manifest
 
     def forget(self, version: int | None = None) -> None:
@@ -153,10 +167,14 @@ async def plan_update(
     return await keyframe_plan(reader, catalog, target)
 
 
-async def keyframe_plan(reader: ManifestReader, catalog: Catalog, target: int) -> Plan:
-    frame = catalog.keyframe_at_or_before(target)
+async def keyframe_plan(reader: ManifestReader, catalog: Catalog, target: int, frame: int | None = None) -> Plan:
+    """Keyframe ``frame`` (default: the newest at or before ``target``) plus deltas."""
+    if frame is None:
+        frame = catalog.keyframe_at_or_before(target)
     if frame is None:
         raise NoPath(f"no keyframe at or before v{target} in the store")
+    if frame > target or not catalog.has(frame, "full"):
+        raise NoPath(f"v{frame} is not a keyframe at or before v{target}")
     try:
         keyframe = await reader.get(frame, "full")
     except ObjectNotFound as exc:
@@ -188,3 +206,73 @@ async def delete_versions(store: ObjectStore, model: str, catalog: Catalog, vers
         catalog.kinds.pop(v, None)
     log.info("retention deleted versions", model=model, versions=versions, objects=len(manifests) + len(chunks))
     return len(manifests) + len(chunks)
+
+
+@dataclass
+class Garbage:
+    chunks: list[str] = field(default_factory=list)  # referenced by no manifest
+    leftovers: list[str] = field(default_factory=list)  # temp files, unfinished multipart uploads
+
+    @property
+    def count(self) -> int:
+        return len(self.chunks) + len(self.leftovers)
+
+
+async def find_garbage(store: ObjectStore, model: str, grace_s: float) -> Garbage:
+    """Objects no version needs: chunks no manifest references (a publish that crashed
+    before its manifest, or lost the race for it) and incomplete writes, all older than
+    ``grace_s`` so a publish still in flight is never touched. Chunks of a version whose
+    manifest cannot be read are kept (unknown is not unreferenced)."""
+    catalog = await load_catalog(store, model)
+    reader = ManifestReader(store, model, max_cached=1)
+    referenced: set[str] = set()
+    unreadable: set[int] = set()
+    for version in catalog.versions:
+        for kind in sorted(catalog.kinds[version]):
+            try:
+                manifest = await reader.get(version, kind)
+            except (ObjectNotFound, ValueError) as exc:
+                unreadable.add(version)
+                log.warning("manifest unreadable; its version's chunks are kept", version=version, kind=kind,
+                            error=str(exc))
+                continue
+            referenced.update(c.key for t in manifest.tensors for c in t.chunks)
+    cutoff = time.time() - grace_s
+    garbage = Garbage()
+    for key in await store.list(chunks_prefix(model)):
+        if key in referenced:
+            continue
+        parsed = _chunk_version(key)
+        if parsed is not None and parsed in unreadable:
+            continue
+        try:
+            if await store.modified(key) >= cutoff:
+                continue  # possibly a publish in flight
+        except ObjectNotFound:
+            continue
+        garbage.chunks.append(key)
+    garbage.leftovers = await store.leftovers(f"{model}/", grace_s)
+    return garbage
+
+
+def _chunk_version(key: str) -> int | None:
+    # <model>/chunks/v000000000042-delta/...
+    parts = key.split("/")
+    if len(parts) < 3 or not parts[2].startswith("v"):
+        return None
+    try:
+        return int(parts[2][1:13])
+    except ValueError:
+        return None
+
+
+async def collect_garbage(store: ObjectStore, model: str, grace_s: float) -> Garbage:
+    """Delete what :func:`find_garbage` finds; returns it."""
+    garbage = await find_garbage(store, model, grace_s)
+    if garbage.chunks:
+        await store.delete(garbage.chunks)
+    if garbage.leftovers:
+        await store.delete_leftovers(garbage.leftovers)
+    if garbage.count:
+        log.info("garbage collected", model=model, chunks=len(garbage.chunks), leftovers=len(garbage.leftovers))
+    return garbage

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import msgspec
+import structlog
+
+log = structlog.get_logger(__name__)
 
 
 class SyncerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
@@ -42,6 +45,12 @@ class SyncerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     vllm_apply_mode: str = "auto"
     # Subscriber: seconds between retries after a failed update.
     retry_delay_s: float = 2.0
+    # Subscriber: manifests kept in memory (most recently used).
+    manifest_cache: int = 64
+    # Retention also deletes chunks no manifest references and incomplete writes (temp
+    # files, multipart uploads) once they are this old: younger ones may belong to a
+    # publish still in flight.
+    orphan_grace_s: float = 3600.0
 
     def __post_init__(self) -> None:
         if self.byte_planes not in ("auto", "always", "never"):
@@ -58,3 +67,28 @@ class SyncerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
             raise ValueError("syncer.s3_part_bytes must be >= 5 MiB (S3's minimum part size)")
         if self.zstd_threads < 1 or self.max_concurrency < 1:
             raise ValueError("syncer.zstd_threads and syncer.max_concurrency must be >= 1")
+        if self.manifest_cache < 1:
+            raise ValueError("syncer.manifest_cache must be >= 1")
+        if self.orphan_grace_s < 0:
+            raise ValueError("syncer.orphan_grace_s must be >= 0")
+
+
+def keyframe_cadence(cfg: SyncerConfig, max_staleness: int, publish_every: int) -> SyncerConfig:
+    """``cfg`` with keyframes often enough that one unreadable delta cannot outlast
+    the trainer's staleness bound.
+
+    A sampler that cannot apply a delta stays on the version before it until the next
+    keyframe. With keyframes every N publishes of every ``publish_every`` steps, its
+    tokens are then up to N * publish_every steps old; beyond ``max_staleness`` they
+    are dropped, so every group goes stale and training stops stepping. We lower
+    ``keyframe_every`` to max(1, max_staleness // publish_every) (with a warning)
+    rather than reject the config: the default pairs (10 vs 4) and any hand-written
+    config keep working, at the price of bigger keyframes more often."""
+    if publish_every <= 0:
+        return cfg
+    bound = max(1, max_staleness // publish_every)
+    if cfg.keyframe_every <= bound:
+        return cfg
+    log.warning("syncer.keyframe_every lowered so a bad delta cannot outlast trainer.max_staleness",
+                configured=cfg.keyframe_every, used=bound, max_staleness=max_staleness, publish_every=publish_every)
+    return msgspec.structs.replace(cfg, keyframe_every=bound)

@@ -39,6 +39,7 @@ class Reconstruction:
     tensors: dict[str, "torch.Tensor"]
     checksums: dict[str, str]
     downloaded_bytes: int
+    weights_hash: str = ""  # of the last manifest applied, verified against its tensors
 
 
 class Reconstructor:
@@ -54,12 +55,16 @@ class Reconstructor:
         checksums: dict[str, str],
     ) -> Reconstruction:
         downloaded = 0
+        digest = ""
         if plan.keyframe is not None:
             state, checksums = {}, {}
         for manifest in plan.manifests:
             state, checksums, nbytes = await self.apply_manifest(manifest, state, checksums)
             downloaded += nbytes
-        return Reconstruction(plan.target, state, checksums, downloaded)
+            digest = manifest.weights_hash
+        if plan.manifests and plan.manifests[-1].version != plan.target:
+            raise IntegrityError(f"plan to v{plan.target} ends at v{plan.manifests[-1].version}")
+        return Reconstruction(plan.target, state, checksums, downloaded, digest)
 
     async def apply_manifest(
         self,

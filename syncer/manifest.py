@@ -1,14 +1,20 @@
 """The manifest of one stored version, and where its objects live in the store.
 
 A version exists in the store exactly when its manifest does: the publisher uploads
-every chunk first and writes the manifest last, so a reader never sees a partial
-version. A version may have two manifests: ``full`` (a keyframe, decodable alone) and
-``delta`` (XOR against ``base_version``).
+every chunk first and creates the manifest last, conditionally (only if absent), so a
+reader never sees a partial version and two publishers of one version never leave a
+mix: each publish attempt writes its chunks under its own attempt folder, and only the
+attempt whose manifest was created is ever referenced. A version may have two
+manifests: ``full`` (a keyframe, decodable alone) and ``delta`` (XOR against
+``base_version``).
 
 Layout under the store root::
 
     <model>/manifests/v000000000042-delta.json
-    <model>/chunks/v000000000042-delta/00017-0003      (tensor 17, chunk 3)
+    <model>/chunks/v000000000042-delta/<attempt>/00017-0003   (tensor 17, chunk 3)
+
+Chunks no manifest references (a publish that crashed or lost) are garbage collected
+by ``syncer.catalog.collect_garbage``.
 """
 
 from __future__ import annotations
@@ -140,8 +146,13 @@ def chunk_prefix(model: str, version: int, kind: str) -> str:
     return f"{_check_model(model)}/chunks/v{version:012d}-{kind}/"
 
 
-def chunk_key(model: str, version: int, kind: str, tensor_index: int, chunk_index: int) -> str:
-    return f"{chunk_prefix(model, version, kind)}{tensor_index:05d}-{chunk_index:04d}"
+def chunk_key(model: str, version: int, kind: str, tensor_index: int, chunk_index: int, attempt: str = "") -> str:
+    folder = chunk_prefix(model, version, kind) + (f"{attempt}/" if attempt else "")
+    return f"{folder}{tensor_index:05d}-{chunk_index:04d}"
+
+
+def chunks_prefix(model: str) -> str:
+    return f"{_check_model(model)}/chunks/"
 
 
 def manifests_prefix(model: str) -> str:

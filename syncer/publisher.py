@@ -8,7 +8,11 @@
    keyframes also get a delta when ``delta_with_keyframes``;
 3. encode and upload chunk by chunk, at most ``max_concurrency`` chunks in flight,
    so memory beyond the kept base copy stays bounded by a few chunks;
-4. write the manifest LAST: only then does the version exist for readers;
+4. create the manifest LAST and only if absent: only then does the version exist for
+   readers. Chunks go under a folder unique to this publish attempt, so a second
+   publisher of the same version never overwrites the winner's chunks; the loser
+   deletes its own objects and gets ``WeightConflict`` (or, with the very same
+   weights, adopts the winner's version);
 5. publish ``WeightVersion`` on ``rollway.weights`` (when a Kafka producer is set);
 6. after a keyframe, apply retention.
 
@@ -21,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+import uuid
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Mapping
 
@@ -32,7 +37,7 @@ from syncer.aio import gather_or_cancel
 from syncer.config import SyncerConfig
 from syncer.hashing import checksum, tensor_checksum, weights_hash
 from syncer.manifest import ChunkRef, CodecInfo, Manifest, chunk_key, encode_manifest, manifest_key
-from syncer.store import ObjectStore
+from syncer.store import ObjectNotFound, ObjectStore
 from syncer.tensor_codec import TensorPlan, encode_planned_chunk, plan_tensor
 
 if TYPE_CHECKING:
@@ -105,16 +110,26 @@ class WeightPublisher:
 
         keyframe = self._base is None or self._deltas_since_keyframe + 1 >= self.cfg.keyframe_every
         keyframe_version = version if keyframe else self.keyframe_version
+        attempt = uuid.uuid4().hex[:16]
+        created: list[Manifest] = []
         delta_manifest = None
-        if self._base is not None and (not keyframe or self.cfg.delta_with_keyframes):
-            delta_manifest = await self._write(
-                version, "delta", state, checksums, digest, trainer_step, self._base, keyframe_version
-            )
         full_manifest = None
-        if keyframe:
-            full_manifest = await self._write(
-                version, "full", state, checksums, digest, trainer_step, None, keyframe_version
-            )
+        try:
+            if self._base is not None and (not keyframe or self.cfg.delta_with_keyframes):
+                delta_manifest = await self._write(
+                    version, "delta", state, checksums, digest, trainer_step, self._base, keyframe_version,
+                    attempt, created,
+                )
+            if keyframe:
+                full_manifest = await self._write(
+                    version, "full", state, checksums, digest, trainer_step, None, keyframe_version,
+                    attempt, created,
+                )
+        except WeightConflict:
+            # Another publisher owns this version: take back what we created so no
+            # reader can combine our manifests with theirs.
+            await self._withdraw(created)
+            raise
         announced = full_manifest or delta_manifest
         assert announced is not None
 
@@ -200,7 +215,12 @@ class WeightPublisher:
         trainer_step: int,
         base: dict | None,
         keyframe_version: int,
+        attempt: str,
+        created: list[Manifest],
     ) -> Manifest:
+        """Upload one manifest's chunks under ``attempt`` and create the manifest; on
+        success it is appended to ``created``. Returns the stored manifest (another
+        publisher's when it won with the same weights)."""
         loop = asyncio.get_running_loop()
         cfg = self.cfg
 
@@ -217,7 +237,7 @@ class WeightPublisher:
         in_flight = asyncio.Semaphore(cfg.max_concurrency)
 
         async def upload_chunk(index: int, plan: TensorPlan, j: int, start: int, count: int) -> ChunkRef:
-            key = chunk_key(self.model, version, kind, index, j)
+            key = chunk_key(self.model, version, kind, index, j, attempt)
             async with in_flight:
                 def encode() -> tuple[bytes, str]:
                     payload = encode_planned_chunk(plan, start, count, cfg.zstd_level)
@@ -253,9 +273,33 @@ class WeightPublisher:
             created_at=time.time(),
         )
         manifest.validate()
-        # Last: the manifest is the commit point of the version.
-        await self.store.put(manifest_key(self.model, version, kind), encode_manifest(manifest))
-        return manifest
+        # Last: the manifest is the commit point of the version, created only if absent.
+        key = manifest_key(self.model, version, kind)
+        if await self.store.put_if_absent(key, encode_manifest(manifest)):
+            created.append(manifest)
+            return manifest
+        ours = [c.key for e in entries for c in e.chunks]
+        await self.store.delete(ours)  # never referenced: the other publisher's manifest won
+        self._reader.forget(version)
+        try:
+            winner = await self._reader.get(version, kind)
+        except (ObjectNotFound, ValueError) as exc:
+            raise WeightConflict(f"{self.model} v{version} {kind} was published concurrently and "
+                                 f"its manifest is unreadable here: {exc}") from exc
+        if winner.weights_hash != digest:
+            raise WeightConflict(
+                f"{self.model} v{version} {kind} was published concurrently by another publisher with weights "
+                f"hash {winner.weights_hash}; ours is {digest}: this publisher is not the only writer"
+            )
+        log.info("version published concurrently with the same weights; using the stored one",
+                 model=self.model, version=version, kind=kind)
+        return winner
+
+    async def _withdraw(self, manifests: list[Manifest]) -> None:
+        for manifest in manifests:
+            await self.store.delete([manifest_key(self.model, manifest.version, manifest.kind)])
+            await self.store.delete([c.key for t in manifest.tensors for c in t.chunks])
+            self._reader.forget(manifest.version)
 
     def _event(self, manifest: Manifest, trainer_step: int, delta_base: int) -> WeightVersion:
         return WeightVersion(
@@ -279,13 +323,15 @@ class WeightPublisher:
             await self.producer.publish(event)
 
     async def apply_retention(self) -> int:
-        """Delete versions older than the newest ``keep_keyframes`` keyframes."""
+        """Delete versions older than the newest ``keep_keyframes`` keyframes, then
+        orphaned objects older than ``orphan_grace_s``."""
         catalog = await cat.load_catalog(self.store, self.model)
         doomed = cat.versions_to_delete(catalog, self.cfg.keep_keyframes)
         deleted = await cat.delete_versions(self.store, self.model, catalog, doomed)
         for v in doomed:
             self._reader.forget(v)
-        return deleted
+        garbage = await cat.collect_garbage(self.store, self.model, self.cfg.orphan_grace_s)
+        return deleted + garbage.count
 
 
 def _entries(state: Mapping[str, "torch.Tensor"], checksums: Mapping[str, str]):

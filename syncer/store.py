@@ -4,6 +4,11 @@ Both give the same small async interface. ``put`` is atomic: a reader sees the w
 object or none of it (rename on a filesystem; S3 objects appear complete by design,
 multipart uploads only on completion). Keys are ``/``-separated relative paths.
 
+``put_if_absent`` is the conditional create a commit point needs (a version's
+manifest): of two writers of one key exactly one wins, the other learns it lost.
+``leftovers`` / ``delete_leftovers`` find and remove what crashed writers left behind
+(temporary files, unfinished multipart uploads) once they are older than a grace period.
+
 Use as ``async with open_store(url, cfg) as store`` (S3 clients hold connections).
 """
 
@@ -12,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import time
 import uuid
 from pathlib import Path
 from typing import Iterable
@@ -43,8 +49,24 @@ class ObjectStore:
     async def put(self, key: str, data: bytes | memoryview) -> None:
         raise NotImplementedError
 
+    async def put_if_absent(self, key: str, data: bytes | memoryview) -> bool:
+        """Create ``key`` only if it does not exist; False (nothing written) if it did."""
+        raise NotImplementedError
+
     async def get(self, key: str) -> bytes:
         raise NotImplementedError
+
+    async def modified(self, key: str) -> float:
+        """Last-modified time (seconds since the epoch); ObjectNotFound when absent."""
+        raise NotImplementedError
+
+    async def leftovers(self, prefix: str, older_than_s: float) -> list[str]:
+        """Incomplete writes under ``prefix`` (temporary files, unfinished multipart
+        uploads) started more than ``older_than_s`` ago, as opaque handles."""
+        return []
+
+    async def delete_leftovers(self, handles: Iterable[str]) -> int:
+        return 0
 
     async def exists(self, key: str) -> bool:
         raise NotImplementedError
@@ -103,6 +125,66 @@ class LocalStore(ObjectStore):
 
     async def put(self, key: str, data: bytes | memoryview) -> None:
         await asyncio.to_thread(self._put_sync, key, data)
+
+    def _put_if_absent_sync(self, key: str, data: bytes | memoryview) -> bool:
+        path = self._path(key)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.parent / f".{path.name}.{uuid.uuid4().hex}.tmp"
+        try:
+            with open(tmp, "wb") as f:
+                f.write(data)
+                if self.fsync:
+                    f.flush()
+                    os.fsync(f.fileno())
+            # link(2) fails when the name exists: an atomic create-if-absent of the
+            # whole, already durable file (rename would silently replace).
+            try:
+                os.link(tmp, path)
+            except FileExistsError:
+                return False
+            return True
+        finally:
+            tmp.unlink(missing_ok=True)
+
+    async def put_if_absent(self, key: str, data: bytes | memoryview) -> bool:
+        return await asyncio.to_thread(self._put_if_absent_sync, key, data)
+
+    async def modified(self, key: str) -> float:
+        try:
+            return self._path(key).stat().st_mtime
+        except FileNotFoundError:
+            raise ObjectNotFound(f"{self.url_for(key)} does not exist") from None
+
+    def _leftovers_sync(self, prefix: str, older_than_s: float) -> list[str]:
+        folder = self.root / prefix.rsplit("/", 1)[0] if "/" in prefix else self.root
+        if not folder.is_dir():
+            return []
+        cutoff = time.time() - older_than_s
+        out = []
+        for dirpath, _, files in os.walk(folder):
+            for name in files:
+                if not (name.startswith(".") and name.endswith(".tmp")):
+                    continue
+                path = Path(dirpath, name)
+                key = path.relative_to(self.root).as_posix()
+                try:
+                    old = path.stat().st_mtime < cutoff
+                except FileNotFoundError:
+                    continue  # its writer just finished or cleaned up
+                if key.startswith(prefix) and old:
+                    out.append(key)
+        return sorted(out)
+
+    async def leftovers(self, prefix: str, older_than_s: float) -> list[str]:
+        return await asyncio.to_thread(self._leftovers_sync, prefix, older_than_s)
+
+    async def delete_leftovers(self, handles: Iterable[str]) -> int:
+        handles = list(handles)
+        for key in handles:
+            if not Path(key).name.endswith(".tmp"):
+                raise ValueError(f"{key!r} is not a temporary file")
+        await asyncio.to_thread(self._delete_sync, handles)
+        return len(handles)
 
     def _get_sync(self, key: str) -> bytes:
         try:
@@ -244,6 +326,67 @@ class S3Store(ObjectStore):
                 await self.client.put_object(Bucket=self.bucket, Key=self._full(key), Body=data)
             return
         await self._put_multipart(self._full(key), data)
+
+    async def put_if_absent(self, key: str, data: bytes | memoryview) -> bool:
+        """S3 conditional write (``If-None-Match: *``): 412 when the key exists.
+        Used for manifests, which stay far below the multipart threshold."""
+        from botocore.exceptions import ClientError
+
+        data = bytes(data) if isinstance(data, memoryview) else data
+        if len(data) > self.multipart_threshold:
+            raise ValueError(f"put_if_absent of {len(data)} bytes: conditional writes are single-part here")
+        async with self._sem:
+            try:
+                await self.client.put_object(Bucket=self.bucket, Key=self._full(key), Body=data, IfNoneMatch="*")
+            except ClientError as exc:
+                code = exc.response.get("Error", {}).get("Code")
+                status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+                if code in ("PreconditionFailed", "ConditionalRequestConflict") or status in (409, 412):
+                    return False
+                raise
+        return True
+
+    async def modified(self, key: str) -> float:
+        from botocore.exceptions import ClientError
+
+        async with self._sem:
+            try:
+                head = await self.client.head_object(Bucket=self.bucket, Key=self._full(key))
+            except ClientError as exc:
+                if exc.response.get("Error", {}).get("Code") in ("NoSuchKey", "404", "NotFound"):
+                    raise ObjectNotFound(f"{self.url_for(key)} does not exist") from None
+                raise
+        return head["LastModified"].timestamp()
+
+    async def leftovers(self, prefix: str, older_than_s: float) -> list[str]:
+        """Unfinished multipart uploads (a writer killed before complete/abort): their
+        parts cost storage until aborted. Handles are ``key\x00upload_id``."""
+        full_prefix = f"{self.prefix}/{prefix}" if self.prefix else prefix
+        cutoff = time.time() - older_than_s
+        out = []
+        paginator = self.client.get_paginator("list_multipart_uploads")
+        async with self._sem:
+            async for page in paginator.paginate(Bucket=self.bucket, Prefix=full_prefix):
+                for upload in page.get("Uploads", []):
+                    if upload["Initiated"].timestamp() < cutoff:
+                        out.append(f"{self._relative(upload['Key'])}\x00{upload['UploadId']}")
+        return sorted(out)
+
+    async def delete_leftovers(self, handles: Iterable[str]) -> int:
+        from botocore.exceptions import ClientError
+
+        n = 0
+        for handle in handles:
+            key, upload_id = handle.split("\x00", 1)
+            async with self._sem:
+                try:
+                    await self.client.abort_multipart_upload(Bucket=self.bucket, Key=self._full(key),
+                                                             UploadId=upload_id)
+                except ClientError as exc:
+                    if exc.response.get("Error", {}).get("Code") != "NoSuchUpload":
+                        raise
+            n += 1
+        return n
 
     async def _put_multipart(self, full_key: str, data: bytes) -> None:
         async with self._sem:

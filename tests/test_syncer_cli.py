@@ -59,3 +59,15 @@ async def test_weights_ls_verify_export_prune_and_corruption(tmp_path):
     assert prune.returncode == 0 and prune.stdout.startswith("deleted 2 versions"), prune.stdout
     left = weights_cli(store_dir, "ls")
     assert [int(line.split()[0]) for line in left.stdout.splitlines()[2:]] == [3, 3, 4]
+
+    # Orphans (a publish that crashed before its manifest): collected by prune once
+    # older than the grace period.
+    orphan = store_dir / MODEL / "chunks" / "v000000000009-delta" / "dead" / "00000-0000"
+    orphan.parent.mkdir(parents=True)
+    orphan.write_bytes(b"leftover")
+    kept = weights_cli(store_dir, "prune")
+    assert kept.returncode == 0 and "deleted 0 unreferenced chunks" in kept.stdout and orphan.exists()
+    gc = weights_cli(store_dir, "prune", "--grace-s", "0")
+    assert gc.returncode == 0 and "deleted 1 unreferenced chunks" in gc.stdout, gc.stdout
+    assert not orphan.exists()
+    assert weights_cli(store_dir, "verify", "3").returncode == 0

@@ -15,7 +15,7 @@ import shutil
 import pytest
 import torch
 
-from syncer.apply import VllmTarget, hf_to_vllm_name
+from syncer.apply import VllmTarget, WeightsRefused, hf_to_vllm_name
 from syncer.config import SyncerConfig
 from syncer.publisher import WeightPublisher
 from syncer.store import LocalStore
@@ -165,5 +165,18 @@ async def test_delta_update_matches_checkpoint_engine(checkpoints, reference_v2,
         await target.apply_weights({**v1, "model.layers.9.mlp.up_proj.weight": v1["model.norm.weight"]}, 9)
     assert target.weight_version == version
     assert logprobs_of(llm) == expected
+
+    # Shapes and dtypes are checked before any byte is written (issue 13: a wrong
+    # shape used to fail after a dozen tensors were already loaded).
+    down = "model.layers.1.mlp.down_proj.weight"
+    for bad, why in (
+        ({**v1, down: v1[down].t().contiguous()}, "does not fit"),
+        ({**v1, down: v1[down][:-1].contiguous()}, "does not fit"),
+        ({**v1, "model.norm.weight": v1["model.norm.weight"].float()}, "dtype"),
+    ):
+        with pytest.raises(WeightsRefused, match=why):
+            await target.apply_weights(bad, 9)
+        assert target.weight_version == version
+        assert logprobs_of(llm) == expected
     pub.close()
     sub.close()

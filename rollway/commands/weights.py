@@ -15,8 +15,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
     export = sub.add_parser("export", help="rebuild a version and write it as a safetensors file")
     export.add_argument("version", type=int)
     export.add_argument("output", help="path of the .safetensors file to write")
-    prune = sub.add_parser("prune", help="delete versions older than the newest K keyframes")
+    prune = sub.add_parser("prune", help="delete versions older than the newest K keyframes, and orphaned objects")
     prune.add_argument("--keep", type=int, help="keyframes to keep (default: syncer.keep_keyframes)")
+    prune.add_argument("--grace-s", type=float,
+                       help="orphans younger than this may be a publish in flight (default: syncer.orphan_grace_s)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -48,6 +50,10 @@ async def _run(args: argparse.Namespace, cfg) -> int:
             doomed = cat.versions_to_delete(catalog, args.keep or cfg.syncer.keep_keyframes)
             objects = await cat.delete_versions(store, model, catalog, doomed)
             print(f"deleted {len(doomed)} versions ({objects} objects): {doomed}")
+            grace = cfg.syncer.orphan_grace_s if args.grace_s is None else args.grace_s
+            garbage = await cat.collect_garbage(store, model, grace)
+            print(f"deleted {len(garbage.chunks)} unreferenced chunks and {len(garbage.leftovers)} "
+                  f"incomplete writes older than {grace:g} s")
             return 0
         from syncer.fetch import load_version
 
