@@ -70,6 +70,14 @@ def test_declaration_errors_are_clear():
         async def batch(r: Reward, env): ...
     with pytest.raises(TypeError, match="async"):
         consumer("rewards")(lambda e, env: None)
+
+    class Misspelt(Analytics):
+        topics = ["reward"]
+
+        async def handle(self, r: Reward, env): ...
+
+    with pytest.raises(ConsumerError, match=r"Misspelt: unknown topic 'reward' \(did you mean 'rewards'\?\)"):
+        ConsumerHarness(Misspelt())
     with pytest.raises(ConsumerError, match="topic"):
         consumer()
 

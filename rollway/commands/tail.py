@@ -49,7 +49,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="line format: cut each field value to CHARS characters (default: whole)")
     parser.add_argument("--skip-undecodable", action="store_true",
                         help="do not print records that do not decode; report their count on stderr")
-    parser.add_argument("--group", help="consume as this consumer group (default: join no group)")
+    parser.add_argument("--group", help="consume as this consumer group, from its committed offsets (start "
+                             "options do not apply; default: join no group)")
 
 
 def run(args: argparse.Namespace) -> int:
