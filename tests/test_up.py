@@ -271,7 +271,7 @@ async def test_view_state_from_real_events_read_back_from_kafka(kafka_config):
 
 
 # -- supervision under a real `rollway up` ---------------------------------------------------
-def up_config(tmp: Path, prefix: str, tasks_dir: str, **restart: float) -> Path:
+def up_config(tmp: Path, prefix: str, tasks_dir: str | None, **restart: float) -> Path:
     partitions = ", ".join(f'"{k}" = {v}' for k, v in TEST_PARTITIONS.items())
     restart_lines = "\n".join(f"{k} = {v}" for k, v in restart.items())
     path = tmp / "rollway.toml"
@@ -280,7 +280,7 @@ def up_config(tmp: Path, prefix: str, tasks_dir: str, **restart: float) -> Path:
 topic_prefix = "{prefix}"
 partitions = {{ {partitions} }}
 [feeder]
-tasks_dir = "{tasks_dir}"
+{"" if tasks_dir is None else f'tasks_dir = "{tasks_dir}"'}
 group_size = 1
 groups_per_second = 20.0
 # Without samplers no reward ever comes back: each feeder process publishes exactly
@@ -402,7 +402,7 @@ async def test_crash_loop_gives_up_naming_the_component_and_its_log(kafka_bootst
 
 def test_minutes_stops_the_stack_cleanly(kafka_bootstrap, tmp_path):
     prefix = f"{unique('up-')}."
-    config = up_config(tmp_path, prefix, f"{REPO}/tasks/demo")
+    config = up_config(tmp_path, prefix, None)  # no feeder.tasks_dir: up's default task set
     proc, out, logs = start_up(config, tmp_path, kafka_bootstrap, "--without", "feeder", "--minutes", "0.05")
     try:
         code = proc.wait(timeout=90)
@@ -412,7 +412,7 @@ def test_minutes_stops_the_stack_cleanly(kafka_bootstrap, tmp_path):
             proc.wait()
     text = out.read_text()
     assert code == 0, text
-    assert "rollway up: 1 components (analytics)" in text
+    assert f"rollway up: 1 components (analytics), training on family:train, Kafka at {kafka_bootstrap}" in text
     assert "rollway up: --minutes 0.05 elapsed; stopping components" in text
     assert [e["component"] for e in up_events(logs, "component stopped")] == ["analytics"]
     assert leftover_processes(config) == []

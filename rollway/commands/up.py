@@ -211,8 +211,9 @@ def _run(args, cfg, upcfg, env: dict[str, str], log_dir) -> int:
                                stop_stage=p.stop_stage, done_on_success=p.done_on_success) for p in procs]
         sup = Supervisor(specs, upcfg.restart)
         tui = not args.no_tui and sys.stdout.isatty()
-        print(f"rollway up: {len(specs)} components ({', '.join(p.name for p in procs)}), Kafka at {bootstrap}, "
-              f"logs in {log_dir}/ (Ctrl-C stops)", flush=True)
+        tasks = env.get("ROLLWAY_FEEDER__TASKS_DIR", cfg.feeder.tasks_dir)
+        print(f"rollway up: {len(specs)} components ({', '.join(p.name for p in procs)}), training on {tasks}, "
+              f"Kafka at {bootstrap}, logs in {log_dir}/ (Ctrl-C stops)", flush=True)
         from rollway.up_loop import UpLoop
 
         loop = UpLoop(cfg, upcfg, sup, tui=tui, steps=args.steps, minutes=args.minutes)
