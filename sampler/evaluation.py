@@ -48,6 +48,10 @@ class EvalError(RuntimeError):
     the message is the one line the user sees."""
 
 
+class SandboxUnreachable(EvalError):
+    """No sandbox service answers (yet): the evaluator waits, ``rollway eval`` gives up."""
+
+
 # -- what to evaluate ---------------------------------------------------------------------
 def split_label(split: str) -> str:
     """The canonical name: "heldout" -> "family:heldout"; "dir:PATH" and "fam:name" as given."""
@@ -187,7 +191,7 @@ async def check_sandbox(sandbox: SandboxClient, specs: list[TaskSpec]) -> None:
     try:
         await sandbox.health()
     except Exception as exc:  # connection refused, timeout, an HTTP error: nothing to grade with
-        raise EvalError(f"no sandbox service at {sandbox.base_url}: {str(exc) or type(exc).__name__}") from None
+        raise SandboxUnreachable(f"no sandbox service at {sandbox.base_url}: {str(exc) or type(exc).__name__}") from None
     added = 0
     for spec in specs:
         try:

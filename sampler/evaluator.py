@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING
 import structlog
 
 from bus import EventConsumer, EventProducer, read_topic
-from sampler.evaluation import EvalError, check_sandbox, eval_sampler_config, evaluate
+from sampler.evaluation import SandboxUnreachable, check_sandbox, eval_sampler_config, evaluate
 from sandbox.client import SandboxClient
 from schemas import EvalResult, Heartbeat, WeightVersion, now
 
@@ -103,7 +103,7 @@ class Evaluator:
             try:
                 await check_sandbox(sandbox, self.specs)
                 break
-            except EvalError as exc:
+            except SandboxUnreachable as exc:
                 log.warning("waiting for the sandbox", error=str(exc))
                 await self._sleep(2.0)
         if self._stop.is_set():
@@ -153,12 +153,11 @@ class Evaluator:
 
     async def _evaluate_version(self, sandbox: SandboxClient, subscriber, version: int) -> bool:
         """False when stopped before the result was published."""
-        from syncer.subscriber import UpdateFailed
-
         try:
             await subscriber.update_to(version)
-        except UpdateFailed as exc:  # pruned meanwhile, corrupt: nothing to evaluate
-            log.error("cannot load the version to evaluate; skipped", version=version, error=str(exc))
+        except Exception as exc:  # pruned meanwhile, corrupt, not this model's shape: skip it, keep
+            # serving (a crash would only come back to the same version and crash-loop the stack)
+            log.error("cannot load the version to evaluate; skipped", version=version, error=repr(exc))
             return True
         return await self._evaluate_current(sandbox)
 

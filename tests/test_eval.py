@@ -26,6 +26,7 @@ from rollway.cli import main
 from rollway.config import EvalConfig, RollwayConfig
 from sampler.config import SamplerConfig
 from sampler.testing import agent_model_dir, read_all, read_topic
+from sandbox.client import SandboxClient
 from sandbox.config import SandboxConfig
 from sandbox.testing import live_sandbox, write_task_dir
 from schemas import EvalResult, Heartbeat
@@ -68,11 +69,11 @@ def write_config(cfg: RollwayConfig, tmp: Path) -> Path:
     return path
 
 
-async def rollway(config: Path, *args: str) -> tuple[int, str, str]:
+async def rollway(config: Path, *args: str, env: dict[str, str] | None = None) -> tuple[int, str, str]:
     """Run the real CLI as a process (this loop keeps serving the sandbox meanwhile)."""
     proc = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "rollway.cli", "--config", str(config), *args, cwd=REPO,
-        env={**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"},
+        env={**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", **(env or {})},
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
     )
     out, err = await asyncio.wait_for(proc.communicate(), timeout=240)
@@ -237,39 +238,54 @@ async def test_evaluator_follows_weights_and_evaluates_every_n_versions(stack, k
 
 
 async def test_bad_input_is_one_clear_line_and_a_nonzero_exit(kafka_config, tmp_path):
-    """Each case fails before any model is loaded; nothing else is touched."""
+    """Each case fails before any model is loaded; the sandbox and Kafka serve on."""
     from rollway.broker import free_ports
 
-    (tmp_path / "tasks").mkdir()
-    write_task_dir(tmp_path / "tasks", TASKS[0])
-    cfg = stack_config(kafka_config, tmp_path, f"http://127.0.0.1:{free_ports(1)[0]}")
-    config = write_config(cfg, tmp_path)
-    tasks = ("--tasks", str(tmp_path / "tasks"))
-    store = f"file://{tmp_path}/weights"
-    cases = [
-        (("eval", "--split", "nope"),
-         "rollway eval: cannot load the tasks of 'nope': unknown split 'nope'; valid splits: train, heldout"),
-        (("eval", "--split", "swe:heldout"),
-         "rollway eval: unknown task family 'swe' in split 'swe:heldout' (use family:train, family:heldout "
-         "or --tasks DIR)"),
-        (("eval", "--tasks", str(tmp_path / "absent")),
-         f"rollway eval: cannot load the tasks of 'dir:{tmp_path}/absent': tasks folder {tmp_path}/absent "
-         "does not exist"),
-        (("eval", *tasks, "--model", str(tmp_path / "no-model")),
-         f"rollway eval: no model at {tmp_path}/no-model (set sampler.model_path or --model; "
-         "`rollway model` builds one)"),
-        (("eval", *tasks, "--version", "7"), f"rollway eval: {MODEL} v7 is not in {store}; the store is empty"),
-        (("eval", *tasks, "--version", "seven"),
-         "rollway eval: --version must be a version number >= 0 or 'latest', not 'seven'"),
-        (("eval", *tasks, "--samples", "0"), "rollway eval: eval.samples must be at least 1, got 0"),
-        (("eval", *tasks, "--version", "0"), f"rollway eval: no sandbox service at {cfg.sampler.sandbox_url}: "),
-        (("evaluator", "--split", "family:nope"),
-         "rollway evaluator: cannot load the tasks of 'family:nope': unknown split 'nope'; valid splits: "
-         "train, heldout"),
-    ]
-    runs = await asyncio.gather(*(rollway(config, *args) for args, _ in cases))
-    for (args, message), (code, out, err) in zip(cases, runs):
-        assert code == 2, (args, out, err)
-        assert out == "", (args, out)
-        assert len(err.splitlines()) == 1 and err.startswith(message), (args, err)
+    write_task_dir(tmp_path / "tasks", TASKS[2])
+    write_task_dir(tmp_path / "clash", TASKS[0])
+    # The sandbox knows a task "add_ok" with other hidden tests: a registration must not change it.
+    write_task_dir(tmp_path / "sandbox_tasks", msgspec.structs.replace(TASKS[0], hidden_tests=UPPER_TEST))
+    closed_port = free_ports(1)[0]
+    sandbox_cfg = SandboxConfig(tasks_dir=str(tmp_path / "sandbox_tasks"), workspace_root=str(tmp_path / "ws"))
+    async with live_sandbox(sandbox_cfg) as sb:
+        cfg = stack_config(kafka_config, tmp_path, sb.url)
+        config = write_config(cfg, tmp_path)
+        tasks = ("--tasks", str(tmp_path / "tasks"))
+        no_kafka = {"KAFKA_BOOTSTRAP_SERVERS": f"127.0.0.1:{closed_port}"}
+        cases = [
+            (("eval", "--split", "nope"), {},
+             "rollway eval: cannot load the tasks of 'nope': unknown split 'nope'; valid splits: train, heldout"),
+            (("eval", "--split", "swe:heldout"), {},
+             "rollway eval: unknown task family 'swe' in split 'swe:heldout' (use family:train, family:heldout "
+             "or --tasks DIR)"),
+            (("eval", "--tasks", str(tmp_path / "absent")), {},
+             f"rollway eval: cannot load the tasks of 'dir:{tmp_path}/absent': tasks folder {tmp_path}/absent "
+             "does not exist"),
+            (("eval", *tasks, "--model", str(tmp_path / "no-model")), {},
+             f"rollway eval: no model at {tmp_path}/no-model (set sampler.model_path or --model; "
+             "`rollway model` builds one)"),
+            (("eval", *tasks, "--version", "7"), {},
+             f"rollway eval: {MODEL} v7 is not in file://{tmp_path}/weights; the store is empty"),
+            (("eval", *tasks, "--version", "seven"), {},
+             "rollway eval: --version must be a version number >= 0 or 'latest', not 'seven'"),
+            (("eval", *tasks, "--samples", "0"), {}, "rollway eval: eval.samples must be at least 1, got 0"),
+            (("eval", *tasks, "--sandbox-url", f"http://127.0.0.1:{closed_port}"), {},
+             f"rollway eval: no sandbox service at http://127.0.0.1:{closed_port}: "),
+            (("eval", "--tasks", str(tmp_path / "clash")), {},
+             f"rollway eval: the sandbox at {sb.url} refused task 'add_ok': task 'add_ok' is already known with "
+             "other files or hidden tests"),
+            (("eval", *tasks), no_kafka,
+             f"rollway eval: cannot publish to Kafka at 127.0.0.1:{closed_port}: "),
+            (("evaluator", "--split", "family:nope"), {},
+             "rollway evaluator: cannot load the tasks of 'family:nope': unknown split 'nope'; valid splits: "
+             "train, heldout"),
+        ]
+        runs = await asyncio.gather(*(rollway(config, *args, env=env) for args, env, _ in cases))
+        for (args, _, message), (code, out, err) in zip(cases, runs):
+            assert code == 2, (args, out, err)
+            assert out == "", (args, out)
+            assert len(err.splitlines()) == 1 and err.startswith(message), (args, err)
+        assert sb.service.store.get("add_ok").hidden_tests == UPPER_TEST
+        async with SandboxClient(sb.url) as client:  # no session left open by the failed runs
+            assert (await client.health())["sessions"] == 0
     assert await read_all(kafka_config, "evals") == []

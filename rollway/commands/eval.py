@@ -68,6 +68,11 @@ def run(args: argparse.Namespace) -> int:
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
     cfg = load_config_or_exit(args, "eval")
     configure_logging("eval", "cli", level="warning")
+    # A broker that cannot be reached is reported in our one line; aiokafka's own
+    # connection errors would only repeat it.
+    import logging
+
+    logging.getLogger("aiokafka").setLevel(logging.CRITICAL)
     if args.split is not None and args.tasks is not None:
         print("rollway eval: give --split or --tasks, not both", file=sys.stderr)
         return 2
@@ -164,13 +169,13 @@ async def _run(cfg, version: int | None, *, publish: bool):
 
 async def _load(cfg, store, engine, version: int) -> None:
     from sampler.evaluation import EvalError
-    from syncer.subscriber import UpdateFailed, WeightSubscriber
+    from syncer.subscriber import WeightSubscriber
 
     subscriber = WeightSubscriber(cfg.syncer, cfg.model_name, store, engine)
     try:
         await subscriber.update_to(version)
-    except UpdateFailed as exc:
-        raise EvalError(f"cannot load {cfg.model_name} v{version}: {exc}") from None
+    except Exception as exc:  # UpdateFailed, or weights that do not fit the base model
+        raise EvalError(f"cannot load {cfg.model_name} v{version} into {cfg.sampler.model_path}: {exc}") from None
     finally:
         subscriber.close()
 

@@ -61,6 +61,9 @@ def run(args: argparse.Namespace) -> int:
         await engine.start()
         try:
             await Evaluator(cfg, engine, replica_id=replica_id, split=split, specs=specs).run()
+        except EvalError as exc:  # e.g. the sandbox refuses a task: not worth a restart loop
+            print(f"rollway evaluator: {exc}", file=sys.stderr)
+            return 2
         finally:
             await engine.close()
         return 0
