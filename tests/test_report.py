@@ -147,3 +147,14 @@ def test_report_on_an_empty_log_says_there_is_nothing_to_plot(kafka_bootstrap, t
     assert done.stdout == (f"rollway report: nothing to plot yet (no train steps, rewards, evals or apply pauses in "
                            f"Kafka {kafka_bootstrap}, topics {prefix}*)\n")
     assert not out.exists()
+
+
+def test_report_without_a_reachable_broker_is_one_line_and_exit_1(tmp_path):
+    from rollway.broker import free_ports
+
+    bootstrap = f"127.0.0.1:{free_ports(1)[0]}"  # nothing listens there
+    done = run_report(bootstrap, "report-none.", tmp_path / "report")
+    assert done.returncode == 1
+    assert done.stdout == ""
+    assert done.stderr.startswith(f"rollway report: could not read the log at {bootstrap}: KafkaConnectionError")
+    assert done.stderr.count("\n") == 1, done.stderr

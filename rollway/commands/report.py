@@ -19,6 +19,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     import asyncio
+    import logging
     import sys
     from pathlib import Path
 
@@ -28,6 +29,9 @@ def run(args: argparse.Namespace) -> int:
 
     cfg = load_config_or_exit(args, "report")
     configure_logging("report", level="warning")
+    # A broker that cannot be reached is reported in our one line; aiokafka's own
+    # connection errors (and asyncio's note on the consumer they left open) only repeat it.
+    logging.getLogger("aiokafka").setLevel(logging.CRITICAL)
 
     async def read_all() -> list[object]:
         events: list[object] = []
@@ -41,15 +45,13 @@ def run(args: argparse.Namespace) -> int:
 
     try:
         events = asyncio.run(read_all())
-    except (RecordMissing, OSError) as exc:
+    except Exception as exc:
+        # aiokafka's connection errors share no base class with OSError.
+        if not isinstance(exc, (RecordMissing, OSError)) and not type(exc).__module__.startswith("aiokafka"):
+            raise
+        logging.getLogger("asyncio").setLevel(logging.CRITICAL)
         print(f"rollway report: could not read the log at {cfg.kafka.bootstrap_servers}: {exc}", file=sys.stderr)
         return 1
-    except Exception as exc:  # aiokafka's connection errors share no base class with OSError
-        if type(exc).__module__.startswith("aiokafka"):
-            print(f"rollway report: could not read the log at {cfg.kafka.bootstrap_servers}: {exc!r}",
-                  file=sys.stderr)
-            return 1
-        raise
 
     from rollway.report import collect, summary_markdown
 
