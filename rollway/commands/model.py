@@ -1,4 +1,10 @@
-"""``rollway model tiny``: build the local tiny model and tokenizer (no downloads)."""
+"""``rollway model tiny|init``: build local models (no downloads).
+
+* ``tiny``: the tiny Qwen2 + BPE tokenizer the tests and demos use;
+* ``init``: the warm start: a small Qwen2 fine-tuned (SFT) on reference transcripts of
+  the task family's train split (:mod:`trainer.warm_start`), so RL starts from a partial
+  skill. Cached under ``.cache/models/warm-<key>``; ``--out DIR`` copies it there.
+"""
 
 from __future__ import annotations
 
@@ -13,24 +19,48 @@ def configure(parser: argparse.ArgumentParser) -> None:
     tiny.add_argument("--train-steps", type=int, default=150,
                       help="pre-training steps on the synthetic agent corpus (150: writes tool calls; "
                            "the test suite's default model uses 40)")
+    init = sub.add_parser("init", help="build the warm-start model: SFT on the task family's train split")
+    init.add_argument("--out", help="copy it here (default: print the cached path)")
+    init.add_argument("--seed", type=int, default=None, help="model, data and SFT seed (default 0)")
+    init.add_argument("--steps", type=int, default=None, help="SFT steps (default: trainer.warm_start default)")
+    init.add_argument("--threads", type=int, default=None, help="torch threads (default 2)")
 
 
-def run(args: argparse.Namespace) -> int:
+def _copy_out(cached, out_arg: str | None, marker: str) -> int:
     import shutil
     from pathlib import Path
 
+    if not out_arg:
+        print(cached)
+        return 0
+    out = Path(out_arg)
+    if out.exists() and (out / "config.json").exists():
+        if (out / marker).exists() and (out / marker).read_bytes() == (cached / marker).read_bytes():
+            print(out)
+        else:
+            print(f"{out} already holds a different model; leaving it")
+        return 0
+    shutil.copytree(cached, out, dirs_exist_ok=True)
+    print(out)
+    return 0
+
+
+def run(args: argparse.Namespace) -> int:
     from rollway.logging import configure_logging
-    from sampler.tiny_model import tiny_model_dir
 
     configure_logging("model")
-    cached = tiny_model_dir(seed=args.seed, train_steps=args.train_steps)
-    if args.out:
-        out = Path(args.out)
-        if out.exists() and (out / "config.json").exists():
-            print(f"{out} already holds a model; leaving it")
-            return 0
-        shutil.copytree(cached, out, dirs_exist_ok=True)
-        print(out)
-    else:
-        print(cached)
-    return 0
+    if args.action == "tiny":
+        from sampler.tiny_model import tiny_model_dir
+
+        cached = tiny_model_dir(seed=args.seed, train_steps=args.train_steps)
+        return _copy_out(cached, args.out, "rollway_tiny.json")
+
+    import msgspec
+
+    from trainer.warm_start import MARKER, WarmStartConfig, warm_start_dir
+
+    cfg = WarmStartConfig()
+    sft = msgspec.structs.replace(cfg.sft, **{k: v for k, v in (
+        ("steps", args.steps), ("seed", args.seed), ("num_threads", args.threads)) if v is not None})
+    cfg = msgspec.structs.replace(cfg, sft=sft, **({"seed": args.seed} if args.seed is not None else {}))
+    return _copy_out(warm_start_dir(cfg), args.out, MARKER)

@@ -1,0 +1,165 @@
+"""The warm start: a small Qwen2 trained from scratch, by SFT, on reference transcripts of
+the task family's *train* split, so RL starts from a partial skill.
+
+``build_warm_start(out_dir, cfg)``:
+
+1. renders ``cfg.sft.steps * cfg.sft.batch_size`` distinct train tasks (seeded) as agent
+   transcripts (:func:`trainer.sft.render_transcript`);
+2. trains a byte-level BPE tokenizer on them (train split only: the held-out split is
+   never seen, not even by the tokenizer);
+3. builds a Qwen2 (head_dim 64: vLLM's CPU attention needs >= 32) and runs
+   :func:`trainer.sft.train_sft` single-threaded-deterministic;
+4. saves bf16 safetensors + tokenizer + ``rollway_warm_start.json``.
+
+``warm_start_dir()`` caches the result under ``.cache/models/`` keyed by the
+arguments and the source of everything that shapes it (family, tool format, SFT), like
+:func:`sampler.tiny_model.tiny_model_dir`. No downloads.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import time
+from pathlib import Path
+
+import msgspec
+import structlog
+
+from trainer.sft import SFTConfig
+
+log = structlog.get_logger(__name__)
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+MARKER = "rollway_warm_start.json"
+# Sources whose change must rebuild the model (the cache key hashes them).
+KEY_SOURCES = ("trainer/warm_start.py", "trainer/sft.py", "sampler/tool_format.py", "tasks/spec.py")
+KEY_SOURCE_DIRS = ("tasks/family",)
+
+
+class WarmStartConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    vocab_size: int = 2048
+    # Sized for the CPU budget: ~1.2 CPU-s per SFT step of 32 transcripts on one core,
+    # so SFT fits the 10-minute, 2-core budget with room, and RL on CPU stays fast.
+    hidden_size: int = 128
+    layers: int = 4
+    heads: int = 2
+    kv_heads: int = 2
+    intermediate_size: int = 512
+    max_position_embeddings: int = 2048
+    seed: int = 0
+    sft: SFTConfig = msgspec.field(default_factory=SFTConfig)
+
+    def __post_init__(self) -> None:
+        if self.hidden_size % self.heads or self.hidden_size // self.heads < 32:
+            raise ValueError(f"head_dim = hidden_size / heads must be an integer >= 32 (vLLM CPU), "
+                             f"got {self.hidden_size}/{self.heads}")
+
+
+def _hf_tokenizer(raw_tok):
+    from transformers import PreTrainedTokenizerFast
+
+    from sampler.tiny_model import CHAT_TEMPLATE, SPECIAL_TOKENS
+
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=raw_tok, eos_token="<|im_end|>", pad_token="<|endoftext|>", bos_token=None,
+        additional_special_tokens=SPECIAL_TOKENS[3:],
+    )
+    tokenizer.chat_template = CHAT_TEMPLATE
+    return tokenizer
+
+
+def _transcript_text(spec) -> str:
+    """The transcript as plain text, for training the tokenizer."""
+    from sampler import tool_format as fmt
+    from trainer.sft import reference_turns
+
+    parts = [text for text, _ in fmt.task_prompt(spec.instruction, spec.files)]
+    for message, reply in reference_turns(spec):
+        parts += [text for text, _ in fmt.assistant_header("")] + [message]
+        if reply is not None:
+            parts += [text for text, _ in fmt.tool_reply(reply, closed_turn=False)]
+    return "".join(parts)
+
+
+def build_warm_start(out_dir: str | Path, cfg: WarmStartConfig, *, on_step=None) -> Path:
+    import torch
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    from sampler.tiny_model import train_tokenizer
+    from tasks.family import generate
+    from trainer.model import make_deterministic
+    from trainer.sft import render_transcript, train_sft
+
+    started = time.perf_counter()
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    make_deterministic(cfg.seed, cfg.sft.num_threads)
+    specs = generate("train", cfg.sft.steps * cfg.sft.batch_size, seed=cfg.seed)
+    raw_tok = train_tokenizer([_transcript_text(s) for s in specs], cfg.vocab_size)
+    tokenizer = _hf_tokenizer(raw_tok)
+    examples = [render_transcript(s, tokenizer) for s in specs]
+    config = Qwen2Config(
+        vocab_size=len(raw_tok.get_vocab()),
+        hidden_size=cfg.hidden_size,
+        intermediate_size=cfg.intermediate_size,
+        num_hidden_layers=cfg.layers,
+        num_attention_heads=cfg.heads,
+        num_key_value_heads=cfg.kv_heads,
+        head_dim=cfg.hidden_size // cfg.heads,
+        max_position_embeddings=cfg.max_position_embeddings,
+        tie_word_embeddings=False,
+        eos_token_id=tokenizer.convert_tokens_to_ids("<|im_end|>"),
+        pad_token_id=tokenizer.convert_tokens_to_ids("<|endoftext|>"),
+        bos_token_id=None,
+        use_cache=False,
+    )
+    torch.manual_seed(cfg.seed)
+    model = Qwen2ForCausalLM(config).float()
+    params = sum(p.numel() for p in model.parameters())
+    lengths = sorted(len(ids) for ids, _ in examples)
+    log.info("warm start: sft", params=params, examples=len(examples), tokens_median=lengths[len(lengths) // 2],
+             tokens_max=lengths[-1])
+    hook = None if on_step is None else (lambda step, loss: on_step(step, loss, model, tokenizer))
+    summary = train_sft(model, examples, cfg.sft, pad_id=config.pad_token_id, on_step=hook)
+    model.config.use_cache = True
+    model = model.to(torch.bfloat16)
+    model.config.dtype = "bfloat16"
+    model.save_pretrained(out, safe_serialization=True)
+    tokenizer.save_pretrained(out)
+    info = {"config": msgspec.to_builtins(cfg), "params": params, "sft": summary,
+            "build_seconds": round(time.perf_counter() - started, 1)}
+    (out / MARKER).write_text(json.dumps(info, indent=2, sort_keys=True))
+    log.info("warm start built", path=str(out), params=params, final_loss=round(summary["final_loss"], 4),
+             seconds=info["build_seconds"])
+    return out
+
+
+def cache_key(cfg: WarmStartConfig) -> str:
+    h = hashlib.sha256(json.dumps(msgspec.to_builtins(cfg), sort_keys=True).encode())
+    files = [REPO_ROOT / p for p in KEY_SOURCES]
+    for folder in KEY_SOURCE_DIRS:
+        files += sorted((REPO_ROOT / folder).glob("*.py"))
+    for path in files:
+        h.update(str(path.relative_to(REPO_ROOT)).encode() + b"\0" + path.read_bytes())
+    return h.hexdigest()[:12]
+
+
+def warm_start_dir(cfg: WarmStartConfig | None = None, cache_root: str | Path | None = None) -> Path:
+    """Build (once) and return the cached warm-start model for ``cfg``."""
+    cfg = cfg or WarmStartConfig()
+    key = cache_key(cfg)
+    root = Path(cache_root or os.environ.get("ROLLWAY_CACHE", REPO_ROOT / ".cache")) / "models"
+    final = root / f"warm-{key}"
+    if (final / MARKER).exists():
+        return final
+    tmp = root / f".warm-{key}-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    build_warm_start(tmp, cfg)
+    try:
+        tmp.rename(final)  # atomic: concurrent builders race harmlessly
+    except OSError:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return final
