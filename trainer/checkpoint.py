@@ -2,7 +2,16 @@
 
 Layout: ``<dir>/step-00000010/{state.pt, meta.json}``. A checkpoint is written into a
 hidden temporary folder, fsynced, then renamed into place, so a crash leaves either the
-whole checkpoint or none of it (temporary folders are cleaned up at the next start).
+whole checkpoint or none of it (temporary folders are cleaned up at the next start, and
+a failed write removes its own at once). Rewriting an existing step first renames the
+old folder aside, then renames the new one in, then deletes the old: a crash in between
+leaves the old one aside, and :func:`clean_temporaries` puts it back.
+
+Pruning follows the log, not folder names: a checkpoint counts only when the step log
+holds its step with the same weights hash (after a topic reset, checkpoints of the old
+run have high step numbers the new log does not know, and they are deleted, never
+preferred). A failed write is an error the trainer stops on (``CheckpointError``,
+after ``max_failures`` failed writes in a row), not a log line.
 
 Training does not wait for the disk: :meth:`AsyncCheckpointer.save` takes a snapshot
 that is already a CPU copy (``TrainCore.snapshot``) and writes it on a background
@@ -20,13 +29,17 @@ import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping
 
 import structlog
 
 log = structlog.get_logger(__name__)
 
 PREFIX = "step-"
+
+
+class CheckpointError(RuntimeError):
+    """Checkpoints cannot be written (unwritable folder, disk full, ...)."""
 
 
 @dataclass(frozen=True)
@@ -72,25 +85,36 @@ def write_checkpoint(directory: str | os.PathLike[str], snapshot: dict[str, Any]
     root.mkdir(parents=True, exist_ok=True)
     step = int(snapshot["step"])
     final = root / _name(step)
-    tmp = root / f".{_name(step)}.tmp-{os.getpid()}-{threading.get_ident()}"
+    tag = f"{os.getpid()}-{threading.get_ident()}"
+    tmp = root / f".{_name(step)}.tmp-{tag}"
     shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir()
-    state_path = tmp / "state.pt"
-    with open(state_path, "wb") as f:
-        torch.save(snapshot, f)
-        f.flush()
-        os.fsync(f.fileno())
-    meta = {"step": step, "weight_version": int(snapshot["weight_version"]), "weights_hash": weights_hash,
-            "created_at": time.time()}
-    with open(tmp / "meta.json", "w") as f:
-        json.dump(meta, f)
-        f.flush()
-        os.fsync(f.fileno())
-    _fsync_dir(tmp)
+    try:
+        tmp.mkdir()
+        with open(tmp / "state.pt", "wb") as f:
+            torch.save(snapshot, f)
+            f.flush()
+            os.fsync(f.fileno())
+        meta = {"step": step, "weight_version": int(snapshot["weight_version"]), "weights_hash": weights_hash,
+                "created_at": time.time()}
+        with open(tmp / "meta.json", "w") as f:
+            json.dump(meta, f)
+            f.flush()
+            os.fsync(f.fileno())
+        _fsync_dir(tmp)
+    except BaseException:
+        # A failed write (disk full) must not keep the disk full.
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    old = root / f".{_name(step)}.old-{tag}"
     if final.exists():
-        shutil.rmtree(final)  # a re-executed step rewrites the same bytes
+        # A re-executed step rewrites its checkpoint (the old one may be the damaged one
+        # restore fell back from). Never a moment without a complete checkpoint on disk:
+        # the old one is set aside, not deleted, until the new one is in place.
+        os.rename(final, old)
+        _fsync_dir(root)
     os.rename(tmp, final)
     _fsync_dir(root)
+    shutil.rmtree(old, ignore_errors=True)
     return final
 
 
@@ -102,64 +126,138 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def prune(directory: str | os.PathLike[str], keep: int) -> list[Path]:
-    """Delete all but the newest ``keep`` checkpoints; returns the deleted folders."""
-    removed = []
-    for info in list_checkpoints(directory)[:-keep] if keep > 0 else []:
+def prune(
+    directory: str | os.PathLike[str],
+    keep: int,
+    logged: Mapping[int, str] | None = None,
+    current: int | None = None,
+) -> list[Path]:
+    """Keep the ``keep`` checkpoints with the highest steps among those the log
+    confirms, delete the rest; returns the deleted folders.
+
+    With ``logged`` (step -> weights hash of the step log), a checkpoint is confirmed
+    when the log holds its step with the same hash. Without it, every checkpoint at or
+    below ``current`` (the step just written) is, and none above: the trainer writes
+    steps in log order, so a higher step belongs to another log (a reset topic).
+    Unconfirmed checkpoints are deleted: no restore against this log can use them."""
+    confirmed, stale = [], []
+    for info in list_checkpoints(directory):
+        if logged is not None:
+            ok = logged.get(info.step) == info.weights_hash
+        else:
+            ok = current is None or info.step <= current
+        (confirmed if ok else stale).append(info)
+    doomed = stale + (confirmed[:-keep] if keep > 0 else confirmed)
+    for info in doomed:
+        if info in stale:
+            log.warning("checkpoint not in the step log; deleted", step=info.step, path=str(info.path))
         shutil.rmtree(info.path, ignore_errors=True)
-        removed.append(info.path)
-    return removed
+    return [info.path for info in doomed]
 
 
 def clean_temporaries(directory: str | os.PathLike[str]) -> None:
+    """Remove what an interrupted write left: unfinished temporary folders, and old
+    folders set aside by a rewrite (put back when the rewrite never landed)."""
     root = Path(directory)
-    if root.is_dir():
-        for child in root.iterdir():
-            if child.name.startswith(f".{PREFIX}") and ".tmp-" in child.name:
+    if not root.is_dir():
+        return
+    for child in root.iterdir():
+        if not child.name.startswith(f".{PREFIX}"):
+            continue
+        if ".tmp-" in child.name:
+            shutil.rmtree(child, ignore_errors=True)
+        elif ".old-" in child.name:
+            final = root / child.name[1:].split(".old-", 1)[0]
+            if final.exists():
                 shutil.rmtree(child, ignore_errors=True)
+            else:
+                os.rename(child, final)
+                log.warning("interrupted checkpoint rewrite; previous checkpoint put back", path=str(final))
 
 
 class AsyncCheckpointer:
-    def __init__(self, directory: str | os.PathLike[str], keep: int) -> None:
+    """Background checkpoint writes, pruned against the step log.
+
+    A failed write is counted; once ``max_failures`` writes in a row have failed, the
+    next :meth:`save`, :meth:`check` or :meth:`close` raises ``CheckpointError`` so the
+    trainer stops instead of training on with nothing to restart from."""
+
+    def __init__(self, directory: str | os.PathLike[str], keep: int, max_failures: int = 1) -> None:
+        if max_failures < 1:
+            raise ValueError("max_failures must be >= 1")
         self.directory = Path(directory)
         self.keep = keep
+        self.max_failures = max_failures
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="checkpoint")
         self._inflight: Future | None = None
         self.last_written: CheckpointInfo | None = None
         self.last_error: BaseException | None = None
+        self.failures_in_a_row = 0
+        # step -> weights hash of the step log: what pruning trusts.
+        self.logged: dict[int, str] | None = None
         clean_temporaries(self.directory)
 
+    def adopt_log(self, logged: Mapping[int, str]) -> None:
+        """The step log as read at start-up (step -> weights hash); steps saved later
+        are added as they are logged."""
+        self.logged = dict(logged)
+
     def save(self, snapshot: dict[str, Any], weights_hash: str) -> Future:
-        """Queue a write of ``snapshot`` (already CPU copies); returns at once unless the
-        previous write is still running."""
+        """Queue a write of ``snapshot`` (already CPU copies) of a logged step; returns
+        at once unless the previous write is still running."""
         self.wait()
+        if self.logged is not None:
+            self.logged[int(snapshot["step"])] = weights_hash
         self._inflight = self._pool.submit(self._write, snapshot, weights_hash)
         return self._inflight
 
     def _write(self, snapshot: dict[str, Any], weights_hash: str) -> CheckpointInfo:
         started = time.perf_counter()
+        step = int(snapshot["step"])
         try:
             path = write_checkpoint(self.directory, snapshot, weights_hash)
-            removed = prune(self.directory, self.keep)
+            logged = dict(self.logged) if self.logged is not None else None
+            removed = prune(self.directory, self.keep, logged, current=step)
         except BaseException as exc:
             self.last_error = exc
-            log.error("checkpoint write failed", step=snapshot.get("step"), error=str(exc))
+            self.failures_in_a_row += 1
+            log.error("checkpoint write failed", step=step, directory=str(self.directory), error=str(exc),
+                      failures_in_a_row=self.failures_in_a_row, max_failures=self.max_failures)
             raise
-        info = CheckpointInfo(int(snapshot["step"]), int(snapshot["weight_version"]), weights_hash, path)
+        self.failures_in_a_row = 0
+        self.last_error = None
+        info = CheckpointInfo(step, int(snapshot["weight_version"]), weights_hash, path)
         self.last_written = info
         log.info("checkpoint written", step=info.step, path=str(path), seconds=round(time.perf_counter() - started, 3),
                  pruned=[p.name for p in removed])
         return info
 
+    def check(self) -> None:
+        """Raise ``CheckpointError`` when too many writes in a row have failed."""
+        inflight = self._inflight
+        if inflight is not None and inflight.done():
+            self.wait()
+        if self.failures_in_a_row >= self.max_failures:
+            raise CheckpointError(
+                f"{self.failures_in_a_row} checkpoint write(s) in a row failed in {self.directory}: "
+                f"{self.last_error}; stopping rather than training on with nothing to restart from "
+                f"(fix the folder or disk, then restart: the log replays the steps since the last checkpoint)"
+            )
+
     def wait(self) -> None:
-        """Block until the write in flight (if any) is done; errors were logged."""
+        """Block until the write in flight (if any) is done; raises ``CheckpointError``
+        once ``max_failures`` writes in a row have failed."""
         if self._inflight is not None:
             try:
                 self._inflight.result()
             except BaseException:
-                pass
+                pass  # counted and logged in _write
             self._inflight = None
+        if self.failures_in_a_row >= self.max_failures:
+            self.check()
 
     def close(self) -> None:
-        self.wait()
-        self._pool.shutdown(wait=True)
+        try:
+            self.wait()
+        finally:
+            self._pool.shutdown(wait=True)

@@ -1,7 +1,10 @@
 """Re-executing logged steps: the trainer's restart path and ``rollway replay``.
 
 A replay starts from the newest checkpoint at or before the first step to re-execute
-whose weights hash agrees with the log (or from the initial model, step 0), fetches
+whose weights hash agrees with the log (or from the initial model, step 0). The trainer
+falls back to older checkpoints (replaying more of the log) when one does not load or
+loads to other weights than its log entry (:func:`restore_newest_loadable`);
+``rollway replay`` reports such a checkpoint as an error instead. It fetches
 each step's exact records with ``bus.fetch_records``, trains on them and compares the
 resulting weights hash with the logged one. The next step's records are fetched while
 the current one trains.
@@ -27,6 +30,10 @@ class ReplayMismatch(RuntimeError):
     """A re-executed step produced weights whose hash differs from the log."""
 
 
+class CheckpointUnusable(StepLogError):
+    """A checkpoint does not load, or loads to other weights than its log entry."""
+
+
 @dataclass(frozen=True)
 class ReplayRow:
     step: int
@@ -41,6 +48,13 @@ class ReplayRow:
 
 def choose_checkpoint(directory: str, steps: dict[int, LoggedStep], at_most: int) -> CheckpointInfo | None:
     """Newest checkpoint with step <= at_most whose hash the log confirms."""
+    candidates = confirmed_checkpoints(directory, steps, at_most)
+    return candidates[0] if candidates else None
+
+
+def confirmed_checkpoints(directory: str, steps: dict[int, LoggedStep], at_most: int) -> list[CheckpointInfo]:
+    """Checkpoints with step <= at_most whose metadata hash the log confirms, newest first."""
+    out = []
     for info in reversed(list_checkpoints(directory)):
         if info.step > at_most:
             continue
@@ -52,22 +66,45 @@ def choose_checkpoint(directory: str, steps: dict[int, LoggedStep], at_most: int
             log.warning("checkpoint hash differs from the log; skipped", step=info.step,
                         checkpoint_hash=info.weights_hash, logged_hash=logged.event.weights_hash)
             continue
-        return info
-    return None
+        out.append(info)
+    return out
 
 
 def restore_checkpoint(core: TrainCore, info: CheckpointInfo | None) -> int:
-    """Load ``info`` into ``core`` (or leave the initial model); returns the step."""
+    """Load ``info`` into ``core`` (or leave the initial model); returns the step.
+    Raises ``CheckpointUnusable`` when it does not load or loads to other weights
+    (``core`` may then hold part of it)."""
     if info is None:
         log.info("no usable checkpoint; starting from the initial model", step=0)
         return core.step
-    state = load_checkpoint(info)
-    core.restore(state)
+    try:
+        state = load_checkpoint(info)
+        core.restore(state)
+    except Exception as exc:  # truncated zip, missing file, wrong keys or shapes: all unusable
+        raise CheckpointUnusable(f"checkpoint {info.path} does not load: {type(exc).__name__}: {exc}") from exc
     digest = core.weights_hash()
-    if digest != info.weights_hash:
-        raise StepLogError(f"checkpoint {info.path} loads to hash {digest}, its metadata says {info.weights_hash}")
+    if digest != info.weights_hash or core.step != info.step:
+        raise CheckpointUnusable(f"checkpoint {info.path} loads to step {core.step} with hash {digest}; "
+                                 f"its metadata and the log say step {info.step} with {info.weights_hash}")
     log.info("checkpoint loaded", step=info.step, path=str(info.path))
     return core.step
+
+
+def restore_newest_loadable(core: TrainCore, directory: str, steps: dict[int, LoggedStep], at_most: int) -> int:
+    """Restore the newest checkpoint (step <= at_most) the log confirms and that loads
+    to its logged weights; older ones when it does not; else the initial model. Returns
+    the step restored (the caller replays the log from there)."""
+    initial = None
+    for info in confirmed_checkpoints(directory, steps, at_most):
+        if initial is None:
+            initial = core.snapshot()  # a failed restore may leave part of a checkpoint in core
+        try:
+            return restore_checkpoint(core, info)
+        except CheckpointUnusable as exc:
+            log.error("checkpoint unusable; falling back to an older one", step=info.step, path=str(info.path),
+                      error=str(exc))
+            core.restore(initial)
+    return restore_checkpoint(core, None)
 
 
 async def replay_steps(

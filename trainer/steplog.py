@@ -1,5 +1,11 @@
 """The train-step log (``rollway.train-steps``): writing entries, reading them back, and
-turning an entry into exactly the groups that step trained on."""
+turning an entry into exactly the groups that step trained on.
+
+Reading tolerates what is not a step and refuses what is a broken step: a record
+without ``rollway-type: TrainStep`` (another event, a plain Kafka client's bytes) is
+skipped with an error log and, by the trainer, dead-lettered once; a record that claims
+to be a TrainStep and does not decode stops the reader (``StepLogError`` naming its
+offset and how to inspect it), since skipping it could lose a step's trained records."""
 
 from __future__ import annotations
 
@@ -8,9 +14,11 @@ from typing import Sequence
 
 import structlog
 
-from bus import RecordMissing, codec, fetch_records, read_topic
+from bus import RecordMissing, codec, fetch_records
 from bus.config import KafkaConfig
-from schemas import RecordRef, Reward, TrainedTrajectory, TrainStep, TrajectoryChunk, now
+from bus.consumer import envelope_of
+from bus.topics import topic_spec
+from schemas import DeadLetter, RecordRef, Reward, TrainedTrajectory, TrainStep, TrajectoryChunk, now
 from trainer.trajectory import Group, InvalidTrajectory, assemble, groups_from_trajectories
 
 log = structlog.get_logger(__name__)
@@ -42,25 +50,111 @@ def step_event(step: int, weights_hash: str, groups: Sequence[Group], metrics: d
     )
 
 
-async def read_step_log(cfg: KafkaConfig, timeout_ms: int = 10_000) -> dict[int, LoggedStep]:
-    """Every logged step, by step number (the first entry wins if a step was logged twice)."""
+async def read_step_log(cfg: KafkaConfig, timeout_ms: int = 10_000, *, dead_letter: bool = False) -> dict[int, LoggedStep]:
+    """Every logged step, by step number (the first entry wins if a step was logged twice).
+
+    Records that are not TrainSteps are skipped with an error log; with
+    ``dead_letter`` (the trainer) each is also sent to the dead-letter topic, once
+    across restarts. A record claiming to be a TrainStep that does not decode raises
+    ``StepLogError``."""
+    topic = _full(cfg, "train-steps")
     try:
-        envelopes = await read_topic(cfg, "train-steps", timeout_ms=timeout_ms)
+        records = await _read_raw(cfg, topic, timeout_ms)
     except RecordMissing as exc:
         raise StepLogError(str(exc)) from None
-    except codec.DecodeFailure as exc:
-        raise StepLogError(f"undecodable train-step record at {exc}") from None
     steps: dict[int, LoggedStep] = {}
-    for env in envelopes:
-        event = env.event
-        if not isinstance(event, TrainStep):
-            raise StepLogError(f"{type(event).__name__} record on the train-step log at "
-                               f"{env.topic}:{env.partition}@{env.offset}")
-        if event.step in steps:
-            log.warning("step logged twice; first entry wins", step=event.step, offset=env.offset)
+    foreign: list[tuple[object, str]] = []
+    for record in records:
+        where = f"{record.topic}:{record.partition}@{record.offset}"
+        claimed = codec.header_value(record.headers, codec.TYPE_HEADER)
+        if claimed != TrainStep.__name__.encode():
+            error = (f"not a TrainStep (rollway-type {claimed.decode(errors='replace')!r})" if claimed is not None
+                     else f"no {codec.TYPE_HEADER!r} header (not written by a Rollway trainer)")
+            log.error("record on the train-step log is not a TrainStep; skipped", position=where, error=error)
+            foreign.append((record, error))
             continue
-        steps[event.step] = LoggedStep(event, env.ref)
+        try:
+            event = envelope_of(record).event
+        except codec.DecodeFailure as exc:
+            raise StepLogError(
+                f"undecodable train-step record at {where}: {exc}. The trainer cannot tell which records that step "
+                f"trained on, so it does not skip it. Inspect it with: kafka-console-consumer.sh "
+                f"--bootstrap-server {cfg.bootstrap_servers} --topic {record.topic} --partition {record.partition} "
+                f"--offset {record.offset} --max-messages 1 --property print.headers=true"
+                + (" (a newer schema: run a Rollway build that reads it)" if exc.kind == "newer_schema" else "")
+            ) from None
+        assert isinstance(event, TrainStep)
+        if event.step in steps:
+            log.warning("step logged twice; first entry wins", step=event.step, offset=record.offset)
+            continue
+        steps[event.step] = LoggedStep(event, RecordRef(record.topic, record.partition, record.offset))
+    if foreign and dead_letter:
+        await _dead_letter_once(cfg, foreign, timeout_ms)
     return steps
+
+
+def _full(cfg: KafkaConfig, short: str) -> str:
+    return topic_spec(short, cfg.topic_prefix).name(cfg.topic_prefix)
+
+
+async def _read_raw(cfg: KafkaConfig, topic: str, timeout_ms: int) -> list:
+    """Every record of ``topic`` up to its end offsets now, undecoded, partition by
+    partition in offset order; no group, no commits, committed records only."""
+    from aiokafka import AIOKafkaConsumer, TopicPartition
+
+    consumer = AIOKafkaConsumer(
+        bootstrap_servers=cfg.bootstrap_servers, client_id=f"{cfg.client_id}-steplog",
+        enable_auto_commit=False, isolation_level="read_committed", request_timeout_ms=cfg.request_timeout_ms,
+    )
+    await consumer.start()
+    out: list = []
+    try:
+        # aiokafka's public partitions_for_topic only knows subscribed topics.
+        partitions = (await consumer._client.fetch_all_metadata()).partitions_for_topic(topic) or set()
+        tps = [TopicPartition(topic, p) for p in sorted(partitions)]
+        if not tps:
+            return out
+        consumer.assign(tps)
+        await consumer.seek_to_beginning(*tps)
+        ends = await consumer.end_offsets(tps)
+        for tp in tps:
+            # Position, not the last offset seen: transaction markers leave gaps.
+            while await consumer.position(tp) < ends[tp]:
+                batch = await consumer.getmany(tp, timeout_ms=timeout_ms)
+                records = batch.get(tp, [])
+                if not records:
+                    raise RecordMissing(f"could not read {tp.topic}:{tp.partition} up to offset {ends[tp]}")
+                out.extend(r for r in records if r.offset < ends[tp])
+    finally:
+        await consumer.stop()
+    return out
+
+
+async def _dead_letter_once(cfg: KafkaConfig, foreign: list[tuple[object, str]], timeout_ms: int) -> None:
+    """Dead-letter foreign step-log records not already in the dead-letter topic (the
+    log is re-read at every start; one letter per record is enough)."""
+    from bus import EventProducer
+
+    dlq = _full(cfg, "dlq")
+    done: set[tuple[str, int, int]] = set()
+    for record in await _read_raw(cfg, dlq, timeout_ms):
+        try:
+            letter = envelope_of(record).event
+        except codec.DecodeFailure:
+            continue
+        if isinstance(letter, DeadLetter):
+            done.add((letter.topic, letter.partition, letter.offset))
+    todo = [(r, e) for r, e in foreign if (r.topic, r.partition, r.offset) not in done]
+    if not todo:
+        return
+    async with EventProducer(cfg, client_id=f"{cfg.client_id}-steplog-dlq") as producer:
+        for record, error in todo:
+            await producer.publish(DeadLetter(
+                topic=record.topic, partition=record.partition, offset=record.offset, key=record.key,
+                value=record.value, headers=list(record.headers or ()), error=error, error_kind="unknown_type",
+                consumer_group="", attempts=0, created_at=now(),
+            ), topic=dlq, key=record.key)
+    log.error("foreign train-step records dead-lettered", count=len(todo), topic=dlq)
 
 
 def last_contiguous_step(steps: dict[int, LoggedStep]) -> int:

@@ -1,4 +1,8 @@
-"""``rollway replay``: re-execute logged train steps and check their weights hashes."""
+"""``rollway replay``: re-execute logged train steps and check their weights hashes.
+
+Exit codes: 0 every step re-executed (and, with --verify, matched); 1 a hash mismatch
+with --verify; 2 the replay could not run (missing checkpoint folder, a checkpoint that
+does not load or loads to other weights than the log says, a bad step range or log)."""
 
 from __future__ import annotations
 
@@ -10,7 +14,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--to-step", type=int, help="last step to re-execute (default: the last logged)")
     parser.add_argument("--verify", action="store_true",
                         help="exit 1 unless every re-executed step's hash matches the log")
-    parser.add_argument("--checkpoint-dir", help="checkpoints to start from (default: trainer.checkpoint_dir)")
+    parser.add_argument("--checkpoint-dir",
+                        help="checkpoints to start from (default: trainer.checkpoint_dir); must exist")
     parser.add_argument("--no-checkpoint", action="store_true",
                         help="start from the initial model (step 0) instead of a checkpoint")
     parser.add_argument("--json", action="store_true", help="one JSON object per step")
@@ -33,9 +38,17 @@ def run(args: argparse.Namespace) -> int:
     from trainer.replay import choose_checkpoint, replay_steps, restore_checkpoint
     from trainer.steplog import StepLogError, read_step_log
 
+    from pathlib import Path
+
     tcfg = cfg.trainer
     if args.checkpoint_dir:
         tcfg = msgspec.structs.replace(tcfg, checkpoint_dir=args.checkpoint_dir)
+    if not args.no_checkpoint and not Path(tcfg.checkpoint_dir).is_dir():
+        # Silently starting from the initial model would re-execute far more than asked
+        # and hide a typo; say so instead.
+        print(f"rollway replay: checkpoint folder {tcfg.checkpoint_dir} does not exist "
+              f"(pass --checkpoint-dir, or --no-checkpoint to start from the initial model)", file=sys.stderr)
+        return 2
 
     async def main():
         steps = await read_step_log(cfg.kafka)
