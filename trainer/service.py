@@ -31,7 +31,7 @@ from schemas import Metrics, now
 from trainer.assembler import Assembler
 from trainer.checkpoint import AsyncCheckpointer
 from trainer.publishing import BackgroundPublisher, WeightSink
-from trainer.replay import ReplayMismatch, choose_checkpoint, replay_steps, restore_checkpoint
+from trainer.replay import ReplayMismatch, replay_steps, restore_newest_loadable
 from trainer.steplog import last_contiguous_step, read_step_log, step_event, trained_ids
 from trainer.trajectory import Group
 
@@ -87,11 +87,11 @@ class Trainer:
         from bus import ensure_topics
 
         await ensure_topics(self.cfg.kafka)
-        steps = await read_step_log(self.cfg.kafka)
+        steps = await read_step_log(self.cfg.kafka, dead_letter=True)
         last = last_contiguous_step(steps)
         core = self.core
-        info = choose_checkpoint(self.tcfg.checkpoint_dir, steps, last)
-        restore_checkpoint(core, info)
+        self.checkpointer.adopt_log({s: e.event.weights_hash for s, e in steps.items()})
+        restore_newest_loadable(core, self.tcfg.checkpoint_dir, steps, last)
         log.info("restoring", checkpoint_step=core.step, logged_steps=last)
 
         def after_replayed(result: "StepResult", row) -> None:
@@ -154,9 +154,14 @@ class Trainer:
     def _make_sink(self, producer: "EventProducer") -> WeightSink:
         if self._sink is not None:
             return self._sink
+        import msgspec
+
+        from syncer.config import keyframe_cadence
         from trainer.publishing import SyncerSink
 
-        return SyncerSink(self.cfg, producer)
+        # Keyframes often enough that one bad delta cannot outlast max_staleness.
+        syncer_cfg = keyframe_cadence(self.cfg.syncer, self.tcfg.max_staleness, self.tcfg.publish_every)
+        return SyncerSink(msgspec.structs.replace(self.cfg, syncer=syncer_cfg), producer)
 
     async def _live(self, consumer: "EventConsumer", producer: "EventProducer", max_steps: int | None,
                     exit_when_idle_s: float | None) -> None:
@@ -198,6 +203,7 @@ class Trainer:
 
     async def _step(self, groups: list[Group], consumer: "EventConsumer", producer: "EventProducer") -> None:
         core = self.core
+        self.checkpointer.check()  # a failed checkpoint write stops training here
         result = await asyncio.to_thread(core.train_step, groups)
         assert self.assembler is not None
         metrics = dict(result.metrics)

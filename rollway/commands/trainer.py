@@ -27,6 +27,7 @@ def run(args: argparse.Namespace) -> int:
     configure_logging("trainer", level=cfg.logging.level)
     log = structlog.get_logger("rollway.trainer")
 
+    from trainer.checkpoint import CheckpointError
     from trainer.publishing import RecordingSink
     from trainer.replay import ReplayMismatch
     from trainer.service import Trainer
@@ -42,7 +43,7 @@ def run(args: argparse.Namespace) -> int:
 
     try:
         step = asyncio.run(main())
-    except (ReplayMismatch, StepLogError) as exc:
+    except (ReplayMismatch, StepLogError, CheckpointError) as exc:
         log.error("trainer stopped", error=str(exc))
         print(f"rollway trainer: {exc}", file=sys.stderr)
         return 3
