@@ -26,12 +26,26 @@ POLL_MS = 200
 VIEW_TOPICS = ("metrics", "health", "rewards", "evals", "dlq")
 
 
-class LineDisplay:
+class Paced:
+    """Shown every ``every_s`` seconds, the first time at once."""
+
+    def __init__(self, every_s: float) -> None:
+        self.every_s = every_s
+        self.next_at = 0.0
+
+    def due(self, now: float) -> bool:
+        if now < self.next_at:
+            return False
+        self.next_at = now + self.every_s
+        return True
+
+
+class LineDisplay(Paced):
     """``--no-tui``: notices as they happen, a status line every ``every_s`` seconds."""
 
     def __init__(self, every_s: float, out: TextIO = sys.stdout) -> None:
-        self.every_s, self.out = every_s, out
-        self.next_at = 0.0
+        super().__init__(every_s)
+        self.out = out
 
     def __enter__(self) -> "LineDisplay":
         return self
@@ -42,20 +56,17 @@ class LineDisplay:
     def notice(self, line: str) -> None:
         print(f"rollway up: {line}", file=self.out, flush=True)
 
-    def update(self, model: ViewModel, now: float, force: bool = False) -> None:
-        if force or now >= self.next_at:
-            self.next_at = now + self.every_s
-            print(status_line(model), file=self.out, flush=True)
+    def show(self, model: ViewModel) -> None:
+        print(status_line(model), file=self.out, flush=True)
 
 
-class TuiDisplay:
+class TuiDisplay(Paced):
     """The terminal view: one ``rich`` Live table, redrawn every ``every_s`` seconds."""
 
     def __init__(self, every_s: float) -> None:
         from rich.live import Live
 
-        self.every_s = every_s
-        self.next_at = 0.0
+        super().__init__(every_s)
         # auto_refresh off: we redraw on our own clock, so rich starts no thread.
         self.live = Live(auto_refresh=False, redirect_stdout=True, redirect_stderr=False)
 
@@ -69,10 +80,8 @@ class TuiDisplay:
     def notice(self, line: str) -> None:
         pass  # shown in the view's notices
 
-    def update(self, model: ViewModel, now: float, force: bool = False) -> None:
-        if force or now >= self.next_at:
-            self.next_at = now + self.every_s
-            self.live.update(render(model), refresh=True)
+    def show(self, model: ViewModel) -> None:
+        self.live.update(render(model), refresh=True)
 
 
 class UpLoop:
@@ -136,5 +145,7 @@ class UpLoop:
                     due = self._due_stop()
                     if due is not None:
                         self.request_stop(due)
-                    self.display.update(self.model(), time.monotonic(), force=self._stop_reason is not None)
+                    # The model is built only when shown (every refresh, and once at the end).
+                    if self.display.due(time.monotonic()) or self._stop_reason is not None:
+                        self.display.show(self.model())
         return code, self._stop_reason or "stopped"
