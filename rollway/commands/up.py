@@ -106,16 +106,8 @@ def explicitly_set(config_path: str | None, environ: dict[str, str], section: st
 
 
 def model_command(path: str) -> list[str]:
-    """``rollway model init`` (the warm start) when this install has it, else ``model tiny``."""
-    import argparse as ap
-
-    from rollway.commands import model
-
-    probe = ap.ArgumentParser()
-    model.configure(probe)
-    actions = [a for a in probe._actions if isinstance(a, ap._SubParsersAction)]
-    action = "init" if actions and "init" in actions[0].choices else "tiny"
-    return ["model", action, "--out", path]
+    """The warm start (``rollway model init``: SFT on the family's train split), copied to ``path``."""
+    return ["model", "init", "--out", path]
 
 
 def run(args: argparse.Namespace) -> int:
