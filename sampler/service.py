@@ -179,7 +179,9 @@ class SamplerService:
         return Heartbeat(
             replica_id=self.replica_id,
             role="sampler",
-            status="paused" if self.status == "serving" and engine.paused else self.status,
+            # A failed weight apply may have left a mix of two versions in the engine.
+            status="unhealthy" if sub is not None and not sub.healthy
+            else "paused" if self.status == "serving" and engine.paused else self.status,
             weight_version=engine.weight_version,
             in_flight=self.in_flight,
             tokens_per_s=round(tokens_per_s, 3),
