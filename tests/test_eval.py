@@ -183,6 +183,13 @@ async def test_eval_cli_publishes_the_result_and_nothing_trainable(stack, kafka_
     assert len([e for e in await read_all(kafka_config, "evals") if isinstance(e, EvalResult)]) == 1
     await assert_nothing_trainable(kafka_config)
 
+    # Control: the same sandbox does publish the reward of an ordinary (training) submit,
+    # so the empty topics above are the eval path's doing. (add_ok: registered by the eval.)
+    async with SandboxClient(sb.url) as client:
+        session = await client.create_session("add_ok")
+        await client.submit(session, trajectory_id="control", task_id="add_ok")
+    assert [r.trajectory_id for r in await read_all(kafka_config, "rewards")] == ["control"]
+
 
 async def test_evaluator_follows_weights_and_evaluates_every_n_versions(stack, kafka_config, tmp_path):
     sb, producer = stack
