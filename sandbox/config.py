@@ -54,10 +54,30 @@ class SandboxConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     grading_timeout_s: float = 120.0
     grading_cpu_seconds: int = 60
     publish_rewards: bool = True
+    # Hard size and file-count limit of each session workspace and each grading folder:
+    # a tmpfs of that size mounted on it (sandbox/quota.py), so a full workspace is
+    # ENOSPC inside the sandbox and nothing outside it. auto = when the service runs as
+    # root (mounting needs it), off, or required (fail at start without).
+    disk_quota: str = "auto"
+    workspace_bytes: int = 256 * 1024 * 1024
+    workspace_inodes: int = 65536
+    # The seccomp filter of sandbox/seccomp.py on every command (no namespaces, mounts,
+    # ptrace, bpf, keyctl, perf_event_open, userfaultfd, kexec).
+    seccomp: bool = True
+    # Grading runs the hidden tests and the solution in two sandboxes joined by the
+    # bridge (sandbox/bridge.py); the solution's runs as uid (session uid + this offset),
+    # so it can neither signal nor read the tests' process.
+    grading_solution_uid_offset: int = 20000
 
     def __post_init__(self) -> None:
         if self.cgroups not in ("auto", "off", "required"):
             raise ValueError(f"sandbox.cgroups must be auto, off or required, not {self.cgroups!r}")
+        if self.disk_quota not in ("auto", "off", "required"):
+            raise ValueError(f"sandbox.disk_quota must be auto, off or required, not {self.disk_quota!r}")
+        if self.workspace_bytes <= 0 or self.workspace_inodes <= 0:
+            raise ValueError("sandbox.workspace_bytes and sandbox.workspace_inodes must be positive")
+        if self.grading_solution_uid_offset <= 0:
+            raise ValueError("sandbox.grading_solution_uid_offset must be positive")
         if self.uid_base <= 0:
             raise ValueError(f"sandbox.uid_base must be a positive uid (never root), got {self.uid_base}")
         for name in ("max_sessions", "max_concurrent_commands", "max_processes", "max_open_files"):
@@ -97,8 +117,16 @@ class RewardConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     budget_weight_turns: float = 50.0
     budget_weight_tool_seconds: float = 10.0
     budget_penalty_per_unit: float = 0.0005
+    # An honest reward's penalties (length + budget) are capped at max_penalty; a detected
+    # cheat earns -(max_penalty where penalties apply, else 0) - cheat_margin: strictly
+    # below every honest reward of its phase (sandbox/reward.py, "cheat floor").
+    max_penalty: float = 2.0
+    cheat_margin: float = 0.1
 
     def __post_init__(self) -> None:
+        if not self.cheat_margin > 0:
+            raise ValueError(f"reward.cheat_margin must be positive (a cheat must earn strictly less "
+                             f"than any honest attempt), got {self.cheat_margin}")
         if self.scoring not in ("all", "fraction"):
             raise ValueError(f"reward.scoring must be 'all' or 'fraction', not {self.scoring!r}")
         if self.phase_unit not in ("step", "version"):
@@ -110,7 +138,7 @@ class RewardConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
                 raise ValueError(f"reward.phase_schedule[{i}]: length must be positive, got {length}")
         for name in (
             "length_penalty_per_token", "budget", "budget_weight_tokens", "budget_weight_env_tokens",
-            "budget_weight_turns", "budget_weight_tool_seconds", "budget_penalty_per_unit",
+            "budget_weight_turns", "budget_weight_tool_seconds", "budget_penalty_per_unit", "max_penalty",
         ):
             if getattr(self, name) < 0:
                 raise ValueError(f"reward.{name} must not be negative, got {getattr(self, name)}")

@@ -22,6 +22,12 @@ Run as an ordinary user, bwrap makes a user namespace instead; the command keeps
 service's uid, so RLIMIT_NPROC counts the service user's own processes too: give the
 service a dedicated user, or cgroups.
 
+Kernel attack surface. Every command runs under the seccomp filter of
+:mod:`sandbox.seccomp` (bwrap ``--seccomp FD``): no namespaces (so no nested user
+namespace where the code would be root), no mounts, no ptrace, no bpf, keyctl,
+perf_event_open, userfaultfd or kexec. Run unprivileged, bwrap's ``--disable-userns``
+closes nested user namespaces too.
+
 Killing. The outer bwrap is a session leader (its process group is killed on timeout)
 and ``--die-with-parent`` kills the sandbox's pid-1 when it dies; when pid 1 of a pid
 namespace dies the kernel kills every process in it, so no descendant survives a
@@ -102,6 +108,7 @@ def bwrap_argv(
     privileged: bool,
     env: dict[str, str],
     hostname: str = "sandbox",
+    seccomp_fd: int | None = None,
 ) -> list[str]:
     """The full argv: ``bwrap <namespaces, mounts, env> -- [setpriv ...] bash -c command``."""
     bwrap = shutil.which("bwrap")
@@ -141,6 +148,8 @@ def bwrap_argv(
     ]
     for key, value in env.items():
         argv += ["--setenv", key, value]
+    if seccomp_fd is not None:
+        argv += ["--seccomp", str(seccomp_fd)]
     if privileged:
         argv += ["--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID", "--cap-add", "CAP_SETPCAP", "--"]
         setpriv = shutil.which("setpriv")
@@ -151,7 +160,7 @@ def bwrap_argv(
             "--bounding-set=-all", "--inh-caps=-all", "--no-new-privs",
         ]
     else:
-        argv += ["--unshare-user", "--"]
+        argv += ["--unshare-user", "--disable-userns", "--"]
     argv += ["/bin/bash", "-c", command]
     return argv
 

@@ -13,14 +13,22 @@ the hidden tests), cost ``c`` (:class:`schemas.Cost`) and configuration ``cfg``
                          cfg.length_penalty_in_unconstrained), else 0
     budget_penalty = cfg.budget_penalty_per_unit * max(0, weighted_cost - cfg.budget)
                          in budget phases, else 0
-    reward         = success - length_penalty - budget_penalty
+    honest reward  = cfg.solve_reward * s - min(length_penalty + budget_penalty, cfg.max_penalty)
 
 So an unconstrained phase optimizes success only: reward = solve_reward * s.
 
-Cheating zeroes the success term but keeps the penalties: a detected cheat earns exactly
-0 in an unconstrained phase, and in a budget phase exactly what an honest failure of the
-same cost earns. Were cheats paid a flat 0 there, cheating would beat honestly failing
-(whose reward is negative after penalties) and the policy would learn to cheat when stuck.
+The cheat floor. A detected cheat earns, whatever its score and cost::
+
+    floor(phase)   = -(cfg.max_penalty if penalties apply in the phase else 0) - cfg.cheat_margin
+    cheat reward   = floor(phase)
+
+Penalties apply in budget phases, and in unconstrained ones when
+``length_penalty_in_unconstrained`` is set. An honest trajectory's penalties are capped at
+``max_penalty``, so its reward is at least ``-max_penalty`` where penalties apply and at
+least 0 where they do not; ``cheat_margin > 0`` puts every cheat strictly below every
+honest trajectory of the same phase. (Keeping a cheat's own penalties, as before, let a
+cheap cheat at -0.02 beat an expensive honest failure at -0.20: the policy would learn to
+cheat when stuck.) The Reward event still carries the uncapped penalties for analysis.
 
 Phase schedule: ``cfg.phase_schedule`` is a list of ``(phase, length)``; with
 ``[("unconstrained", 100), ("budget", 50)]`` positions 0-99 are unconstrained, 100-149
@@ -90,20 +98,33 @@ def compute_reward(
     if not 0.0 <= score <= 1.0 or math.isnan(score):
         raise ValueError(f"score must be in [0, 1], got {score}")
     phase = phase_at(cfg, schedule_position(cfg, step=step, weight_version=weight_version))
-    success = 0.0 if cheated else cfg.solve_reward * score
     spent = weighted_cost(cfg, cost)
     length_penalty = budget_penalty = 0.0
-    if phase == BUDGET or cfg.length_penalty_in_unconstrained:
+    if penalties_apply(cfg, phase):
         length_penalty = cfg.length_penalty_per_token * cost.generated_tokens
     if phase == BUDGET:
         budget_penalty = cfg.budget_penalty_per_unit * max(0.0, spent - cfg.budget)
+    if cheated:
+        total = cheat_floor(cfg, phase)
+    else:
+        total = cfg.solve_reward * score - min(length_penalty + budget_penalty, cfg.max_penalty)
     return RewardParts(
         phase=phase,
         length_penalty=length_penalty,
         budget_penalty=budget_penalty,
-        reward=success - length_penalty - budget_penalty,
+        reward=total,
         weighted_cost=spent,
     )
+
+
+def penalties_apply(cfg: RewardConfig, phase: str) -> bool:
+    return phase == BUDGET or cfg.length_penalty_in_unconstrained
+
+
+def cheat_floor(cfg: RewardConfig, phase: str) -> float:
+    """The reward of a detected cheat in ``phase``: strictly below the lowest honest reward
+    there (``-max_penalty`` where penalties apply, else 0) by ``cheat_margin``."""
+    return -(cfg.max_penalty if penalties_apply(cfg, phase) else 0.0) - cfg.cheat_margin
 
 
 class LengthPenaltySuggestion(msgspec.Struct, frozen=True, kw_only=True):

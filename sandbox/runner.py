@@ -16,9 +16,11 @@ from pathlib import Path
 import msgspec
 import structlog
 
+from sandbox import quota as disk
 from sandbox.cgroups import CgroupManager, CommandCgroup
 from sandbox.config import SandboxConfig
 from sandbox.isolation import Bind, Limits, apply_rlimits, bwrap_argv, python_binds, sandbox_env
+from sandbox.seccomp import filter_fd
 
 log = structlog.get_logger(__name__)
 
@@ -28,6 +30,7 @@ _SIGNAL_LIMITS = {
     128 + signal.SIGXFSZ: "file_size",
 }
 _READ_CHUNK = 64 * 1024
+_ENOSPC = b"No space left on device"
 # After a kill, how long to wait for the process and its pipes to close.
 _REAP_GRACE_S = 5.0
 
@@ -40,7 +43,8 @@ class CommandResult(msgspec.Struct, kw_only=True):
     ``limits``: every limit the command ran into, including ones enforced by the
     kernel: 'cpu' (RLIMIT_CPU), 'file_size' (RLIMIT_FSIZE), 'memory' (the cgroup's
     memory limit; RLIMIT_AS shows as MemoryError / ENOMEM in the output),
-    'processes' (the cgroup's pids.max), 'timeout', 'output'.
+    'processes' (the cgroup's pids.max), 'timeout', 'output', 'disk' (the workspace's
+    size quota is full, or a write failed with ENOSPC: workspace or /tmp).
     """
 
     exit_code: int
@@ -110,7 +114,20 @@ class Jail:
         limits: Limits | None = None,
         env: dict[str, str] | None = None,
         label: str = "cmd",
+        give_fds: tuple[int, ...] = (),
     ) -> CommandResult:
+        """Run one command in one slot. ``give_fds`` are handed to the command (same
+        numbers inside) and closed here once it has started."""
+        async with self.slot():
+            return await self.run_held(
+                command, workspace=workspace, uid=uid, timeout_s=timeout_s, binds=binds,
+                limits=limits, env=env, label=label, give_fds=give_fds,
+            )
+
+    @contextlib.asynccontextmanager
+    async def slot(self):
+        """One command slot. The grader holds one for its two cooperating sandboxes (tests
+        and solution), so two gradings can never deadlock each holding half of theirs."""
         try:
             await asyncio.wait_for(self._slots.acquire(), self.cfg.command_queue_timeout_s)
         except TimeoutError:
@@ -120,14 +137,30 @@ class Jail:
             ) from None
         self.running += 1
         try:
-            return await self._run(
-                command, workspace=workspace, uid=uid, timeout_s=timeout_s,
-                binds=[*self.binds, *binds], limits=limits or self.limits,
-                env={**self.env, **(env or {})}, label=label,
-            )
+            yield
         finally:
             self.running -= 1
             self._slots.release()
+
+    async def run_held(
+        self,
+        command: str,
+        *,
+        workspace: Path,
+        uid: int,
+        timeout_s: float,
+        binds: list[Bind] = (),
+        limits: Limits | None = None,
+        env: dict[str, str] | None = None,
+        label: str = "cmd",
+        give_fds: tuple[int, ...] = (),
+    ) -> CommandResult:
+        """:meth:`run` for a caller already holding a :meth:`slot`."""
+        return await self._run(
+            command, workspace=workspace, uid=uid, timeout_s=timeout_s,
+            binds=[*self.binds, *binds], limits=limits or self.limits,
+            env={**self.env, **(env or {})}, label=label, give_fds=give_fds,
+        )
 
     async def _run(
         self,
@@ -140,11 +173,18 @@ class Jail:
         limits: Limits,
         env: dict[str, str],
         label: str,
+        give_fds: tuple[int, ...] = (),
     ) -> CommandResult:
-        argv = bwrap_argv(
-            command, workspace=str(workspace), uid=uid, limits=limits, binds=binds,
-            privileged=self.privileged, env=env,
-        )
+        seccomp = filter_fd() if self.cfg.seccomp else None
+        try:
+            argv = bwrap_argv(
+                command, workspace=str(workspace), uid=uid, limits=limits, binds=binds,
+                privileged=self.privileged, env=env, seccomp_fd=seccomp,
+            )
+        except BaseException:
+            _close(seccomp, *give_fds)
+            raise
+        pass_fds = tuple(fd for fd in (seccomp, *give_fds) if fd is not None)
         group: CommandCgroup | None = None
         if self.cgroups is not None:
             group = await asyncio.to_thread(
@@ -168,15 +208,21 @@ class Jail:
         killed = ""
         out, err = _Capture(self.cfg.max_output_bytes), _Capture(self.cfg.max_output_bytes)
         try:
-            proc = await asyncio.create_subprocess_exec(
-                *argv,
-                stdin=asyncio.subprocess.DEVNULL,
-                stdout=asyncio.subprocess.PIPE,
-                stderr=asyncio.subprocess.PIPE,
-                start_new_session=True,
-                preexec_fn=in_child,
-                close_fds=True,
-            )
+            try:
+                proc = await asyncio.create_subprocess_exec(
+                    *argv,
+                    stdin=asyncio.subprocess.DEVNULL,
+                    stdout=asyncio.subprocess.PIPE,
+                    stderr=asyncio.subprocess.PIPE,
+                    start_new_session=True,
+                    preexec_fn=in_child,
+                    close_fds=True,
+                    pass_fds=pass_fds,
+                )
+            finally:
+                # The child has its copies now (or never will): ours would keep a socket
+                # peer from seeing EOF when the other end exits.
+                _close(*pass_fds)
             too_much = asyncio.Event()
 
             async def pump(stream: asyncio.StreamReader, capture: _Capture) -> None:
@@ -224,6 +270,10 @@ class Jail:
                 limits_hit.append(_SIGNAL_LIMITS[exit_code])
             if group is not None:
                 limits_hit += [hit for hit in await asyncio.to_thread(group.limits_hit) if hit not in limits_hit]
+            # The workspace's tmpfs is full (its quota), or a write failed with ENOSPC
+            # (the workspace, or the command's private /tmp, which is gone by now).
+            if disk.is_full(workspace) or any(_ENOSPC in c.buf for c in (out, err)):
+                limits_hit.append("disk")
             result = CommandResult(
                 exit_code=exit_code,
                 stdout=out.text(),
@@ -259,6 +309,13 @@ class Jail:
             pass
         if group is not None:
             group.kill_all()
+
+
+def _close(*fds: int | None) -> None:
+    for fd in fds:
+        if fd is not None:
+            with contextlib.suppress(OSError):
+                os.close(fd)
 
 
 async def _wait_all(pumps: asyncio.Future, proc: asyncio.subprocess.Process) -> None:

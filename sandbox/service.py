@@ -20,6 +20,8 @@ from aiohttp import web
 from sandbox.cgroups import CgroupManager, make_cgroup_manager
 from sandbox.config import RewardConfig, SandboxConfig
 from sandbox.grader import Grader, Publisher, SubmitRequest
+from sandbox.quota import Quota, QuotaError
+from sandbox.quota import available as quota_available
 from sandbox.runner import Busy, Jail
 from sandbox.sessions import PoolFull, Session, SessionBusy, SessionClosed, SessionPool
 from sandbox.workspace import FileMissing, Workspace, WorkspaceError
@@ -95,6 +97,18 @@ async def _errors(request: web.Request, handler):
         return _json({"error": f"internal error: {type(exc).__name__}: {exc}"}, 500)
 
 
+def quota_from_config(cfg: SandboxConfig) -> Quota | None:
+    """The workspace quota to mount, or None (off, or auto without root)."""
+    if cfg.disk_quota == "off":
+        return None
+    if not quota_available():
+        if cfg.disk_quota == "required":
+            raise QuotaError("sandbox.disk_quota = required, but mounting a workspace tmpfs needs root")
+        log.warning("workspace_quota_off", reason="not root: cannot mount a size-limited tmpfs per workspace")
+        return None
+    return Quota(size_bytes=cfg.workspace_bytes, inodes=cfg.workspace_inodes)
+
+
 class SandboxService:
     """Owns the pool, the jail and the grader; ``app`` is the aiohttp application."""
 
@@ -114,8 +128,9 @@ class SandboxService:
             cfg.cgroups, max_processes=cfg.max_processes, memory_bytes=cfg.memory_bytes
         )
         self.jail = Jail(cfg, self.cgroups)
-        self.pool = SessionPool(root, capacity=cfg.max_sessions, uid_base=cfg.uid_base)
-        self.grader = Grader(cfg, reward_cfg, store, self.jail, publisher)
+        self.quota = quota_from_config(cfg)
+        self.pool = SessionPool(root, capacity=cfg.max_sessions, uid_base=cfg.uid_base, quota=self.quota)
+        self.grader = Grader(cfg, reward_cfg, store, self.jail, publisher, quota=self.quota)
         self._reaper: asyncio.Task | None = None
         request_limit = max(cfg.max_snapshot_bytes, 2 * cfg.max_file_bytes_api) + 1024 * 1024
         self.app = web.Application(middlewares=[_errors], client_max_size=request_limit)
@@ -299,6 +314,8 @@ class SandboxService:
             "command_slots": self.cfg.max_concurrent_commands,
             "cgroups": self.cgroups is not None,
             "privileged": self.jail.privileged,
+            "disk_quota": self.quota is not None,
+            "seccomp": self.cfg.seccomp,
         })
 
 

@@ -10,6 +10,7 @@ from pathlib import Path
 import structlog
 
 from sandbox.netwatch import ToolCall
+from sandbox.quota import Quota
 from sandbox.workspace import Workspace
 
 log = structlog.get_logger(__name__)
@@ -59,8 +60,9 @@ class Session:
 class SessionPool:
     """At most ``capacity`` sessions; session slot ``i`` runs as uid ``uid_base + i``."""
 
-    def __init__(self, root: Path, *, capacity: int, uid_base: int) -> None:
+    def __init__(self, root: Path, *, capacity: int, uid_base: int, quota: Quota | None = None) -> None:
         self.root = root
+        self.quota = quota
         self.capacity = capacity
         self.uid_base = uid_base
         self._free = list(range(capacity))
@@ -76,7 +78,7 @@ class SessionPool:
         uid = self.uid_base + slot
         session_id = uuid.uuid4().hex
         try:
-            workspace, dropped = Workspace.create(self.root / f"rollway-ws-{session_id}", uid, files)
+            workspace, dropped = Workspace.create(self.root / f"rollway-ws-{session_id}", uid, files, self.quota)
         except BaseException:
             self._free.append(slot)
             raise

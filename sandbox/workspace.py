@@ -18,6 +18,8 @@ from pathlib import Path, PurePosixPath
 import msgspec
 import structlog
 
+from sandbox import quota as disk
+
 log = structlog.get_logger(__name__)
 
 # Version-control metadata never enters a workspace: no history for the agent to mine.
@@ -70,25 +72,38 @@ def clean_relpath(path: str) -> str:
 class Workspace:
     """A directory owned by the sandbox uid; the service touches it only through here."""
 
-    def __init__(self, root: Path, uid: int) -> None:
+    def __init__(self, root: Path, uid: int, mounted: bool = False) -> None:
         self.root = root
         self.uid = uid
+        self.mounted = mounted
 
     @classmethod
-    def create(cls, root: Path, uid: int, files: dict[str, str | bytes]) -> tuple["Workspace", list[str]]:
-        """Make the workspace from ``files``; returns it and the paths dropped (VCS metadata)."""
+    def create(cls, root: Path, uid: int, files: dict[str, str | bytes],
+               quota: disk.Quota | None = None) -> tuple["Workspace", list[str]]:
+        """Make the workspace from ``files`` (on its own size-limited tmpfs with ``quota``);
+        returns it and the paths dropped (VCS metadata)."""
         root.mkdir(mode=0o755)
-        os.chown(root, uid, uid)
-        ws = cls(root, uid)
-        dropped = []
-        for path, content in files.items():
+        if quota is not None:
             try:
-                ws.write(path, content)
-            except WorkspaceError as exc:
-                if "version-control" in str(exc):
-                    dropped.append(path)
-                    continue
+                disk.mount(root, quota, uid=uid)
+            except BaseException:
+                root.rmdir()
                 raise
+        os.chown(root, uid, uid)
+        ws = cls(root, uid, mounted=quota is not None)
+        dropped = []
+        try:
+            for path, content in files.items():
+                try:
+                    ws.write(path, content)
+                except WorkspaceError as exc:
+                    if "version-control" in str(exc):
+                        dropped.append(path)
+                        continue
+                    raise
+        except BaseException:
+            ws.remove()
+            raise
         if dropped:
             log.info("workspace_vcs_dropped", paths=dropped[:20], count=len(dropped))
         return ws, dropped
@@ -200,6 +215,10 @@ class Workspace:
             os.close(dfd)
 
     def remove(self) -> None:
+        if self.mounted:
+            # One step, however many files: the tmpfs goes with everything in it.
+            disk.unmount(self.root)
+            self.mounted = False
         shutil.rmtree(self.root, ignore_errors=True)
 
 

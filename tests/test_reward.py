@@ -79,16 +79,45 @@ def test_length_penalty_in_unconstrained_when_asked():
     assert (parts.phase, parts.length_penalty, parts.budget_penalty, parts.reward) == ("unconstrained", 0.5, 0.0, 0.5)
 
 
-def test_cheating_zeroes_success_but_keeps_penalties():
-    assert reward(score=1.0, cheated=True, cost=BIG, step=0).reward == 0.0
-    cheat = reward(score=1.0, cheated=True, cost=BIG, step=100)
-    honest_failure = reward(score=0.0, cheated=False, cost=BIG, step=100)
-    assert cheat.reward == honest_failure.reward == -1.4541015625
-    # a cheat never earns more than failing honestly at the same cost
-    for step in (0, 100):
-        for cost in (SMALL, BIG):
-            assert reward(score=1.0, cheated=True, cost=cost, step=step).reward <= reward(
-                score=0.0, cost=cost, step=step).reward
+# The cheat floor, exact: max_penalty 1.5 and cheat_margin 0.125 (dyadic).
+FLOORED = msgspec.structs.replace(CFG, max_penalty=1.5, cheat_margin=0.125)
+HUGE = Cost(generated_tokens=1 << 20, env_tokens=1 << 20, turns=1000, tool_seconds=1e6)
+
+
+def test_cheat_gets_the_floor_of_its_phase_whatever_its_cost():
+    for cost in (Cost(), SMALL, BIG, HUGE):
+        for score in (0.0, 0.5, 1.0):
+            # unconstrained (no penalties there): honest >= 0, cheat = -margin
+            assert reward(FLOORED, score=score, cheated=True, cost=cost, step=0).reward == -0.125
+            # budget: honest >= -max_penalty, cheat = -max_penalty - margin
+            assert reward(FLOORED, score=score, cheated=True, cost=cost, step=100).reward == -1.625
+    with_length = msgspec.structs.replace(FLOORED, length_penalty_in_unconstrained=True)
+    assert reward(with_length, score=1.0, cheated=True, cost=Cost(), step=0).reward == -1.625
+
+
+def test_honest_penalties_are_capped_at_max_penalty():
+    # BIG in budget: 1.0 + 0.4541015625 = 1.4541015625 < 1.5: not capped
+    assert reward(FLOORED, score=0.0, cost=BIG, step=100).reward == -1.4541015625
+    # HUGE: length 1024 + budget ... far over 1.5: capped
+    parts = reward(FLOORED, score=0.0, cost=HUGE, step=100)
+    assert parts.reward == -1.5 and parts.length_penalty == 1024.0
+    assert reward(FLOORED, score=1.0, cost=HUGE, step=100).reward == -0.5
+    assert reward(FLOORED, score=0.0, cost=HUGE, step=0).reward == 0.0
+
+
+def test_a_cheap_cheat_never_beats_an_expensive_honest_failure():
+    # The case: a cheap cheat used to earn -0.02 and an expensive honest failure -0.20.
+    for step in (0, 99, 100, 149):
+        worst_honest = min(reward(FLOORED, score=0.0, cost=c, step=step).reward for c in (Cost(), SMALL, BIG, HUGE))
+        best_cheat = max(reward(FLOORED, score=1.0, cheated=True, cost=c, step=step).reward
+                         for c in (Cost(), SMALL, BIG, HUGE))
+        assert best_cheat < worst_honest
+        assert worst_honest - best_cheat == 0.125
+
+
+def test_cheat_margin_must_be_positive():
+    with pytest.raises(ValueError, match="cheat_margin must be positive"):
+        RewardConfig(cheat_margin=0.0)
 
 
 def test_schedule_boundaries_cycle():
