@@ -330,7 +330,12 @@ class WeightPublisher:
         deleted = await cat.delete_versions(self.store, self.model, catalog, doomed)
         for v in doomed:
             self._reader.forget(v)
-        garbage = await cat.collect_garbage(self.store, self.model, self.cfg.orphan_grace_s)
+        try:
+            garbage = await cat.collect_garbage(self.store, self.model, self.cfg.orphan_grace_s)
+        except Exception as exc:  # housekeeping: never fail a publish that is already announced
+            log.warning("garbage collection failed; retried after the next keyframe", model=self.model,
+                        error=str(exc))
+            return deleted
         return deleted + garbage.count
 
 
