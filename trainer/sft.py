@@ -39,11 +39,15 @@ log = structlog.get_logger(__name__)
 class SFTConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     steps: int = 300
     batch_size: int = 32
+    # Distinct train tasks rendered (recycled in epochs). Fixed, not steps * batch, and a
+    # constant rate after warm-up (final_lr_fraction = 1): so the first N steps of a longer
+    # run are exactly an N-step run, and one run can calibrate the step count.
+    examples: int = 9600
     learning_rate: float = 3e-3  # AdamW: embeddings, norms, head
     muon_learning_rate: float = 3e-3  # Muon (RMS matched to AdamW)
     warmup_steps: int = 20
     # Linear decay from the peak to this fraction of it at the last step.
-    final_lr_fraction: float = 0.1
+    final_lr_fraction: float = 1.0
     max_grad_norm: float = 1.0
     seed: int = 0
     # One intra-op thread: deterministic, and on a shared 2-core machine two OpenMP
@@ -52,8 +56,8 @@ class SFTConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     log_every: int = 25
 
     def __post_init__(self) -> None:
-        if self.steps < 1 or self.batch_size < 1:
-            raise ValueError("sft.steps and sft.batch_size must be >= 1")
+        if self.steps < 1 or self.batch_size < 1 or self.examples < 1:
+            raise ValueError("sft.steps, sft.batch_size and sft.examples must be >= 1")
 
 
 def encode_pieces(tokenizer, pieces: Sequence[fmt.Piece]) -> list[int]:

@@ -97,7 +97,7 @@ def build_warm_start(out_dir: str | Path, cfg: WarmStartConfig, *, on_step=None)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     make_deterministic(cfg.seed, cfg.sft.num_threads)
-    specs = generate("train", cfg.sft.steps * cfg.sft.batch_size, seed=cfg.seed)
+    specs = generate("train", cfg.sft.examples, seed=cfg.seed)
     raw_tok = train_tokenizer([_transcript_text(s) for s in specs], cfg.vocab_size)
     tokenizer = _hf_tokenizer(raw_tok)
     examples = [render_transcript(s, tokenizer) for s in specs]
@@ -124,17 +124,26 @@ def build_warm_start(out_dir: str | Path, cfg: WarmStartConfig, *, on_step=None)
              tokens_max=lengths[-1])
     hook = None if on_step is None else (lambda step, loss: on_step(step, loss, model, tokenizer))
     summary = train_sft(model, examples, cfg.sft, pad_id=config.pad_token_id, on_step=hook)
-    model.config.use_cache = True
-    model = model.to(torch.bfloat16)
-    model.config.dtype = "bfloat16"
-    model.save_pretrained(out, safe_serialization=True)
-    tokenizer.save_pretrained(out)
     info = {"config": msgspec.to_builtins(cfg), "params": params, "sft": summary,
             "build_seconds": round(time.perf_counter() - started, 1)}
-    (out / MARKER).write_text(json.dumps(info, indent=2, sort_keys=True))
+    save_model(model, tokenizer, out, info)
     log.info("warm start built", path=str(out), params=params, final_loss=round(summary["final_loss"], 4),
              seconds=info["build_seconds"])
     return out
+
+
+def save_model(model, tokenizer, out: Path, info: dict) -> None:
+    """bf16 safetensors (what the samplers run), tokenizer, and the marker file last."""
+    import copy
+
+    import torch
+
+    copy_ = copy.deepcopy(model).to(torch.bfloat16)  # the caller's float32 model stays as is
+    copy_.config.use_cache = True
+    copy_.config.dtype = "bfloat16"
+    copy_.save_pretrained(out, safe_serialization=True)
+    tokenizer.save_pretrained(out)
+    (Path(out) / MARKER).write_text(json.dumps(info, indent=2, sort_keys=True))
 
 
 def cache_key(cfg: WarmStartConfig) -> str:
