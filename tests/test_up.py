@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from bus import EventProducer, KafkaConfig, encode, read_topic
+from bus import EventProducer, KafkaConfig, encode, ensure_topics, read_topic
 from rollway.commands.up import explicitly_set, plan
 from rollway.live_state import LiveState
 from rollway.live_view import render, status_line
@@ -295,13 +295,14 @@ grace_s = 20.0
     return path
 
 
-def start_up(config: Path, tmp: Path, kafka_bootstrap: str, *extra: str) -> tuple[subprocess.Popen, Path, Path]:
+def start_up(config: Path, tmp: Path, kafka_bootstrap: str, *extra: str,
+             without: list[str] = LIGHT_ONLY) -> tuple[subprocess.Popen, Path, Path]:
     out = tmp / "up.out"
     logs = tmp / "logs"
     env = {**os.environ, "KAFKA_BOOTSTRAP_SERVERS": kafka_bootstrap}
     proc = subprocess.Popen(
         [sys.executable, "-m", "rollway.cli", "--config", str(config), "up", "--no-tui", "--log-dir", str(logs),
-         *LIGHT_ONLY, *extra],
+         *without, *extra],
         cwd=REPO, env=env, stdout=open(out, "w"), stderr=subprocess.STDOUT,
     )
     return proc, out, logs
@@ -417,3 +418,48 @@ def test_minutes_stops_the_stack_cleanly(kafka_bootstrap, tmp_path):
     assert [e["component"] for e in up_events(logs, "component stopped")] == ["analytics"]
     assert leftover_processes(config) == []
 
+
+
+@pytest.mark.slow  # a real trainer process (torch) under `up`
+async def test_steps_stops_the_stack_after_exactly_that_train_step(kafka_bootstrap, tmp_path, tiny_model_path):
+    from trainer.synthetic import load_tiny, make_task_groups, to_events
+
+    prefix = f"{unique('up-')}."
+    kafka = KafkaConfig(bootstrap_servers=kafka_bootstrap, topic_prefix=prefix, partitions=dict(TEST_PARTITIONS))
+    await ensure_topics(kafka)
+    model, tok = load_tiny(str(tiny_model_path))
+    groups = make_task_groups(model, tok, 3, group_size=2, max_new_tokens=8, seed=5)  # data for 3 steps
+    async with EventProducer(kafka) as producer:
+        for traj in (t for group in groups for t in group):
+            chunks, rew = to_events(traj, chunk_tokens=12)
+            for chunk in chunks:
+                await producer.publish(chunk)
+            await producer.publish(rew)
+    config = up_config(tmp_path, prefix, None)
+    config.write_text(config.read_text() + f"""
+[syncer]
+store_url = "file://{tmp_path}/weights"
+[trainer]
+model_path = "{tiny_model_path}"
+checkpoint_dir = "{tmp_path}/checkpoints"
+groups_per_step = 1
+num_threads = 1
+""")
+    only_trainer = [arg for kind in ("sandbox", "sampler", "evaluator", "feeder", "analytics")
+                    for arg in ("--without", kind)]
+    proc, out, logs = start_up(config, tmp_path, kafka_bootstrap, "--steps", "2", without=only_trainer)
+    try:
+        code = proc.wait(timeout=180)  # it stops by itself
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    text = out.read_text()
+    assert code == 0, text
+    assert "rollway up: 1 components (trainer)" in text  # the model exists: nothing is built
+    # Either the view saw step 2 or the trainer's exit 0 at --max-steps came first.
+    assert "rollway up: --steps 2 reached; stopping components" in text
+    assert "rollway up: stopped (train step 2, restarts 0," in text
+    steps = [e.event.step for e in await read_topic(kafka, "train-steps")]
+    assert steps == [1, 2]  # the trainer ran --max-steps 2, though a third group was waiting
+    assert leftover_processes(config) == []

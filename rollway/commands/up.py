@@ -25,8 +25,6 @@ import argparse
 from dataclasses import dataclass, field
 
 COMPONENTS = ("sandbox", "feeder", "sampler", "trainer", "evaluator", "analytics")
-# Components that load the policy model (built by `rollway model` when missing).
-MODEL_USERS = ("sampler", "trainer", "evaluator")
 # What `rollway up` trains on when neither the config file nor the environment names a
 # feeder.tasks_dir: the learnable task family's train split. The single switch for it.
 UP_TASK_SET = "family:train"
@@ -103,6 +101,17 @@ def explicitly_set(config_path: str | None, environ: dict[str, str], section: st
     if file is None or not file.exists():
         return False
     return key in tomllib.loads(file.read_text()).get(section, {})
+
+
+def model_paths(cfg, kinds: set[str]) -> list[str]:
+    """The model folders the planned components load (samplers and the evaluator the
+    sampler's, the trainer its own)."""
+    paths = set()
+    if kinds & {"sampler", "evaluator"}:
+        paths.add(cfg.sampler.model_path)
+    if "trainer" in kinds:
+        paths.add(cfg.trainer.model_path)
+    return sorted(paths)
 
 
 def model_command(path: str) -> list[str]:
@@ -184,9 +193,7 @@ def _run(args, cfg, upcfg, env: dict[str, str], log_dir) -> int:
         env["KAFKA_BOOTSTRAP_SERVERS"] = bootstrap
         cfg.kafka.bootstrap_servers = bootstrap
         asyncio.run(ensure_topics(cfg.kafka))
-        kinds = {p.kind for p in procs}
-        paths = {cfg.sampler.model_path, cfg.trainer.model_path} if kinds & set(MODEL_USERS) else set()
-        for path in sorted(paths):
+        for path in model_paths(cfg, {p.kind for p in procs}):
             if not Path(path, "config.json").exists():
                 argv = model_command(path)
                 print(f"rollway up: building the model: rollway {' '.join(argv)} (log: {log_dir}/model.log)",
