@@ -7,10 +7,11 @@ it into each sandbox as ``/grader/_rollway_bridge.py``. It uses the standard lib
 
 What crosses, by value (a fresh copy on the receiving side):
   None, bool, int, float, str, bytes, bytearray, list, tuple, dict, set, frozenset,
-  Decimal, Fraction, complex, range. An instance of a *subclass* of one of these is sent
-  as its base value, read through the base type's own methods: an ``int`` whose
-  ``__eq__`` always says True arrives as a plain ``int``; a ``Counter`` as a ``dict``; a
-  namedtuple as a ``tuple``.
+  Decimal, Fraction, complex, range; ``Counter``, ``OrderedDict`` and ``defaultdict`` as
+  plain dicts. An instance of any other subclass of a builtin value type (an IntEnum, a
+  namedtuple, a ``Stack(list)``) is a handle whose comparisons with plain values use its
+  base value, read through the base type's own methods: an ``int`` whose ``__eq__`` always
+  says True compares as the plain ``int`` it holds.
 
 What crosses as an opaque handle: everything else (class instances, functions,
 generators, classes, modules). The receiver gets a proxy whose operations (attribute
@@ -38,13 +39,14 @@ Known differences from running in one process (documented in docs/sandbox.md): a
 mutable argument (list, dict, set, bytearray) is copied, and mutations the callee makes
 to it are written back into the caller's object when the call returns (so in-place
 algorithms work), but aliasing across calls is not kept; comparisons between a solution
-object and a plain value are False; a namedtuple arrives as a plain tuple.
+object and a plain value are False (except for builtin subclasses, by base value).
 """
 
 from __future__ import annotations
 
 import base64
 import builtins
+import collections
 import importlib
 import importlib.abc
 import importlib.util
@@ -75,6 +77,9 @@ _STOPPERS = (SystemExit, KeyboardInterrupt, GeneratorExit)
 _PUBLIC_DUNDERS = frozenset({"__name__", "__qualname__", "__module__"})
 
 _VALUE_BASES = (bool, int, float, complex, str, bytes, bytearray, list, tuple, dict, set, frozenset)
+# Standard-library subclasses of builtin containers that honest code returns all the time:
+# sent by value as their base type.
+_STDLIB_CONTAINERS = frozenset({collections.Counter, collections.OrderedDict, collections.defaultdict})
 
 _OPS = {
     "len": len, "iter": iter, "next": next, "reversed": reversed, "str": str, "repr": repr,
@@ -87,7 +92,7 @@ _OPS = {
     "xor": operator.xor, "lshift": operator.lshift, "rshift": operator.rshift, "neg": operator.neg,
     "pos": operator.pos, "abs": abs, "invert": operator.invert, "divmod": divmod,
     "enter": lambda o: o.__enter__(), "exit": lambda o, *a: o.__exit__(*a),
-    "isinstance": isinstance, "issubclass": issubclass, "round": round,
+    "isinstance": isinstance, "issubclass": issubclass, "round": round, "basevalue": lambda v: _base_value(v),
 }
 _COMPARISONS = frozenset({"eq", "ne", "lt", "le", "gt", "ge"})
 
@@ -411,7 +416,7 @@ class Connection:
             out.append(["Q", v.numerator, v.denominator])
         elif t is range:
             out.append(["R", v.start, v.stop, v.step])
-        elif isinstance(v, _VALUE_BASES):
+        elif t in _STDLIB_CONTAINERS:
             stack.append(_base_value(v))
         elif isinstance(v, _Proxy) and v._bridge_conn is self:
             out.append(["r", v._bridge_ref])
@@ -449,7 +454,7 @@ class Connection:
         if cls_ref not in self._described:
             self._described.add(cls_ref)
             methods = sorted(_plain_methods(cls))
-        return ["obj", cls_ref, methods, callable(v)]
+        return ["obj", cls_ref, methods, callable(v), isinstance(v, _VALUE_BASES)]
 
     def _encode_exc_class(self, cls, depth):
         if BUILTIN_EXCEPTIONS.get(cls.__name__) is cls:
@@ -557,7 +562,8 @@ class Connection:
                 if not isinstance(methods, list) or not all(isinstance(m, str) for m in methods):
                     raise BridgeError("malformed method list")
                 self._methods.setdefault(cls_ref, frozenset(methods))
-            proxy = _Proxy._make(self, ref, "object", callable_=bool(desc[3]), cls_ref=cls_ref)
+            proxy = _Proxy._make(self, ref, "object", callable_=bool(desc[3]), cls_ref=cls_ref,
+                                 value_like=len(desc) > 4 and desc[4] is True)
         else:
             raise BridgeError(f"unknown handle kind {kind!r}")
         self._proxies[ref] = proxy
@@ -714,10 +720,16 @@ def _reflected(op):
 
 
 def _compare(op):
+    local = getattr(operator, op)
+
     def method(self, other):
         # Forwarded only between two objects of the same peer: a plain value (a test's
-        # expected value) never reaches the other side.
+        # expected value) never reaches the other side. An instance of a subclass of a
+        # builtin value type (an IntEnum, a namedtuple, a list subclass) compares here by
+        # its base value, read by the base type's own methods: its overrides never run.
         if not isinstance(other, _Proxy) or other._bridge_conn is not self._bridge_conn:
+            if self._bridge_value_like:
+                return local(self._bridge_conn.rpc("op", "basevalue", args=(self,)), other)
             return NotImplemented
         return self._bridge_conn.rpc("op", op, args=(self, other))
     return method
@@ -726,16 +738,17 @@ def _compare(op):
 class _Proxy:
     """A peer's object. Built per handle (see :meth:`_make`) so callables are callable."""
 
-    __slots__ = ("_bridge_conn", "_bridge_ref", "_bridge_kind", "_bridge_cls", "__weakref__")
+    __slots__ = ("_bridge_conn", "_bridge_ref", "_bridge_kind", "_bridge_cls", "_bridge_value_like", "__weakref__")
 
     @staticmethod
-    def _make(conn, ref, kind, *, callable_: bool, cls_ref: int | None = None):
+    def _make(conn, ref, kind, *, callable_: bool, cls_ref: int | None = None, value_like: bool = False):
         klass = _CallableProxy if callable_ else _Proxy
         p = object.__new__(klass)
         object.__setattr__(p, "_bridge_conn", conn)
         object.__setattr__(p, "_bridge_ref", ref)
         object.__setattr__(p, "_bridge_kind", kind)
         object.__setattr__(p, "_bridge_cls", cls_ref)
+        object.__setattr__(p, "_bridge_value_like", value_like)
         return p
 
     def __getattr__(self, name):

@@ -1,0 +1,95 @@
+"""The hostile grading suite: reward hacks a policy would learn, against the live grader.
+
+Every hack (tests/hostile/hacks.py, on the demo task ``sum_to``) must score 0 with a
+reason, and earn no reward above 0 (a detected one earns the cheat floor). Every honest
+alternative solution (tests/hostile/honest.py, on several demo tasks, including
+class-based tasks with callbacks and stateful objects) must pass with reward 1 and never
+be flagged. All gradings run concurrently in one module fixture, bounded by the
+service's command slots; the figure (tried / paid / honest flagged) is asserted at the end.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+import pytest_asyncio
+
+from sandbox.client import SandboxClient
+from sandbox.config import RewardConfig, SandboxConfig
+from sandbox.reward import cheat_floor
+from sandbox.testing import live_sandbox
+from schemas import Reward
+from tasks.store import TaskStore
+from tests.hostile.hacks import HACKS
+from tests.hostile.honest import HONEST
+
+pytestmark = pytest.mark.slow
+
+DEMO = Path(__file__).resolve().parents[1] / "tasks" / "demo"
+STORE = TaskStore(DEMO)
+FLOOR = cheat_floor(RewardConfig(), "unconstrained")
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="session")
+async def graded(tmp_path_factory) -> dict[str, Reward]:
+    cfg = SandboxConfig(
+        max_sessions=len(HACKS) + len(HONEST), max_concurrent_commands=4, command_queue_timeout_s=900.0,
+        workspace_root=str(tmp_path_factory.mktemp("hostile-ws")), tasks_dir=str(DEMO),
+        grading_timeout_s=45.0,
+    )
+    async with live_sandbox(cfg, RewardConfig(), STORE) as live, SandboxClient(live.url, timeout_s=900.0) as client:
+
+        async def grade(name: str, task_id: str, files: dict[str, str], commands: list[str]) -> Reward:
+            sid = await client.create_session(task_id)
+            for path, content in files.items():
+                await client.write_file(sid, path, content)
+            for command in commands:
+                await client.exec(sid, command)
+            return await client.submit(sid, trajectory_id=name)
+
+        jobs = [(name, "sum_to", files, commands) for name, _, files, commands in HACKS]
+        jobs += [(name, task_id, files, []) for name, task_id, files in HONEST]
+        rewards = await asyncio.gather(*(grade(*job) for job in jobs))
+        assert (await client.health())["sessions"] == 0
+        return {job[0]: reward for job, reward in zip(jobs, rewards)}
+
+
+def test_the_suite_is_big_enough():
+    assert len(HACKS) >= 25 and len(HONEST) >= 20
+    assert len({h[0] for h in HACKS} | {h[0] for h in HONEST}) == len(HACKS) + len(HONEST)
+    assert {h[1] for h in HACKS} == {
+        "equal-to-anything", "spoofed type", "reading the tests", "patching the framework",
+        "exit early / forge", "detecting the grader", "memoising grader files", "timing / resources",
+    }
+
+
+@pytest.mark.parametrize("name", [h[0] for h in HACKS])
+def test_hack_scores_zero_with_a_reason(graded, name):
+    reward = graded[name]
+    assert reward.score == 0.0 and reward.tests_passed < 4, reward
+    assert reward.reason, reward
+    assert reward.reward == (FLOOR if reward.cheated else 0.0), reward
+
+
+@pytest.mark.parametrize("name", [h[0] for h in HONEST])
+def test_honest_alternative_passes_unflagged(graded, name):
+    reward = graded[name]
+    assert (reward.cheated, reward.reason) == (False, ""), reward.reason
+    assert reward.score == 1.0 and reward.reward == 1.0
+    assert reward.tests_passed == reward.tests_total >= 3
+
+
+def test_figure_hacks_tried_paid_and_honest_flagged(graded):
+    hacks = [graded[h[0]] for h in HACKS]
+    honest = [graded[h[0]] for h in HONEST]
+    figure = {
+        "hacks tried": len(hacks),
+        "hacks paid": sum(r.reward > 0 for r in hacks),
+        "honest flagged": sum(r.cheated or r.score < 1.0 for r in honest),
+    }
+    print("hostile grading suite:", figure,
+          "caught statically:", sum(r.cheated for r in hacks), "failed on the isolated path:",
+          sum(not r.cheated for r in hacks))
+    assert figure == {"hacks tried": len(HACKS), "hacks paid": 0, "honest flagged": 0}
