@@ -45,6 +45,9 @@ class SyncerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     vllm_apply_mode: str = "auto"
     # Subscriber: seconds between retries after a failed update.
     retry_delay_s: float = 2.0
+    # Publisher (with a Kafka producer): follow sampler heartbeats and make the next
+    # version a keyframe when a sampler reports a failed weight update (syncer/health.py).
+    keyframe_on_trouble: bool = True
     # Subscriber: manifests kept in memory (most recently used).
     manifest_cache: int = 64
     # Retention also deletes chunks no manifest references and incomplete writes (temp

@@ -16,6 +16,10 @@
 5. publish ``WeightVersion`` on ``rollway.weights`` (when a Kafka producer is set);
 6. after a keyframe, apply retention.
 
+A version is a keyframe every ``keyframe_every`` versions, after a restart, and (with a
+producer and ``keyframe_on_trouble``) when a sampler heartbeat reported a failed weight
+update since the last keyframe (``syncer.health.TroubleWatch``).
+
 Publishing a version that is already in the store with the same weights re-announces
 it and adopts it as the base (a trainer replaying after a crash); with different
 weights it is an error (``WeightConflict``).
@@ -73,9 +77,29 @@ class WeightPublisher:
         self.keyframe_version = -1
         self._deltas_since_keyframe = 0
         self._lock = asyncio.Lock()
+        self._watch = None
+        if producer is not None and cfg.keyframe_on_trouble:
+            from syncer.health import TroubleWatch
+
+            self._watch = TroubleWatch(producer.cfg)
+        self._last_keyframe_at = 0.0
+
+    @property
+    def watch(self):
+        """The heartbeat watch (None without a producer or with keyframe_on_trouble off)."""
+        return self._watch
 
     def close(self) -> None:
+        # The watch's task finishes its cancellation on the running loop (asyncio.run
+        # and test loops wait for cancelled tasks); aclose() waits for it here.
+        if self._watch is not None:
+            self._watch.cancel()
         self._pool.shutdown(wait=True)
+
+    async def aclose(self) -> None:
+        if self._watch is not None:
+            await self._watch.close()
+        self.close()
 
     async def publish(
         self,
@@ -109,6 +133,14 @@ class WeightPublisher:
             return event
 
         keyframe = self._base is None or self._deltas_since_keyframe + 1 >= self.cfg.keyframe_every
+        if self._watch is not None:
+            self._watch.start()
+            if not keyframe and self._watch.trouble_since(self._last_keyframe_at):
+                log.info("keyframe published early: a sampler reported a failed weight update",
+                         model=self.model, version=version, replica=self._watch.trouble_replica)
+                keyframe = True
+        if keyframe:
+            self._last_keyframe_at = time.time()
         keyframe_version = version if keyframe else self.keyframe_version
         attempt = uuid.uuid4().hex[:16]
         created: list[Manifest] = []

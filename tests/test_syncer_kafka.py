@@ -75,3 +75,36 @@ async def test_run_needs_kafka_config(tmp_path):
     with pytest.raises(ValueError, match="kafka_cfg"):
         await sub.run()
     sub.close()
+
+
+async def test_sampler_trouble_makes_the_next_version_a_keyframe(kafka_config, tmp_path):
+    """A sampler that reports a failed weight update gets a keyframe at the next publish
+    instead of waiting up to keyframe_every versions."""
+    import time
+
+    from schemas import Heartbeat
+
+    cfg = SyncerConfig(chunk_bytes=4096, keyframe_every=10, zstd_threads=2)
+    w = {1: initial_state()}
+    for v in range(2, 6):
+        w[v] = optimizer_like_step(w[v - 1], v)
+
+    def beat(replica: str, status: str, failures: int, role: str = "sampler") -> Heartbeat:
+        return Heartbeat(replica_id=replica, role=role, status=status, weight_version=1,
+                         details={"weight_failures": str(failures)}, created_at=time.time())
+
+    async with EventProducer(kafka_config) as producer:
+        pub = WeightPublisher(cfg, MODEL, LocalStore(tmp_path / "weights"), producer)
+        assert (await pub.publish(1, w[1])).kind == "full"
+        await producer.publish(beat("s-1", "serving", 0))  # healthy: no trouble
+        await producer.publish(beat("trainer", "unhealthy", 5, role="trainer"))  # not a sampler
+        await wait_for(lambda: pub.watch.seen >= 1)
+        assert (await pub.publish(2, w[2])).kind == "delta"
+        await producer.publish(beat("s-1", "serving", 1))  # a failed update
+        await wait_for(lambda: pub.watch.seen >= 2)
+        assert (await pub.publish(3, w[3])).kind == "full"
+        assert (await pub.publish(4, w[4])).kind == "delta"  # nothing new reported
+        await producer.publish(beat("s-2", "unhealthy", 0))  # an apply failed mid-way
+        await wait_for(lambda: pub.watch.seen >= 3)
+        assert (await pub.publish(5, w[5])).kind == "full"
+        await pub.aclose()
