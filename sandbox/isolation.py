@@ -109,6 +109,7 @@ def bwrap_argv(
     env: dict[str, str],
     hostname: str = "sandbox",
     seccomp_fd: int | None = None,
+    tmp_source: str | None = None,
 ) -> list[str]:
     """The full argv: ``bwrap <namespaces, mounts, env> -- [setpriv ...] bash -c command``."""
     bwrap = shutil.which("bwrap")
@@ -123,11 +124,13 @@ def bwrap_argv(
                 argv += ["--ro-bind", d, d]
     # /tmp first: binds below may live under it (a checkout in /tmp has its .venv there),
     # and a tmpfs mounted after them would hide them.
-    argv += [
-        "--proc", "/proc",
-        "--dev", "/dev",
-        "--size", str(limits.tmp_bytes), "--perms", "1777", "--tmpfs", "/tmp",
-    ]
+    argv += ["--proc", "/proc", "--dev", "/dev"]
+    if tmp_source is not None:
+        # A size-limited tmpfs the service mounted (sandbox/quota.py): it can tell
+        # afterwards whether the command filled it.
+        argv += ["--bind", tmp_source, "/tmp"]
+    else:
+        argv += ["--size", str(limits.tmp_bytes), "--perms", "1777", "--tmpfs", "/tmp"]
     # Create parent dirs 0755 (bwrap would make them 0700, unreadable to the sandbox uid).
     made: set[str] = set(SYSTEM_DIRS) | {"/", "/tmp", "/proc", "/dev"}
     for bind in binds:

@@ -10,7 +10,9 @@ import asyncio
 import contextlib
 import os
 import signal
+import tempfile
 import time
+import uuid
 from pathlib import Path
 
 import msgspec
@@ -21,6 +23,7 @@ from sandbox.cgroups import CgroupManager, CommandCgroup
 from sandbox.config import SandboxConfig
 from sandbox.isolation import Bind, Limits, apply_rlimits, bwrap_argv, python_binds, sandbox_env
 from sandbox.seccomp import filter_fd
+from sandbox.workspace import Workspace
 
 log = structlog.get_logger(__name__)
 
@@ -176,13 +179,19 @@ class Jail:
         give_fds: tuple[int, ...] = (),
     ) -> CommandResult:
         seccomp = filter_fd() if self.cfg.seccomp else None
+        tmp = None
         try:
+            if self.privileged and self.cfg.disk_quota != "off":
+                tmp = await asyncio.to_thread(self._private_tmp, limits, uid)
             argv = bwrap_argv(
                 command, workspace=str(workspace), uid=uid, limits=limits, binds=binds,
                 privileged=self.privileged, env=env, seccomp_fd=seccomp,
+                tmp_source=str(tmp.root) if tmp is not None else None,
             )
         except BaseException:
             _close(seccomp, *give_fds)
+            if tmp is not None:
+                tmp.remove()
             raise
         pass_fds = tuple(fd for fd in (seccomp, *give_fds) if fd is not None)
         group: CommandCgroup | None = None
@@ -272,7 +281,8 @@ class Jail:
                 limits_hit += [hit for hit in await asyncio.to_thread(group.limits_hit) if hit not in limits_hit]
             # The workspace's tmpfs is full (its quota), or a write failed with ENOSPC
             # (the workspace, or the command's private /tmp, which is gone by now).
-            if disk.is_full(workspace) or any(_ENOSPC in c.buf for c in (out, err)):
+            if (disk.is_full(workspace) or (tmp is not None and disk.is_full(tmp.root))
+                    or any(_ENOSPC in c.buf for c in (out, err))):
                 limits_hit.append("disk")
             result = CommandResult(
                 exit_code=exit_code,
@@ -298,6 +308,16 @@ class Jail:
                 await asyncio.to_thread(reap_uid, uid, _REAP_GRACE_S)
             if group is not None:
                 await asyncio.to_thread(group.remove)
+            if tmp is not None:
+                await asyncio.to_thread(tmp.remove)
+
+    def _private_tmp(self, limits: Limits, uid: int) -> Workspace:
+        """The command's /tmp: a fresh tmpfs of ``tmp_bytes`` (mode 1777 inside)."""
+        root = Path(self.cfg.workspace_root or tempfile.gettempdir())
+        tmp, _ = Workspace.create(root / f"rollway-tmp-{uuid.uuid4().hex[:12]}", uid, {},
+                                  disk.Quota(size_bytes=limits.tmp_bytes, inodes=self.cfg.workspace_inodes))
+        os.chmod(tmp.root, 0o1777)
+        return tmp
 
     @staticmethod
     def _kill(proc: asyncio.subprocess.Process, group: CommandCgroup | None) -> None:

@@ -1,0 +1,188 @@
+"""Kernel-enforced limits of the sandbox: the workspace disk quota (a size-limited tmpfs
+per session, ENOSPC inside, ``disk`` in the answer's limits, other sessions unaffected)
+and the seccomp filter (a test per rule, each checked against the same probe run without
+the filter, so the refusal is the filter's doing)."""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import json
+import os
+import tempfile
+from pathlib import Path
+
+import msgspec
+import pytest
+import pytest_asyncio
+
+from sandbox.client import SandboxClient
+from sandbox.config import SandboxConfig
+from sandbox.runner import Jail
+from sandbox.testing import live_sandbox, write_task_dir
+from sandbox.workspace import Workspace
+from tasks.spec import TaskSpec
+from tasks.store import TaskStore
+
+QUOTA = 8 * 1024 * 1024
+TASK = TaskSpec(task_id="blank", instruction="-", files={"README.md": "x\n"}, hidden_tests={"test_x.py": ""})
+
+# Many files, each far under the per-file limit (16 MiB): only a total quota stops this.
+FILL = (
+    "python -c \"\nimport sys\nwritten = 0\ntry:\n    for i in range(400):\n"
+    "        with open(f'{sys.argv[1]}/f{i}.bin', 'wb') as f:\n            f.write(b'x' * 65536)\n"
+    "        written += 65536\nexcept OSError as e:\n    print('stopped', e.errno, written)\n    sys.exit(3)\n"
+    "print('wrote', written)\n\" "
+)
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="session")
+async def sandbox(tmp_path_factory):
+    tasks = tmp_path_factory.mktemp("hardening-tasks")
+    write_task_dir(tasks, TASK)
+    cfg = SandboxConfig(
+        max_sessions=4, workspace_root=str(tmp_path_factory.mktemp("hardening-ws")), tasks_dir=str(tasks),
+        workspace_bytes=QUOTA, workspace_inodes=300, tmp_bytes=4 * 1024 * 1024,
+    )
+    async with live_sandbox(cfg, store=TaskStore(tasks)) as live, SandboxClient(live.url) as client:
+        live.client = client
+        yield live
+
+
+async def test_workspace_quota_is_enospc_inside_and_disk_in_limits(sandbox):
+    client = sandbox.client
+    a, b = await client.create_session("blank"), await client.create_session("blank")
+    full = await client.exec(a, FILL + "/workspace", timeout_s=60)
+    assert full.exit_code == 3, full
+    stopped, code, written = full.stdout.split()
+    assert (stopped, int(code)) == ("stopped", errno.ENOSPC)
+    assert int(written) <= QUOTA
+    assert "disk" in full.limits
+    # The other session, and the full one's neighbours, keep working.
+    other = await client.exec(b, FILL.replace("range(400)", "range(16)") + "/workspace")
+    assert (other.exit_code, other.stdout.strip(), other.limits) == (0, "wrote 1048576", [])
+    assert (await client.health())["sessions"] == 2
+    for sid in (a, b):
+        await client.close_session(sid)
+
+
+async def test_workspace_inode_quota(sandbox):
+    client = sandbox.client
+    sid = await client.create_session("blank")
+    result = await client.exec(sid, "for i in $(seq 1 400); do : > e$i || exit 7; done")
+    assert result.exit_code == 7 and "No space left on device" in result.stderr
+    assert "disk" in result.limits
+    await client.close_session(sid)
+
+
+async def test_private_tmp_quota(sandbox):
+    client = sandbox.client
+    sid = await client.create_session("blank")
+    result = await client.exec(sid, FILL + "/tmp")
+    assert result.exit_code == 3 and result.stdout.split()[:2] == ["stopped", str(errno.ENOSPC)]
+    assert int(result.stdout.split()[2]) <= 4 * 1024 * 1024
+    assert "disk" in result.limits
+    await client.close_session(sid)
+
+
+async def test_closing_a_session_unmounts_its_quota(sandbox):
+    client = sandbox.client
+    sid = await client.create_session("blank")
+    root = sandbox.service.pool.get(sid).workspace.root
+    assert os.path.ismount(root)
+    await client.close_session(sid)
+    assert not root.exists()
+
+
+# --- seccomp ------------------------------------------------------------------------------
+
+PROBE = r'''
+import ctypes, json, os
+libc = ctypes.CDLL(None, use_errno=True)
+libc.syscall.restype = ctypes.c_long
+NEWUSER, SIGCHLD = 0x10000000, 17
+calls = {
+    "unshare": (272, NEWUSER),
+    "clone_newuser": (56, NEWUSER | SIGCHLD, 0, 0, 0, 0),
+    "clone_newnet": (56, 0x40000000 | SIGCHLD, 0, 0, 0, 0),
+    "setns": (308, -1, 0),
+    "mount": (165, b"none", b"/tmp", b"tmpfs", 0, 0),
+    "umount2": (166, b"/tmp", 0),
+    "ptrace": (101, 0, 0, 0, 0),
+    "process_vm_readv": (310, os.getpid(), 0, 0, 0, 0, 0),
+    "bpf": (321, 0, 0, 0),
+    "keyctl": (250, 0, -1, 0),
+    "add_key": (248, 0, 0, 0, 0, 0),
+    "perf_event_open": (298, 0, 0, -1, -1, 0),
+    "userfaultfd": (323, 0),
+    "kexec_load": (246, 0, 0, 0, 0),
+    "clone3": (435, 0, 0),
+}
+out = {}
+for name, args in calls.items():
+    ctypes.set_errno(0)
+    rc = libc.syscall(*[ctypes.c_long(a) if isinstance(a, int) else a for a in args])
+    if rc == 0 and name.startswith("clone"):
+        os._exit(0)  # the child of a clone that went through
+    if rc > 0 and name.startswith("clone"):
+        os.waitpid(rc, 0)
+    out[name] = 0 if rc >= 0 else ctypes.get_errno()
+pid = os.fork()
+if pid == 0:
+    os._exit(0)
+out["fork"] = os.waitpid(pid, 0)[1]
+out["seccomp"] = [l.split()[1] for l in open("/proc/self/status") if l.startswith("Seccomp:")][0]
+print(json.dumps(out))
+'''
+
+
+async def _probe(seccomp: bool, root: Path) -> dict:
+    cfg = SandboxConfig(seccomp=seccomp, cgroups="off", workspace_root=str(root))
+    uid = cfg.uid_base + (200 if seccomp else 201)
+    ws, _ = Workspace.create(root / f"probe-{seccomp}", uid, {"probe.py": PROBE})
+    result = await Jail(cfg).run("python probe.py", workspace=ws.root, uid=uid, timeout_s=30)
+    assert result.exit_code == 0, result
+    return json.loads(result.stdout)
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="session")
+async def probes(tmp_path_factory):
+    root = tmp_path_factory.mktemp("probe")
+    filtered, unfiltered = await asyncio.gather(_probe(True, root), _probe(False, root))
+    return filtered, unfiltered
+
+
+RULES = ["unshare", "clone_newuser", "clone_newnet", "setns", "mount", "umount2", "ptrace", "process_vm_readv",
+         "bpf", "keyctl", "add_key", "perf_event_open", "userfaultfd", "kexec_load"]
+
+
+@pytest.mark.parametrize("rule", RULES)
+def test_seccomp_refuses(probes, rule):
+    filtered, _ = probes
+    assert filtered[rule] == errno.EPERM, (rule, filtered)
+
+
+# Without the filter these get another answer (success or a different errno): the refusal
+# above is the filter's, not a missing privilege.
+@pytest.mark.parametrize("rule", ["unshare", "clone_newnet", "setns", "keyctl", "add_key", "perf_event_open",
+                                  "clone3"])
+def test_without_the_filter_the_kernel_answers_differently(probes, rule):
+    filtered, unfiltered = probes
+    assert unfiltered[rule] != filtered[rule], (rule, filtered, unfiltered)
+
+
+def test_clone3_answers_enosys_and_fork_still_works(probes):
+    filtered, unfiltered = probes
+    assert filtered["clone3"] == errno.ENOSYS
+    assert filtered["fork"] == 0
+    assert (filtered["seccomp"], unfiltered["seccomp"]) == ("2", "0")
+
+
+async def test_no_nested_user_namespace_from_the_shell(sandbox):
+    client = sandbox.client
+    sid = await client.create_session("blank")
+    result = await client.exec(sid, "unshare -r true; echo rc=$?; python -c 'import threading; t = threading.Thread("
+                                    "target=print, args=(\"thread ok\",)); t.start(); t.join()'")
+    assert "rc=1" in result.stdout and "thread ok" in result.stdout, result
+    assert "Operation not permitted" in result.stderr
+    await client.close_session(sid)
