@@ -291,8 +291,9 @@ async def test_cheating_gets_zero_with_its_reason(sandbox, name, files, commands
 # its exits end that process only, never the tests' run, whose report says what failed.
 async def test_evasive_exit_at_import_ends_only_the_solution_process(sandbox):
     reward = await attempt(sandbox, "add_numbers", {"calc.py": EVASIVE_EXIT + SOLVED_ADD})
-    assert (reward.score, reward.tests_passed, reward.tests_total, reward.reward) == (0.0, 0, 3, 0.0), reward.reason
-    assert reward.reason.startswith("3 of 3 hidden tests did not pass")
+    # The test module's own import of calc fails: a collection error, reported as such.
+    assert (reward.score, reward.tests_passed, reward.tests_total, reward.reward) == (0.0, 0, 1, 0.0), reward.reason
+    assert reward.reason == "1 of 1 hidden tests did not pass: hidden_tests.test_calc"
 
 
 async def test_evasive_atexit_after_failing_tests_changes_nothing(sandbox):
