@@ -1,0 +1,131 @@
+"""Grading time per submission, before and after the isolated grading path, side by side.
+
+    .venv/bin/python benchmarks/grading_overhead.py [--baseline REV] [--repeat 2] [--tasks a,b,...]
+
+"Before" is the repository at ``--baseline`` (default: the commit before the isolated
+path landed), exported with ``git archive`` to a temporary folder and run from there with
+the same venv; "after" is this checkout. Each side starts its own live sandbox service
+(real bubblewrap, real HTTP) in a subprocess and grades the reference solution of each
+task ``--repeat`` times, one submission at a time (one command slot), so the numbers are
+latencies, not throughput. The figure per task is the median of the Reward's
+``grading_seconds`` (snapshot + checks + hidden run + report); the table ends with the
+mean over tasks and the ratio after / before. Prints the CPU it ran on.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tarfile
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+# A mix: plain functions, classes with callbacks and state, and the two call-heavy tasks
+# (lru_cache: 200k calls across the bridge; autocomplete: 20k).
+DEFAULT_TASKS = ("sum_to,fizzbuzz,palindrome,roman_numerals,event_emitter,bank_transfer,semver,stack,"
+                 "chunked,money_refactor,flatten,word_frequency,autocomplete,lru_cache")
+DEFAULT_BASELINE = "84137ae~1"
+
+
+async def _worker(tasks: list[str], repeat: int) -> dict[str, list[float]]:
+    from sandbox.client import SandboxClient
+    from sandbox.config import RewardConfig, SandboxConfig
+    from sandbox.testing import live_sandbox
+    from tasks.store import TaskStore
+
+    demo = Path("tasks/demo").resolve()
+    store = TaskStore(demo)
+    cfg = SandboxConfig(max_sessions=4, max_concurrent_commands=1, workspace_root=tempfile.mkdtemp(),
+                        tasks_dir=str(demo), grading_timeout_s=300.0)
+    out: dict[str, list[float]] = {}
+    failures: list[str] = []
+    async with live_sandbox(cfg, RewardConfig(), store) as live, SandboxClient(live.url, timeout_s=900) as client:
+        for task in tasks:
+            for i in range(repeat):
+                sid = await client.create_session(task)
+                for path, text in store.get(task).solution.items():
+                    await client.write_file(sid, path, text)
+                reward = await client.submit(sid, trajectory_id=f"bench-{task}-{i}")
+                if reward.score != 1.0:
+                    # Still timed; reported, so a flaky side shows instead of hiding.
+                    print(f"{task}: reference solution scored {reward.score}: {reward.reason}", file=sys.stderr)
+                    failures.append(task)
+                out.setdefault(task, []).append(reward.grading_seconds)
+    out["_failures"] = failures
+    return out
+
+
+def _run_side(tree: Path, tasks: str, repeat: int) -> dict[str, list[float]]:
+    env = {**os.environ, "PYTHONPATH": str(tree), "ROLLWAY_LOG_LEVEL": "warning"}
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "grading_overhead.py"), "--worker", "--tasks", tasks,
+         "--repeat", str(repeat)],
+        cwd=tree, env=env, capture_output=True, text=True,
+    )
+    if proc.returncode != 0:
+        raise SystemExit(f"worker in {tree} failed:\n{proc.stderr[-3000:]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def _export(rev: str, dest: Path) -> None:
+    archive = subprocess.run(["git", "-C", str(ROOT), "archive", rev], check=True, capture_output=True).stdout
+    tar = dest / "tree.tar"
+    tar.write_bytes(archive)
+    with tarfile.open(tar) as t:
+        t.extractall(dest / "tree")
+
+
+def _cpu() -> str:
+    try:
+        out = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
+    except OSError:
+        return "unknown CPU"
+    model = next((line.split(":", 1)[1].strip() for line in out.splitlines() if line.startswith("Model name")), "?")
+    flags = next((line for line in out.splitlines() if line.startswith("Flags")), "")
+    simd = "avx512f" if "avx512f" in flags else ("avx2" if "avx2" in flags else "no avx2")
+    return f"{model} ({simd}, {os.cpu_count()} cpus)"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--baseline", default=DEFAULT_BASELINE)
+    parser.add_argument("--repeat", type=int, default=2)
+    parser.add_argument("--tasks", default=DEFAULT_TASKS)
+    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    tasks = [t for t in args.tasks.split(",") if t]
+    if args.worker:
+        from rollway.logging import configure_logging
+
+        configure_logging("bench", level="warning")
+        print(json.dumps(asyncio.run(_worker(tasks, args.repeat))))
+        return
+    with tempfile.TemporaryDirectory() as tmp:
+        _export(args.baseline, Path(tmp))
+        before = _run_side(Path(tmp) / "tree", args.tasks, args.repeat)
+    after = _run_side(ROOT, args.tasks, args.repeat)
+    print(f"grading seconds per submission (median of {args.repeat}), reference solutions; {_cpu()}")
+    print(f"{'task':<16}{'before':>10}{'after':>10}{'ratio':>8}")
+    b_all, a_all = [], []
+    for task in tasks:
+        b, a = statistics.median(before[task]), statistics.median(after[task])
+        b_all.append(b)
+        a_all.append(a)
+        print(f"{task:<16}{b:>10.3f}{a:>10.3f}{a / b:>8.2f}")
+    b_mean, a_mean = statistics.mean(b_all), statistics.mean(a_all)
+    print(f"{'mean':<16}{b_mean:>10.3f}{a_mean:>10.3f}{a_mean / b_mean:>8.2f}")
+    b_med, a_med = statistics.median(b_all), statistics.median(a_all)
+    print(f"{'median':<16}{b_med:>10.3f}{a_med:>10.3f}{a_med / b_med:>8.2f}")
+    for side, data in (("before", before), ("after", after)):
+        if data["_failures"]:
+            print(f"{side}: reference solutions that did not score 1: {', '.join(data['_failures'])}")
+
+
+if __name__ == "__main__":
+    main()
