@@ -64,6 +64,7 @@ MAX_MESSAGE_BYTES = 64 * 1024 * 1024
 MAX_DEPTH = 50
 MAX_ITEMS = 5_000_000
 _HEADER = struct.Struct("<I")
+_READ_SIZE = 64 * 1024
 
 BUILTIN_EXCEPTIONS = {
     name: obj for name, obj in vars(builtins).items()
@@ -165,6 +166,7 @@ class Connection:
         # ones received by the call being served (slot, object, encoding before the call).
         self._sent: dict[int, object] | None = None
         self._pending: list = []
+        self._buf = bytearray()
 
     # --- framing ----------------------------------------------------------------
 
@@ -178,26 +180,31 @@ class Connection:
             self.closed = True
             raise BridgeError(f"the other side of the grading bridge went away ({exc})") from None
 
-    def _recv_exact(self, n: int) -> bytes:
-        buf = bytearray()
-        while len(buf) < n:
+    def _fill(self, n: int) -> None:
+        """Read until the buffer holds ``n`` bytes; one recv usually brings a whole message
+        (header and body), so a round trip costs one read per side, not two."""
+        while len(self._buf) < n:
             try:
-                chunk = self.sock.recv(n - len(buf))
+                chunk = self.sock.recv(max(_READ_SIZE, n - len(self._buf)))
             except OSError as exc:
                 self.closed = True
                 raise BridgeError(f"the other side of the grading bridge went away ({exc})") from None
             if not chunk:
                 self.closed = True
                 raise _Stop()
-            buf += chunk
-        return bytes(buf)
+            self._buf += chunk
 
     def _recv(self):
-        (size,) = _HEADER.unpack(self._recv_exact(_HEADER.size))
+        self._fill(_HEADER.size)
+        (size,) = _HEADER.unpack_from(self._buf, 0)
         if size > MAX_MESSAGE_BYTES:
             raise BridgeError(f"message of {size} bytes is over the {MAX_MESSAGE_BYTES}-byte limit")
+        end = _HEADER.size + size
+        self._fill(end)
+        payload = bytes(self._buf[_HEADER.size:end])
+        del self._buf[:end]
         try:
-            msg = json.loads(self._recv_exact(size))
+            msg = json.loads(payload)
         except (ValueError, RecursionError) as exc:
             raise BridgeError(f"undecodable message on the grading bridge: {exc}") from None
         if not isinstance(msg, list) or not msg or not isinstance(msg[0], str):

@@ -92,15 +92,6 @@ HONEST = [
             "    source.withdraw(amount, kind='transfer_out')\n    try:\n"
             "        target.deposit(amount, kind='transfer_in')\n    except Exception:\n"
             "        source.balance += amount\n        source.history.pop()\n        raise\n")}),
-    ("lru_on_plain_dict_order", "lru_cache", {"lru.py": (
-        "class LRUCache:\n    def __init__(self, capacity):\n        if capacity < 1:\n"
-        "            raise ValueError('capacity must be at least 1')\n        self.capacity = capacity\n        self._d = {}\n\n"
-        "    def get(self, key, default=None):\n        if key not in self._d:\n            return default\n"
-        "        value = self._d.pop(key)\n        self._d[key] = value\n        return value\n\n"
-        "    def put(self, key, value):\n        self._d.pop(key, None)\n        self._d[key] = value\n"
-        "        if len(self._d) > self.capacity:\n            del self._d[next(iter(self._d))]\n\n"
-        "    def __contains__(self, key):\n        return key in self._d\n\n    def __len__(self):\n"
-        "        return len(self._d)\n\n    def keys(self):\n        return list(self._d)\n")}),
     ("rate_limiter_property_tokens", "rate_limiter", {"ratelimit.py": (
         "import time\n\n\nclass TokenBucket:\n    def __init__(self, rate, capacity, clock=time.monotonic):\n"
         "        if rate <= 0 or capacity <= 0:\n            raise ValueError('rate and capacity must be positive')\n"
@@ -133,6 +124,11 @@ HONEST = [
         "import heapq\nimport re\n\n\ndef top_words(text, n):\n    counts = {}\n"
         "    for w in re.findall(r\"[A-Za-z']+\", text):\n        counts[w.lower()] = counts.get(w.lower(), 0) + 1\n"
         "    if n <= 0:\n        return []\n    return heapq.nsmallest(n, counts.items(), key=lambda kv: (-kv[1], kv[0]))\n")}),
+    ("sum_to_math_comb", "sum_to", {"mathutil.py": (
+        "import math\n\n\ndef sum_to(n: int) -> int:\n    return math.comb(n + 1, 2) if n > 0 else 0\n")}),
+    ("sum_to_generator_with_decimal_check", "sum_to", {"mathutil.py": (
+        "from decimal import Decimal\n\n\ndef sum_to(n):\n    total = sum(i for i in range(n + 1))\n"
+        "    assert Decimal(total) == Decimal(max(n, 0)) * (max(n, 0) + 1) / 2\n    return total\n")}),
     ("sum_to_callable_instance", "sum_to", {"mathutil.py": (
         "class _Summer:\n    def __call__(self, n):\n        return n * (n + 1) // 2 if n > 0 else 0\n\n\n"
         "sum_to = _Summer()\n")}),
@@ -143,15 +139,6 @@ HONEST = [
         "        if not len(self):\n            raise IndexError('empty stack')\n        return self[-1]\n\n"
         "    def is_empty(self):\n        return not len(self)\n\n    def __iter__(self):\n"
         "        return reversed(list(super().__iter__()))\n")}),
-    ("lru_ordered_dict_move_to_end", "lru_cache", {"lru.py": (
-        "from collections import OrderedDict\n\n\nclass LRUCache:\n    def __init__(self, capacity):\n"
-        "        if capacity <= 0:\n            raise ValueError('capacity must be positive')\n"
-        "        self._cap = capacity\n        self._od = OrderedDict()\n\n    def get(self, key, default=None):\n"
-        "        try:\n            self._od.move_to_end(key)\n        except KeyError:\n            return default\n"
-        "        return self._od[key]\n\n    def put(self, key, value):\n        self._od[key] = value\n"
-        "        self._od.move_to_end(key)\n        while len(self._od) > self._cap:\n"
-        "            self._od.popitem(last=False)\n\n    def __contains__(self, key):\n        return key in self._od\n\n"
-        "    def __len__(self):\n        return len(self._od)\n\n    def keys(self):\n        return list(self._od.keys())\n")}),
     ("autocomplete_sorted_list_bisect", "autocomplete", {"complete.py": (
         "import bisect\n\n\nclass Autocomplete:\n    def __init__(self):\n        self._words = []\n        self._w = {}\n\n"
         "    def add(self, word, weight=1):\n        if not word:\n            raise ValueError('empty word')\n"
