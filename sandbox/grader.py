@@ -314,7 +314,13 @@ class Grader:
         if output_evidence:
             return Verdict(score=0.0, cheated=True,
                            reason=f"network access attempted during the hidden tests: {output_evidence[0]}")
-        stopped = f" (killed: {result.killed})" if result.killed else ""
+        # Why the run stopped, when not by itself: the service's kill, or a limit the
+        # kernel enforced (memory, processes, cpu, disk): a 137 with no kill is one of those.
+        why = [f"killed: {result.killed}"] if result.killed else []
+        extra = [hit for hit in result.limits if hit != result.killed]
+        if extra:
+            why.append("limits: " + ", ".join(extra))
+        stopped = f" ({'; '.join(why)})" if why else ""
         if not uses_report:
             passed = result.exit_code == 0 and not result.killed
             return Verdict(score=float(passed), tests_passed=int(passed), tests_total=1,
