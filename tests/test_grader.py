@@ -316,7 +316,9 @@ async def test_hanging_solution_is_killed_and_fails(sandbox):
     reward = await attempt(sandbox, "add_numbers", {"calc.py": hang})
     assert (reward.score, reward.cheated) == (0.0, False)
     assert reward.reason.startswith("hidden tests did not finish: exit code 137 (killed: timeout), no report")
-    assert 5.0 <= reward.grading_seconds < 15.0
+    # Cut at the 5 s hidden-test timeout (the reason says killed: timeout); no upper
+    # bound: how long pytest takes to start around it depends on the machine's load.
+    assert reward.grading_seconds >= 5.0
 
 
 # --- defense in depth: the hidden run itself, with the static checks bypassed -----------
