@@ -194,8 +194,3 @@ def load_config(
     except msgspec.ValidationError as exc:
         source = f"{file} + environment" if file else "environment"
         raise ConfigError(f"invalid configuration ({source}): {exc}") from exc
-
-
-def dump_toml_like(cfg: RollwayConfig) -> str:
-    """Render the effective config as TOML (what ``rollway config show`` prints)."""
-    return msgspec.toml.encode(cfg).decode()

@@ -78,13 +78,6 @@ class CommandCgroup:
                 hit.append("memory")
         return hit
 
-    def oom_killed(self) -> bool:
-        mem = self.dirs.get("memory")
-        if mem is None:
-            return False
-        name = "memory.oom_control" if self.version == 1 else "memory.events"
-        return _event_count(mem / name, "oom_kill") > 0
-
     def kill_all(self) -> None:
         """SIGKILL whatever is still in the group (the pid namespace normally did already)."""
         for procs in self.procs_files():

@@ -138,33 +138,10 @@ class Plan:
     def manifests(self) -> list[Manifest]:
         return ([self.keyframe] if self.keyframe else []) + self.deltas
 
-    @property
-    def download_bytes(self) -> int:
-        return sum(m.stored_bytes for m in self.manifests)
-
     def describe(self) -> str:
         parts = [f"keyframe v{self.keyframe.version}"] if self.keyframe else []
         parts += [f"delta v{m.base_version}->v{m.version}" for m in self.deltas]
         return ", ".join(parts) or "nothing"
-
-
-async def plan_update(
-    reader: ManifestReader,
-    catalog: Catalog,
-    target: int,
-    current: int | None,
-) -> Plan:
-    """The cheapest path to ``target``: deltas from ``current`` when they connect,
-    otherwise the newest keyframe at or before ``target`` plus deltas."""
-    if current is not None and current >= 0:
-        if current == target:
-            return Plan(target, None, [])
-        if current < target:
-            try:
-                return Plan(target, None, await delta_chain(reader, catalog, current, target))
-            except NoPath as exc:
-                log.info("delta path unavailable, taking the keyframe path", reason=str(exc))
-    return await keyframe_plan(reader, catalog, target)
 
 
 async def keyframe_plan(reader: ManifestReader, catalog: Catalog, target: int, frame: int | None = None) -> Plan:

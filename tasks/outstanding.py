@@ -46,9 +46,6 @@ class OutstandingGroups:
             del self._groups[gid]
         return old
 
-    def oldest_age(self, now: float) -> float:
-        return max((now - g.published_at for g in self._groups.values()), default=0.0)
-
     def __len__(self) -> int:
         return len(self._groups)
 
