@@ -192,7 +192,7 @@ async def collect_publish():
     ({"max_turns": 2}, "budget_turns"),
     ({"max_total_tokens": 25, "max_tokens_per_turn": 10}, "budget_tokens"),
     # The prefill is the whole call; the model adds one token, whatever it is.
-    ({"max_tool_seconds": 0.3, "max_tokens_per_turn": 1, "assistant_prefill": "<tool>run\nsleep 3</tool>"},
+    ({"max_tool_seconds": 0.3, "max_tokens_per_turn": 1, "assistant_prefill": "<tool>run\nsleep 30</tool>"},
      "budget_tool_seconds"),
 ])
 async def test_budgets_end_the_rollout(engine, tasks_dir, tmp_path, overrides, reason):
@@ -209,8 +209,9 @@ async def test_budgets_end_the_rollout(engine, tasks_dir, tmp_path, overrides, r
     if reason == "budget_tokens":
         assert result.cost.generated_tokens == 25
     if reason == "budget_tool_seconds":
-        # the sleep was cut by the remaining tool-time budget (0.3 s), not the 5 s tool timeout
-        assert 0.3 <= result.cost.tool_seconds < 3.0 and result.cost.turns == 1
+        # the sleep was cut by the remaining tool-time budget (0.3 s): before the 5 s tool
+        # timeout (what would cut it otherwise), long before the 30 s sleep ends
+        assert 0.3 <= result.cost.tool_seconds < agent_config().tool_timeout_s and result.cost.turns == 1
     assert result.reward is not None and result.reward.score == 0.0
 
 
