@@ -152,6 +152,8 @@ class VLLMEngine(InProcessEngine):
         self._error: BaseException | None = None
         # How weight updates are written (syncer.apply): auto | direct | reload.
         self.apply_mode = apply_mode
+        # What the last update did: {"mode", "loaded" tensors, "moved" parameters}.
+        self.last_apply: dict = {}
 
     @property
     def accepts_partial_updates(self) -> bool:
@@ -500,7 +502,8 @@ class VLLMEngine(InProcessEngine):
 
         def apply() -> float:
             t0 = time.perf_counter()
-            self._engine.apply_model(loader)
+            results = self._engine.apply_model(loader)
+            self.last_apply = results[0] if results else {}
             # Cached KV of the old weights must not serve new prompts.
             self._engine.reset_prefix_cache()
             self._version = int(version)
@@ -510,7 +513,8 @@ class VLLMEngine(InProcessEngine):
             return self.last_pause_s
 
         pause_s = await self._call(apply)
-        log.info("weights applied", version=version, tensors=len(tensors), pause_ms=round(pause_s * 1e3, 2))
+        log.info("weights applied", version=version, tensors=len(tensors), mode=self.last_apply.get("mode"),
+                 pause_ms=round(pause_s * 1e3, 2))
         return pause_s
 
 

@@ -1,19 +1,19 @@
 """Apply verified weights (HF names, CPU tensors) to a live model, in place.
 
-Two targets implement the subscriber's contract (``weight_version`` and
-``await apply_weights(tensors, version) -> pause seconds``):
-
-* :class:`ModuleTarget` — a torch ``nn.Module`` whose state-dict names are the HF names
-  (e.g. a ``transformers`` model): ``copy_`` into the existing parameter storage, no
+* :func:`apply_to_module` (and :class:`ModuleTarget`, the subscriber's contract around
+  it: ``weight_version`` and ``await apply_weights(tensors, version) -> pause seconds``)
+  — a torch ``nn.Module`` whose state-dict names are the HF names (e.g. a
+  ``transformers`` model): ``copy_`` into the existing parameter storage, no
   reallocation.
-* :class:`VllmTarget` — a live vLLM engine (``vllm.LLM`` or ``AsyncLLM``), reached
-  through ``collective_rpc`` on every worker. vLLM fuses HF tensors (q/k/v ->
+* :func:`vllm_model_loader` — a live vLLM model, reached through ``apply_model``
+  (``sampler.vllm_engine.VLLMEngine.apply_weights`` runs it between two engine steps;
+  the engine is the subscriber's target). vLLM fuses HF tensors (q/k/v ->
   ``qkv_proj``, gate/up -> ``gate_up_proj``) and shards them across tensor-parallel
   ranks; the model class's own ``load_weights`` knows that layout (its
   ``stacked_params_mapping`` and per-parameter ``weight_loader``), so we feed it HF
   names and let it place each tensor into its slice of the fused parameter.
 
-  Two modes, picked per engine (``auto``):
+  Two modes, picked per engine (``auto``, :func:`detect_mode`):
   ``direct`` — the parameters hold the weights (CUDA; vLLM CPU on AVX2-only CPUs,
   which do not repack): ``load_weights`` copies into them in place; we check no
   parameter's storage moved. Refused up front where the weights were repacked.
@@ -26,16 +26,11 @@ Two targets implement the subscriber's contract (``weight_version`` and
 
 from __future__ import annotations
 
-import inspect
 import time
-from typing import TYPE_CHECKING, Any, Mapping
-
-import structlog
+from typing import TYPE_CHECKING, Mapping
 
 if TYPE_CHECKING:
     import torch
-
-log = structlog.get_logger(__name__)
 
 
 class WeightsRefused(ValueError):
@@ -306,80 +301,3 @@ def vllm_model_loader(tensors: Mapping[str, "torch.Tensor"], mode: str = "auto")
         return load_hf_weights_into_vllm(model, items, mode)
 
     return load
-
-
-def worker_probe(worker: Any) -> dict:
-    """Runs on a vLLM worker (``collective_rpc``): the update mode and the names."""
-    model = worker.get_model()
-    return {
-        "mode": detect_mode(model),
-        "params": sorted(n for n, _ in model.named_parameters(remove_duplicate=False)),
-        "packed_modules_mapping": {k: list(v) for k, v in getattr(model, "packed_modules_mapping", {}).items()},
-    }
-
-
-def worker_apply_hf_weights(worker: Any, items: list[tuple[str, "torch.Tensor"]], mode: str = "auto") -> dict:
-    """Runs on a vLLM worker (``collective_rpc``, e.g. from ``AsyncLLM``)."""
-    return load_hf_weights_into_vllm(worker.get_model(), items, mode)
-
-
-class VllmTarget:
-    """A live vLLM engine as a weight target.
-
-    ``engine`` is a ``vllm.LLM`` (synchronous, in-process use between ``generate``
-    calls; the update goes through ``apply_model``) or an ``AsyncLLM`` (through
-    ``collective_rpc``; generation is paused with ``pause_mode`` around the update —
-    ``keep`` freezes in-flight requests and resumes them on the new weights). The
-    prefix cache is reset after every update: its KV blocks came from the old weights.
-    """
-
-    def __init__(self, engine: Any, *, mode: str = "auto", pause_mode: str = "keep", weight_version: int = -1) -> None:
-        if mode not in ("auto", "direct", "reload"):
-            raise ValueError(f"vLLM apply mode must be auto|direct|reload, not {mode!r}")
-        self.engine = engine
-        self.mode = mode
-        self.pause_mode = pause_mode
-        self.weight_version = weight_version
-        self.last_pause_s = 0.0
-        self.last_result: dict = {}
-        self._is_async = inspect.iscoroutinefunction(getattr(engine, "collective_rpc", None))
-        if mode == "auto" and not self._is_async:
-            self.mode = engine.apply_model(detect_mode)[0]
-
-    @property
-    def accepts_partial_updates(self) -> bool:
-        """Only in direct mode may unchanged tensors be left out of an update."""
-        return self.mode == "direct"
-
-    async def probe(self) -> dict:
-        """Worker 0's update mode, parameter names and fused-layer mapping."""
-        if self._is_async:
-            info = (await self.engine.collective_rpc(worker_probe))[0]
-        else:
-            info = self.engine.collective_rpc(worker_probe)[0]
-        if self.mode == "auto":
-            self.mode = info["mode"]
-        return info
-
-    async def apply_weights(self, tensors: dict[str, "torch.Tensor"], version: int) -> float:
-        if self.mode == "auto":
-            await self.probe()
-        t0 = time.perf_counter()
-        if self._is_async:
-            await self.engine.pause_generation(mode=self.pause_mode, clear_cache=False)
-            try:
-                results = await self.engine.collective_rpc(
-                    worker_apply_hf_weights, kwargs={"items": list(tensors.items()), "mode": self.mode}
-                )
-                await self.engine.reset_prefix_cache()
-            finally:
-                await self.engine.resume_generation()
-        else:
-            results = self.engine.apply_model(vllm_model_loader(tensors, self.mode))
-            self.engine.reset_prefix_cache()
-        self.last_pause_s = time.perf_counter() - t0
-        self.last_result = results[0] if results else {}
-        self.weight_version = version
-        log.info("vLLM weights applied", version=version, tensors=len(tensors), mode=self.mode,
-                 pause_ms=round(self.last_pause_s * 1000, 3))
-        return self.last_pause_s

