@@ -106,26 +106,10 @@ class Jail:
         self._slots = asyncio.Semaphore(cfg.max_concurrent_commands)
         self.running = 0
 
-    async def run(
-        self,
-        command: str,
-        *,
-        workspace: Path,
-        uid: int,
-        timeout_s: float,
-        binds: list[Bind] = (),
-        limits: Limits | None = None,
-        env: dict[str, str] | None = None,
-        label: str = "cmd",
-        give_fds: tuple[int, ...] = (),
-    ) -> CommandResult:
-        """Run one command in one slot. ``give_fds`` are handed to the command (same
-        numbers inside) and closed here once it has started."""
+    async def run(self, command: str, **kwargs) -> CommandResult:
+        """Run one command in one slot (the arguments of :meth:`run_held`)."""
         async with self.slot():
-            return await self.run_held(
-                command, workspace=workspace, uid=uid, timeout_s=timeout_s, binds=binds,
-                limits=limits, env=env, label=label, give_fds=give_fds,
-            )
+            return await self.run_held(command, **kwargs)
 
     @contextlib.asynccontextmanager
     async def slot(self):
@@ -158,132 +142,31 @@ class Jail:
         label: str = "cmd",
         give_fds: tuple[int, ...] = (),
     ) -> CommandResult:
-        """:meth:`run` for a caller already holding a :meth:`slot`."""
-        return await self._run(
-            command, workspace=workspace, uid=uid, timeout_s=timeout_s,
-            binds=[*self.binds, *binds], limits=limits or self.limits,
-            env={**self.env, **(env or {})}, label=label, give_fds=give_fds,
-        )
+        """Run one command, for a caller already holding a :meth:`slot`. ``give_fds`` are
+        handed to the command (same numbers inside) and closed here once it has started.
 
-    async def _run(
-        self,
-        command: str,
-        *,
-        workspace: Path,
-        uid: int,
-        timeout_s: float,
-        binds: list[Bind],
-        limits: Limits,
-        env: dict[str, str],
-        label: str,
-        give_fds: tuple[int, ...] = (),
-    ) -> CommandResult:
-        seccomp = filter_fd() if self.cfg.seccomp else None
-        tmp = None
-        try:
-            if self.privileged and self.cfg.disk_quota != "off":
-                tmp = await asyncio.to_thread(self._private_tmp, limits, uid)
-            argv = bwrap_argv(
-                command, workspace=str(workspace), uid=uid, limits=limits, binds=binds,
-                privileged=self.privileged, env=env, seccomp_fd=seccomp,
-                tmp_source=str(tmp.root) if tmp is not None else None,
-            )
-        except BaseException:
-            _close(seccomp, *give_fds)
-            if tmp is not None:
-                tmp.remove()
-            raise
+        Phases: prepare (argv, seccomp filter, private /tmp) -> cgroup -> spawn ->
+        supervise (output caps, timeout, kill) -> which limits were hit -> clean up."""
+        limits = limits or self.limits
+        argv, seccomp, tmp = await self._prepare(
+            command, workspace=workspace, uid=uid, limits=limits, binds=[*self.binds, *binds],
+            env={**self.env, **(env or {})}, give_fds=give_fds,
+        )
         pass_fds = tuple(fd for fd in (seccomp, *give_fds) if fd is not None)
         group: CommandCgroup | None = None
         if self.cgroups is not None:
             group = await asyncio.to_thread(
                 self.cgroups.create, label, max_processes=limits.max_processes, memory_bytes=limits.memory_bytes
             )
-        procs_files = group.procs_files() if group else []
-
-        def in_child() -> None:
-            # Runs between fork and exec: join the cgroup first, so nothing the command
-            # forks can start outside it, then set the rlimits bwrap and the command inherit.
-            pid = str(os.getpid()).encode()
-            for path in procs_files:
-                fd = os.open(path, os.O_WRONLY)
-                try:
-                    os.write(fd, pid)
-                finally:
-                    os.close(fd)
-            apply_rlimits(limits)
-
         started = time.monotonic()
-        killed = ""
         out, err = _Capture(self.cfg.max_output_bytes), _Capture(self.cfg.max_output_bytes)
         try:
-            try:
-                proc = await asyncio.create_subprocess_exec(
-                    *argv,
-                    stdin=asyncio.subprocess.DEVNULL,
-                    stdout=asyncio.subprocess.PIPE,
-                    stderr=asyncio.subprocess.PIPE,
-                    start_new_session=True,
-                    preexec_fn=in_child,
-                    close_fds=True,
-                    pass_fds=pass_fds,
-                )
-            finally:
-                # The child has its copies now (or never will): ours would keep a socket
-                # peer from seeing EOF when the other end exits.
-                _close(*pass_fds)
-            too_much = asyncio.Event()
-
-            async def pump(stream: asyncio.StreamReader, capture: _Capture) -> None:
-                # Read to EOF even past the limit (the kill brings EOF soon), so the
-                # pipes close and the child never blocks on a full pipe meanwhile.
-                while chunk := await stream.read(_READ_CHUNK):
-                    capture.add(chunk)
-                    if out.total + err.total > self.cfg.max_output_total_bytes:
-                        too_much.set()
-
-            pumps = asyncio.gather(pump(proc.stdout, out), pump(proc.stderr, err))
-            finished = asyncio.ensure_future(_wait_all(pumps, proc))
-            flooded = asyncio.ensure_future(too_much.wait())
-            try:
-                done, _ = await asyncio.wait(
-                    {finished, flooded}, timeout=timeout_s, return_when=asyncio.FIRST_COMPLETED
-                )
-            except asyncio.CancelledError:
-                # The caller went away (client disconnect, shutdown): the command goes too.
-                self._kill(proc, group)
-                flooded.cancel()
-                with contextlib.suppress(BaseException):
-                    await asyncio.wait_for(asyncio.shield(finished), _REAP_GRACE_S)
-                raise
-            if finished not in done:
-                killed = "output" if flooded in done else "timeout"
-                self._kill(proc, group)
-                try:
-                    await asyncio.wait_for(asyncio.shield(finished), _REAP_GRACE_S)
-                except TimeoutError:
-                    # Something still holds the pipes; stop reading them.
-                    log.error("sandbox_pipes_stuck", label=label, pid=proc.pid)
-                    pumps.cancel()
-                    for stream in (proc.stdout, proc.stderr):
-                        stream.feed_eof()
-                    await asyncio.wait_for(proc.wait(), _REAP_GRACE_S)
-            flooded.cancel()
+            proc = await _spawn(argv, pass_fds, group.procs_files() if group else [], limits)
+            killed = await self._supervise(proc, group, out, err, timeout_s, label)
             exit_code = proc.returncode if proc.returncode is not None else -1
             if exit_code < 0:  # bwrap itself died by a signal (our kill)
                 exit_code = 128 - exit_code
-            limits_hit: list[str] = []
-            if killed:
-                limits_hit.append(killed)
-            if exit_code in _SIGNAL_LIMITS:
-                limits_hit.append(_SIGNAL_LIMITS[exit_code])
-            if group is not None:
-                limits_hit += [hit for hit in await asyncio.to_thread(group.limits_hit) if hit not in limits_hit]
-            # The workspace's tmpfs is full (its quota), or a write failed with ENOSPC
-            # (the workspace, or the command's private /tmp, which is gone by now).
-            if (disk.is_full(workspace) or (tmp is not None and disk.is_full(tmp.root))
-                    or any(_ENOSPC in c.buf for c in (out, err))):
-                limits_hit.append("disk")
+            limits_hit = await _limits_hit(killed, exit_code, group, workspace, tmp, out, err)
             result = CommandResult(
                 exit_code=exit_code,
                 stdout=out.text(),
@@ -300,16 +183,89 @@ class Jail:
             )
             return result
         finally:
-            if self.privileged:
-                # The uid belongs to this session alone, and its commands run one at a time:
-                # whatever still runs as it is left of this command (the pid namespace's
-                # teardown is asynchronous to bwrap's exit). Wait until it is all gone, so
-                # the next command starts with a clean process count.
-                await asyncio.to_thread(reap_uid, uid, _REAP_GRACE_S)
-            if group is not None:
-                await asyncio.to_thread(group.remove)
+            await self._clean_up(uid, group, tmp)
+
+    async def _prepare(
+        self, command: str, *, workspace: Path, uid: int, limits: Limits, binds: list[Bind],
+        env: dict[str, str], give_fds: tuple[int, ...],
+    ) -> tuple[list[str], int | None, Workspace | None]:
+        """The bwrap argv, the seccomp filter's fd and the command's private /tmp; on
+        failure nothing is left open (``give_fds`` closed too)."""
+        seccomp = filter_fd() if self.cfg.seccomp else None
+        tmp = None
+        try:
+            if self.privileged and self.cfg.disk_quota != "off":
+                tmp = await asyncio.to_thread(self._private_tmp, limits, uid)
+            argv = bwrap_argv(
+                command, workspace=str(workspace), uid=uid, limits=limits, binds=binds,
+                privileged=self.privileged, env=env, seccomp_fd=seccomp,
+                tmp_source=str(tmp.root) if tmp is not None else None,
+            )
+        except BaseException:
+            _close(seccomp, *give_fds)
             if tmp is not None:
-                await asyncio.to_thread(tmp.remove)
+                tmp.remove()
+            raise
+        return argv, seccomp, tmp
+
+    async def _supervise(
+        self, proc: asyncio.subprocess.Process, group: CommandCgroup | None, out: "_Capture", err: "_Capture",
+        timeout_s: float, label: str,
+    ) -> str:
+        """Capture the output until the command ends; kill it on timeout or too much
+        output (returns why: 'timeout', 'output', '' = it ended by itself) or when the
+        caller is cancelled."""
+        too_much = asyncio.Event()
+
+        async def pump(stream: asyncio.StreamReader, capture: _Capture) -> None:
+            # Read to EOF even past the limit (the kill brings EOF soon), so the
+            # pipes close and the child never blocks on a full pipe meanwhile.
+            while chunk := await stream.read(_READ_CHUNK):
+                capture.add(chunk)
+                if out.total + err.total > self.cfg.max_output_total_bytes:
+                    too_much.set()
+
+        pumps = asyncio.gather(pump(proc.stdout, out), pump(proc.stderr, err))
+        finished = asyncio.ensure_future(_wait_all(pumps, proc))
+        flooded = asyncio.ensure_future(too_much.wait())
+        killed = ""
+        try:
+            done, _ = await asyncio.wait(
+                {finished, flooded}, timeout=timeout_s, return_when=asyncio.FIRST_COMPLETED
+            )
+        except asyncio.CancelledError:
+            # The caller went away (client disconnect, shutdown): the command goes too.
+            self._kill(proc, group)
+            flooded.cancel()
+            with contextlib.suppress(BaseException):
+                await asyncio.wait_for(asyncio.shield(finished), _REAP_GRACE_S)
+            raise
+        if finished not in done:
+            killed = "output" if flooded in done else "timeout"
+            self._kill(proc, group)
+            try:
+                await asyncio.wait_for(asyncio.shield(finished), _REAP_GRACE_S)
+            except TimeoutError:
+                # Something still holds the pipes; stop reading them.
+                log.error("sandbox_pipes_stuck", label=label, pid=proc.pid)
+                pumps.cancel()
+                for stream in (proc.stdout, proc.stderr):
+                    stream.feed_eof()
+                await asyncio.wait_for(proc.wait(), _REAP_GRACE_S)
+        flooded.cancel()
+        return killed
+
+    async def _clean_up(self, uid: int, group: CommandCgroup | None, tmp: Workspace | None) -> None:
+        if self.privileged:
+            # The uid belongs to this session alone, and its commands run one at a time:
+            # whatever still runs as it is left of this command (the pid namespace's
+            # teardown is asynchronous to bwrap's exit). Wait until it is all gone, so
+            # the next command starts with a clean process count.
+            await asyncio.to_thread(reap_uid, uid, _REAP_GRACE_S)
+        if group is not None:
+            await asyncio.to_thread(group.remove)
+        if tmp is not None:
+            await asyncio.to_thread(tmp.remove)
 
     def _private_tmp(self, limits: Limits, uid: int) -> Workspace:
         """The command's /tmp: a fresh tmpfs of ``tmp_bytes`` (mode 1777 inside)."""
@@ -329,6 +285,58 @@ class Jail:
             pass
         if group is not None:
             group.kill_all()
+
+
+async def _spawn(argv: list[str], pass_fds: tuple[int, ...], procs_files: list[str],
+                 limits: Limits) -> asyncio.subprocess.Process:
+    """Start bwrap in its own session, inside the cgroup, under the rlimits; our copies
+    of ``pass_fds`` are closed once the child has its own."""
+
+    def in_child() -> None:
+        # Runs between fork and exec: join the cgroup first, so nothing the command
+        # forks can start outside it, then set the rlimits bwrap and the command inherit.
+        pid = str(os.getpid()).encode()
+        for path in procs_files:
+            fd = os.open(path, os.O_WRONLY)
+            try:
+                os.write(fd, pid)
+            finally:
+                os.close(fd)
+        apply_rlimits(limits)
+
+    try:
+        return await asyncio.create_subprocess_exec(
+            *argv,
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+            start_new_session=True,
+            preexec_fn=in_child,
+            close_fds=True,
+            pass_fds=pass_fds,
+        )
+    finally:
+        # The child has its copies now (or never will): ours would keep a socket
+        # peer from seeing EOF when the other end exits.
+        _close(*pass_fds)
+
+
+async def _limits_hit(killed: str, exit_code: int, group: CommandCgroup | None, workspace: Path,
+                      tmp: Workspace | None, out: _Capture, err: _Capture) -> list[str]:
+    """Every limit the command ran into (see :class:`CommandResult`)."""
+    hit: list[str] = []
+    if killed:
+        hit.append(killed)
+    if exit_code in _SIGNAL_LIMITS:
+        hit.append(_SIGNAL_LIMITS[exit_code])
+    if group is not None:
+        hit += [h for h in await asyncio.to_thread(group.limits_hit) if h not in hit]
+    # The workspace's tmpfs is full (its quota), or a write failed with ENOSPC
+    # (the workspace, or the command's private /tmp, which is gone by now).
+    if (disk.is_full(workspace) or (tmp is not None and disk.is_full(tmp.root))
+            or any(_ENOSPC in c.buf for c in (out, err))):
+        hit.append("disk")
+    return hit
 
 
 def _close(*fds: int | None) -> None:
