@@ -46,31 +46,28 @@ CLONE_NEW_FLAGS = {
 }
 _NS_MASK = sum(CLONE_NEW_FLAGS.values())
 
-# From the kernel's uapi headers (asm/unistd_64.h, asm-generic/unistd.h).
-SYSCALLS = {
-    "x86_64": {
-        "audit_arch": 0xC000003E,
-        "clone": 56, "clone3": 435, "unshare": 272, "setns": 308,
-        "mount": 165, "umount2": 166, "pivot_root": 155, "fsopen": 430, "fsconfig": 431, "fsmount": 432,
-        "move_mount": 429, "open_tree": 428, "mount_setattr": 442,
-        "ptrace": 101, "process_vm_readv": 310, "process_vm_writev": 311,
-        "bpf": 321, "perf_event_open": 298, "userfaultfd": 323, "keyctl": 250, "add_key": 248,
-        "request_key": 249, "kexec_load": 246, "kexec_file_load": 320, "init_module": 175,
-        "finit_module": 313, "delete_module": 176, "open_by_handle_at": 304, "swapon": 167,
-        "swapoff": 168, "reboot": 169, "acct": 163, "quotactl": 179, "syslog": 103, "iopl": 172, "ioperm": 173,
-    },
-    "aarch64": {
-        "audit_arch": 0xC00000B7,
-        "clone": 220, "clone3": 435, "unshare": 97, "setns": 268,
-        "mount": 40, "umount2": 39, "pivot_root": 41, "fsopen": 430, "fsconfig": 431, "fsmount": 432,
-        "move_mount": 429, "open_tree": 428, "mount_setattr": 442,
-        "ptrace": 117, "process_vm_readv": 270, "process_vm_writev": 271,
-        "bpf": 280, "perf_event_open": 241, "userfaultfd": 282, "keyctl": 219, "add_key": 217,
-        "request_key": 218, "kexec_load": 104, "kexec_file_load": 294, "init_module": 105,
-        "finit_module": 273, "delete_module": 106, "open_by_handle_at": 265, "swapon": 224,
-        "swapoff": 225, "reboot": 142, "acct": 89, "quotactl": 60, "syslog": 116,
-    },
+# From the kernel's uapi headers (asm/unistd_64.h, asm-generic/unistd.h): one row a
+# syscall, its number on (x86_64, aarch64); None where the architecture has no such call.
+ARCHES = ("x86_64", "aarch64")
+_AUDIT_ARCH = (0xC000003E, 0xC00000B7)
+_NUMBERS: dict[str, tuple[int, int | None]] = {
+    "clone": (56, 220), "clone3": (435, 435), "unshare": (272, 97), "setns": (308, 268),
+    "mount": (165, 40), "umount2": (166, 39), "pivot_root": (155, 41), "fsopen": (430, 430),
+    "fsconfig": (431, 431), "fsmount": (432, 432), "move_mount": (429, 429),
+    "open_tree": (428, 428), "mount_setattr": (442, 442), "ptrace": (101, 117),
+    "process_vm_readv": (310, 270), "process_vm_writev": (311, 271), "bpf": (321, 280),
+    "perf_event_open": (298, 241), "userfaultfd": (323, 282), "keyctl": (250, 219),
+    "add_key": (248, 217), "request_key": (249, 218), "kexec_load": (246, 104),
+    "kexec_file_load": (320, 294), "init_module": (175, 105), "finit_module": (313, 273),
+    "delete_module": (176, 106), "open_by_handle_at": (304, 265), "swapon": (167, 224),
+    "swapoff": (168, 225), "reboot": (169, 142), "acct": (163, 89), "quotactl": (179, 60),
+    "syslog": (103, 116), "iopl": (172, None), "ioperm": (173, None),
 }
+SYSCALLS = {
+    arch: {"audit_arch": _AUDIT_ARCH[i], **{n: nums[i] for n, nums in _NUMBERS.items() if nums[i] is not None}}
+    for i, arch in enumerate(ARCHES)
+}
+
 # Refused whatever their arguments (clone is refused by flags, clone3 with ENOSYS).
 DENIED = (
     "unshare", "setns", "mount", "umount2", "pivot_root", "fsopen", "fsconfig", "fsmount", "move_mount",
