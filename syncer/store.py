@@ -108,6 +108,106 @@ class LocalStore(ObjectStore):
     def _path(self, key: str) -> Path:
         return self.root / _check_key(key)
 
+    def _durable_tmp(self, key: str, data: bytes | memoryview) -> tuple[Path, Path]:
+        """``data`` in a fresh temporary file next to the key's path, fsynced (unless
+        ``fsync`` is off): (the key's path, the temporary file)."""
+        path = self._path(key)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.parent / f".{path.name}.{uuid.uuid4().hex}.tmp"
+        try:
+            with open(tmp, "wb") as f:
+                f.write(data)
+                if self.fsync:
+                    f.flush()
+                    os.fsync(f.fileno())
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            raise
+        return path, tmp
+
+    def _put_sync(self, key: str, data: bytes | memoryview) -> None:
+        path, tmp = self._durable_tmp(key, data)
+        try:
+            os.replace(tmp, path)
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            raise
+
+    async def put(self, key: str, data: bytes | memoryview) -> None:
+        await asyncio.to_thread(self._put_sync, key, data)
+
+    def _put_if_absent_sync(self, key: str, data: bytes | memoryview) -> bool:
+        path, tmp = self._durable_tmp(key, data)
+        try:
+            # link(2) fails when the name exists: an atomic create-if-absent of the
+            # whole, already durable file (rename would silently replace).
+            try:
+                os.link(tmp, path)
+            except FileExistsError:
+                return False
+            return True
+        finally:
+            tmp.unlink(missing_ok=True)
+
+    async def put_if_absent(self, key: str, data: bytes | memoryview) -> bool:
+        """Create ``key`` only if it does not exist; False (nothing written) if it did."""
+        raise NotImplementedError
+
+    async def get(self, key: str) -> bytes:
+        raise NotImplementedError
+
+    async def modified(self, key: str) -> float:
+        """Last-modified time (seconds since the epoch); ObjectNotFound when absent."""
+        raise NotImplementedError
+
+    async def leftovers(self, prefix: str, older_than_s: float) -> list[str]:
+        """Incomplete writes under ``prefix`` (temporary files, unfinished multipart
+        uploads) started more than ``older_than_s`` ago, as opaque handles."""
+        return []
+
+    async def delete_leftovers(self, handles: Iterable[str]) -> int:
+        return 0
+
+    async def exists(self, key: str) -> bool:
+        raise NotImplementedError
+
+    async def list(self, prefix: str) -> list[str]:
+        """Keys starting with ``prefix``, sorted."""
+        raise NotImplementedError
+
+    async def delete(self, keys: Iterable[str]) -> int:
+        """Delete these keys (missing ones are fine); returns how many were asked."""
+        raise NotImplementedError
+
+    def url_for(self, key: str) -> str:
+        return f"{self.url.rstrip('/')}/{key}"
+
+    async def start(self) -> None:
+        pass
+
+    async def close(self) -> None:
+        pass
+
+    async def __aenter__(self) -> "ObjectStore":
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+
+class LocalStore(ObjectStore):
+    """A folder. Writes go to a temporary file in the same folder, are fsynced, then
+    renamed over the key, so a crash never leaves a half-written object."""
+
+    def __init__(self, root: str | os.PathLike[str], *, fsync: bool = True) -> None:
+        self.root = Path(root).resolve()
+        self.url = f"file://{self.root}"
+        self.fsync = fsync
+
+    def _path(self, key: str) -> Path:
+        return self.root / _check_key(key)
+
     def _put_sync(self, key: str, data: bytes | memoryview) -> None:
         path = self._path(key)
         path.parent.mkdir(parents=True, exist_ok=True)
