@@ -29,18 +29,29 @@ def _save(plt, fig, out: Path, name: str, caption: str) -> Plot:
     return name, caption
 
 
-def reward_solve_rate(data: RunData, out: Path) -> Plot | None:
-    steps, reward = series(data, "reward_mean")
-    solve_steps, solve = series(data, "solve_rate")
-    if not steps and not solve_steps:
+def _over_train_steps(data: RunData, out: Path, lines: list[tuple[str, str, dict]], *, title: str,
+                      name: str, caption: str, ylabel: str | None = None) -> Plot | None:
+    """Train-step metrics, one line each: ``lines`` = (metric, label, extra plot options)."""
+    curves = [(series(data, metric), label, options) for metric, label, options in lines]
+    if not any(steps for (steps, _), _, _ in curves):
         return None
     plt, fig, ax = _figure()
-    ax.plot(steps, reward, label="reward mean", marker=".")
-    ax.plot(solve_steps, solve, label="solve rate", marker=".")
+    for (steps, values), label, options in curves:
+        ax.plot(steps, values, label=label, marker=".", **options)
     ax.set_xlabel("train step")
-    ax.set_title("Reward and solve rate of the trained groups")
+    if ylabel:
+        ax.set_ylabel(ylabel)
+    ax.set_title(title)
     ax.legend()
-    return _save(plt, fig, out, "reward_solve_rate.png", "reward and solve rate over train steps")
+    return _save(plt, fig, out, name, caption)
+
+
+def reward_solve_rate(data: RunData, out: Path) -> Plot | None:
+    return _over_train_steps(
+        data, out, [("reward_mean", "reward mean", {}), ("solve_rate", "solve rate", {})],
+        title="Reward and solve rate of the trained groups",
+        name="reward_solve_rate.png", caption="reward and solve rate over train steps",
+    )
 
 
 def heldout_pass_at_1(data: RunData, out: Path) -> Plot | None:
@@ -59,32 +70,20 @@ def heldout_pass_at_1(data: RunData, out: Path) -> Plot | None:
 
 
 def entropy(data: RunData, out: Path) -> Plot | None:
-    full_steps, full = series(data, "entropy_full")
-    kept_steps, kept = series(data, "entropy_kept")
-    if not full_steps and not kept_steps:
-        return None
-    plt, fig, ax = _figure()
-    ax.plot(full_steps, full, label="full distribution", marker=".")
-    ax.plot(kept_steps, kept, label="renormalized over the kept set", marker=".")
-    ax.set_xlabel("train step")
-    ax.set_ylabel("nats per token")
-    ax.set_title("Policy entropy on trained tokens")
-    ax.legend()
-    return _save(plt, fig, out, "entropy.png", "entropy over train steps")
+    return _over_train_steps(
+        data, out,
+        [("entropy_full", "full distribution", {}), ("entropy_kept", "renormalized over the kept set", {})],
+        title="Policy entropy on trained tokens", ylabel="nats per token",
+        name="entropy.png", caption="entropy over train steps",
+    )
 
 
 def mismatch(data: RunData, out: Path) -> Plot | None:
-    steps, k3 = series(data, "mismatch_kl_k3")
-    k1_steps, k1 = series(data, "mismatch_kl_k1")
-    if not steps and not k1_steps:
-        return None
-    plt, fig, ax = _figure()
-    ax.plot(steps, k3, label="KL estimate k3", marker=".")
-    ax.plot(k1_steps, k1, label="KL estimate k1", marker=".", alpha=0.6)
-    ax.set_xlabel("train step")
-    ax.set_title("Trainer-sampler mismatch (trainer vs recorded log-probs)")
-    ax.legend()
-    return _save(plt, fig, out, "mismatch.png", "trainer-sampler mismatch over train steps")
+    return _over_train_steps(
+        data, out, [("mismatch_kl_k3", "KL estimate k3", {}), ("mismatch_kl_k1", "KL estimate k1", {"alpha": 0.6})],
+        title="Trainer-sampler mismatch (trainer vs recorded log-probs)",
+        name="mismatch.png", caption="trainer-sampler mismatch over train steps",
+    )
 
 
 def staleness(data: RunData, out: Path) -> Plot | None:
