@@ -101,11 +101,15 @@ class _Row:
     def error(self, field: str | None, message: str) -> SWEFormatError:
         return SWEFormatError(self.source, self.line, field, message)
 
-    def text(self, field: str, *, required: bool = False) -> str | None:
+    def _get(self, field: str, required: bool) -> Any:
         value = self.data.get(field)
+        if value is None and required:
+            raise self.error(field, "is required")
+        return value
+
+    def text(self, field: str, *, required: bool = False) -> str | None:
+        value = self._get(field, required)
         if value is None:
-            if required:
-                raise self.error(field, "is required")
             return None
         if not isinstance(value, str):
             raise self.error(field, f"must be a string, got {type(value).__name__}")
@@ -114,10 +118,8 @@ class _Row:
         return value
 
     def file_map(self, field: str, *, required: bool = False) -> dict[str, str] | None:
-        value = self.data.get(field)
+        value = self._get(field, required)
         if value is None:
-            if required:
-                raise self.error(field, "is required")
             return None
         if not isinstance(value, dict):
             raise self.error(field, f"must be an object of path -> text, got {type(value).__name__}")
@@ -130,10 +132,8 @@ class _Row:
         return dict(value)
 
     def test_ids(self, field: str, *, required: bool = False) -> list[str]:
-        value = self.data.get(field)
+        value = self._get(field, required)
         if value is None:
-            if required:
-                raise self.error(field, "is required")
             return []
         if isinstance(value, str):  # SWE-bench stores these lists as JSON text
             try:
@@ -152,6 +152,8 @@ class _Row:
 
 def parse_row(data: Any, *, source: str = "<jsonl>", line: int = 1, task_set: str = "swe",
               allow_unknown_fields: bool = False) -> TaskSpec:
+    """One row -> a TaskSpec. Phases: required fields -> the repository with the test
+    change -> hidden tests -> solution -> difficulty, test command, metadata."""
     if not isinstance(data, dict):
         raise SWEFormatError(source, line, None, f"a line must hold a JSON object, got {type(data).__name__}")
     row = _Row(source, line, data)
@@ -168,22 +170,43 @@ def parse_row(data: Any, *, source: str = "<jsonl>", line: int = 1, task_set: st
     fail_to_pass = row.test_ids("FAIL_TO_PASS", required=True)
     pass_to_pass = row.test_ids("PASS_TO_PASS")
 
-    # The repository after the test change: hidden tests are taken from it.
+    with_tests, touched = _with_tests(row, files)
+    return TaskSpec(
+        task_id=task_id,
+        instruction=instruction,
+        files=files,
+        hidden_tests=_hidden_tests(row, with_tests, touched, fail_to_pass, pass_to_pass),
+        solution=_solution(row, files),
+        difficulty=_difficulty(row),
+        test_command=_test_command(row, fail_to_pass + pass_to_pass),
+        language="python",
+        task_set=task_set,
+        metadata=_metadata(row, fail_to_pass, pass_to_pass),
+    )
+
+
+def _with_tests(row: _Row, files: dict[str, str]) -> tuple[dict[str, str], list[str]]:
+    """The repository after the test change (hidden tests are taken from it), and the
+    paths the change touched."""
     test_patch, test_files = row.text("test_patch"), row.file_map("test_files")
     if test_patch is not None and test_files is not None:
         raise row.error("test_files", "give either test_patch or test_files, not both")
-    with_tests = dict(files)
-    touched: list[str] = []
     if test_patch:
         try:
             with_tests = apply_patch(files, test_patch)
         except PatchError as exc:
             raise row.error("test_patch", f"does not apply to files: {exc}") from None
-        touched = [p for p in patched_paths(test_patch) if p in with_tests]
-    elif test_files:
-        with_tests.update(test_files)
-        touched = list(test_files)
+        return with_tests, [p for p in patched_paths(test_patch) if p in with_tests]
+    if test_files:
+        return {**files, **test_files}, list(test_files)
+    return dict(files), []
 
+
+def _hidden_tests(row: _Row, with_tests: dict[str, str], touched: list[str],
+                  fail_to_pass: list[str], pass_to_pass: list[str]) -> dict[str, str]:
+    """The test files the named tests live in, the files the test change touched, and
+    what those import from beside them (conftest.py / __init__.py up the path, helper
+    modules in the same folder)."""
     hidden: dict[str, str] = {}
     for field, ids in (("FAIL_TO_PASS", fail_to_pass), ("PASS_TO_PASS", pass_to_pass)):
         for node_id in ids:
@@ -201,8 +224,11 @@ def parse_row(data: Any, *, source: str = "<jsonl>", line: int = 1, task_set: st
             helper = o.parent == folder and o.suffix == ".py" and not _is_test_module(other)
             if on_path or helper:
                 hidden.setdefault(other, text)
+    return hidden
 
-    solution: dict[str, str] = {}
+
+def _solution(row: _Row, files: dict[str, str]) -> dict[str, str]:
+    """The files the gold patch changes (checked to apply), or ``solution_files``."""
     gold, solution_files = row.text("patch"), row.file_map("solution_files")
     if gold is not None and solution_files is not None:
         raise row.error("solution_files", "give either patch or solution_files, not both")
@@ -211,38 +237,35 @@ def parse_row(data: Any, *, source: str = "<jsonl>", line: int = 1, task_set: st
             fixed = apply_patch(files, gold)
         except PatchError as exc:
             raise row.error("patch", f"does not apply to files: {exc}") from None
-        solution = {p: t for p, t in fixed.items() if files.get(p) != t}
-    elif solution_files:
-        solution = solution_files
+        return {p: t for p, t in fixed.items() if files.get(p) != t}
+    return solution_files or {}
 
+
+def _difficulty(row: _Row) -> str:
     raw_difficulty = row.text("difficulty") or "medium"
     difficulty = SWE_BENCH_DIFFICULTY.get(raw_difficulty, raw_difficulty)
     if difficulty not in DIFFICULTIES:
         raise row.error("difficulty", f"{raw_difficulty!r} is not one of {DIFFICULTIES} or {sorted(SWE_BENCH_DIFFICULTY)}")
+    return difficulty
 
+
+def _test_command(row: _Row, test_ids: list[str]) -> str:
+    """``test_command``, else pytest on every named test (under the hidden tests' folder)."""
     command = row.text("test_command")
     if command is None:
-        ids = [f"{HIDDEN_TESTS_DIR}/{i}" for i in dict.fromkeys(fail_to_pass + pass_to_pass)]
-        command = " ".join([TEST_COMMAND_PREFIX, *(shlex.quote(i) for i in ids)])
-    elif not command.strip():
+        ids = [f"{HIDDEN_TESTS_DIR}/{i}" for i in dict.fromkeys(test_ids)]
+        return " ".join([TEST_COMMAND_PREFIX, *(shlex.quote(i) for i in ids)])
+    if not command.strip():
         raise row.error("test_command", "must not be empty")
+    return command
 
+
+def _metadata(row: _Row, fail_to_pass: list[str], pass_to_pass: list[str]) -> dict[str, str]:
     metadata = {f: row.text(f) for f in METADATA_FIELDS if row.text(f) is not None}
     metadata["FAIL_TO_PASS"] = json.dumps(fail_to_pass)
     metadata["PASS_TO_PASS"] = json.dumps(pass_to_pass)
     metadata["source"] = "swe"
-    return TaskSpec(
-        task_id=task_id,
-        instruction=instruction,
-        files=files,
-        hidden_tests=hidden,
-        solution=solution,
-        test_command=command,
-        difficulty=difficulty,
-        language="python",
-        task_set=task_set,
-        metadata=metadata,
-    )
+    return metadata
 
 
 def iter_swe_jsonl(path: str | Path, *, task_set: str | None = None,
