@@ -129,10 +129,11 @@ def test_broker_cli_defers_to_external_cluster():
     assert proc.returncode == 0 and "starting nothing" in proc.stdout
 
 
-def test_ci_runs_the_readme_test_command():
-    readme = (REPO / "README.md").read_text()
-    ci = (REPO / ".ci" / "run").read_text()
-    assert "scripts/test" in readme and "exec scripts/test" in ci
+def test_ci_runs_the_suite_entry_point():
+    # What the README says is prose; what matters is that CI runs the one entry point.
+    ci = REPO / ".ci" / "run"
+    assert os.access(ci, os.X_OK) and os.access(REPO / "scripts" / "test", os.X_OK)
+    assert ci.read_text().rstrip().splitlines()[-1] == "exec scripts/test"
 
 
 def test_compose_services_run_real_commands_with_a_valid_config():
