@@ -7,13 +7,11 @@ no model is built and no vLLM starts; the whole stack under `up` is test_e2e_sta
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -26,36 +24,10 @@ from rollway.log_follow import LogFollower
 from rollway.supervisor import ComponentSpec, ComponentStatus, CrashLoop, RestartPolicy, Supervisor
 from schemas import Cost, DeadLetter, EvalResult, Heartbeat, Metrics, Reward, Task
 from tests.conftest import TEST_PARTITIONS, unique
+from tests.waiting import leftover_processes, wait_until, wait_until_async
 
 REPO = Path(__file__).resolve().parent.parent
 LIGHT_ONLY = ["--without", "sandbox", "--without", "sampler", "--without", "trainer", "--without", "evaluator"]
-
-
-# -- bounded waits (never a fixed sleep) -----------------------------------------------------
-def wait_until(predicate, timeout: float, what: str, proc: subprocess.Popen | None = None, poll_s: float = 0.1):
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if proc is not None and proc.poll() is not None:
-            raise AssertionError(f"rollway up exited ({proc.returncode}) while waiting for {what}")
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
-        time.sleep(poll_s)
-
-
-async def wait_until_async(predicate, timeout: float, what: str, proc: subprocess.Popen | None = None):
-    deadline = time.monotonic() + timeout
-    while True:
-        value = await predicate()
-        if value:
-            return value
-        if proc is not None and proc.poll() is not None:
-            raise AssertionError(f"rollway up exited ({proc.returncode}) while waiting for {what}")
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
-        await asyncio.sleep(0.2)
 
 
 # -- pure parts ------------------------------------------------------------------------------
@@ -225,7 +197,7 @@ async def test_view_state_from_real_events_read_back_from_kafka(kafka_config):
                 state.apply(env.event)
                 seen += 1
             return seen == expected and follower.undecodable == 1
-        await wait_until_async(all_read, 30, "every event read back")
+        await wait_until_async(all_read, 30, "every event read back", poll_s=0.2)
         state.undecodable = follower.undecodable
     state.note("feeder restarted (restart 1, pid 123)")
     comps = [ComponentStatus("feeder", "running", 1, 123, -9, "var/logs/feeder.log"),
@@ -308,6 +280,19 @@ def start_up(config: Path, tmp: Path, kafka_bootstrap: str, *extra: str,
     return proc, out, logs
 
 
+def run_up_to_exit(config: Path, tmp: Path, kafka_bootstrap: str, *extra: str, timeout: float,
+                   without: list[str] = LIGHT_ONLY) -> tuple[int, str, Path]:
+    """Start `rollway up` and wait for it to stop by itself: (exit code, its output, log dir)."""
+    proc, out, logs = start_up(config, tmp, kafka_bootstrap, *extra, without=without)
+    try:
+        code = proc.wait(timeout=timeout)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    return code, out.read_text(), logs
+
+
 def up_events(logs: Path, name: str) -> list[dict]:
     path = logs / "up.log"
     if not path.exists():
@@ -321,10 +306,6 @@ def up_events(logs: Path, name: str) -> list[dict]:
         if item.get("event") == name:
             out.append(item)
     return out
-
-
-def leftover_processes(config: Path) -> list[str]:
-    return subprocess.run(["pgrep", "-f", str(config)], capture_output=True, text=True).stdout.split()
 
 
 def stop_up(proc: subprocess.Popen, timeout: float = 60) -> int:
@@ -348,23 +329,23 @@ async def test_killed_component_is_restarted_and_the_stack_goes_on(kafka_bootstr
             got = [e.event for e in await read_topic(kafka, "tasks")]
             return got if len(got) >= n else []
 
-        first = await wait_until_async(lambda: tasks(2), 60, "the feeder's first 2 groups", proc)
+        first = await wait_until_async(lambda: tasks(2), 60, "the feeder's first 2 groups", proc=proc, poll_s=0.2)
         assert len(first) == 2 and all(isinstance(t, Task) for t in first)
         started = {e["component"]: e["pid"] for e in up_events(logs, "component started")}
         assert set(started) == {"feeder", "analytics"}
         os.kill(started["feeder"], signal.SIGKILL)
 
-        restarted = wait_until(lambda: up_events(logs, "component restarted"), 30, "the feeder's restart", proc)
+        restarted = wait_until(lambda: up_events(logs, "component restarted"), 30, "the feeder's restart", proc=proc, poll_s=0.1)
         assert [(e["component"], e["restarts"]) for e in restarted] == [("feeder", 1)]
         assert restarted[0]["pid"] != started["feeder"]
         exited = up_events(logs, "component exited; restarting")
         assert [(e["component"], e["returncode"]) for e in exited] == [("feeder", -signal.SIGKILL)]
         # The stack goes on: the new feeder process publishes its own 2 groups.
-        after = await wait_until_async(lambda: tasks(4), 60, "2 more groups from the restarted feeder", proc)
+        after = await wait_until_async(lambda: tasks(4), 60, "2 more groups from the restarted feeder", proc=proc, poll_s=0.2)
         assert len(after) == 4 and len({t.group_id for t in after}) == 4
         line = wait_until(lambda: [ln for ln in out.read_text().splitlines()
                                    if "feeder:running(1restart)" in ln and "analytics:running" in ln],
-                          30, "a status line with the restart count", proc)
+                          30, "a status line with the restart count", proc=proc)
         assert line[-1].endswith("| feeder:running(1restart) analytics:running")
         assert "rollway up: feeder exited (killed by SIGKILL)" in out.read_text()
     finally:
@@ -383,14 +364,7 @@ async def test_crash_loop_gives_up_naming_the_component_and_its_log(kafka_bootst
     prefix = f"{unique('up-')}."
     config = up_config(tmp_path, prefix, "/nonexistent/tasks", backoff_initial_s=0.1, crash_loop_exits=3,
                        crash_loop_window_s=120)
-    proc, out, logs = start_up(config, tmp_path, kafka_bootstrap)
-    try:
-        code = proc.wait(timeout=120)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-    text = out.read_text()
+    code, text, logs = run_up_to_exit(config, tmp_path, kafka_bootstrap, timeout=120)
     assert code == 1, text
     assert (f"rollway up: feeder exited 3 times within 120 s (last exit code 2); giving up. "
             f"See its log: {logs / 'feeder.log'}") in text
@@ -404,14 +378,7 @@ async def test_crash_loop_gives_up_naming_the_component_and_its_log(kafka_bootst
 def test_minutes_stops_the_stack_cleanly(kafka_bootstrap, tmp_path):
     prefix = f"{unique('up-')}."
     config = up_config(tmp_path, prefix, None)  # no feeder.tasks_dir: up's default task set
-    proc, out, logs = start_up(config, tmp_path, kafka_bootstrap, "--without", "feeder", "--minutes", "0.05")
-    try:
-        code = proc.wait(timeout=90)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-    text = out.read_text()
+    code, text, logs = run_up_to_exit(config, tmp_path, kafka_bootstrap, "--without", "feeder", "--minutes", "0.05", timeout=90)
     assert code == 0, text
     assert f"rollway up: 1 components (analytics), training on family:train, Kafka at {kafka_bootstrap}" in text
     assert "rollway up: --minutes 0.05 elapsed; stopping components" in text
@@ -447,14 +414,7 @@ num_threads = 1
 """)
     only_trainer = [arg for kind in ("sandbox", "sampler", "evaluator", "feeder", "analytics")
                     for arg in ("--without", kind)]
-    proc, out, logs = start_up(config, tmp_path, kafka_bootstrap, "--steps", "2", without=only_trainer)
-    try:
-        code = proc.wait(timeout=180)  # it stops by itself
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-    text = out.read_text()
+    code, text, logs = run_up_to_exit(config, tmp_path, kafka_bootstrap, "--steps", "2", without=only_trainer, timeout=180)  # it stops by itself
     assert code == 0, text
     assert "rollway up: 1 components (trainer)" in text  # the model exists: nothing is built
     # Either the view saw step 2 or the trainer's exit 0 at --max-steps came first.
