@@ -21,12 +21,20 @@ from bus import (
 )
 from schemas import DeadLetter, Metrics, Task
 from tests.samples import sample_events
+from tests.waiting import wait_until_async
 
 pytestmark = pytest.mark.kafka
 
 
 def task(i: int) -> Task:
     return Task(task_id=f"task-{i}", group_id=f"task-{i}/g0", group_size=2, instruction=f"do {i}")
+
+
+async def publish_tasks(cfg, count: int, key: bytes | None = None) -> None:
+    """task(0) .. task(count - 1), in order."""
+    async with EventProducer(cfg) as producer:
+        for i in range(count):
+            await producer.publish(task(i), key=key)
 
 
 async def collect(consumer: EventConsumer, count: int, timeout: float = 20.0) -> list:
@@ -107,9 +115,7 @@ async def test_garbage_and_unknown_type_go_to_dlq_and_consumer_goes_on(kafka_con
 
 
 async def test_consumer_killed_before_commit_gets_records_again(kafka_config):
-    async with EventProducer(kafka_config) as producer:
-        for i in range(6):
-            await producer.publish(task(i))
+    await publish_tasks(kafka_config, 6)
     first = EventConsumer(kafka_config, ["tasks"], group_id="g-redeliver")
     await first.start()
     envs = await collect(first, 6)
@@ -126,9 +132,7 @@ async def test_consumer_killed_before_commit_gets_records_again(kafka_config):
 
 async def test_acks_commit_only_the_contiguous_done_prefix(kafka_config):
     topic = kafka_config.topic_prefix + "tasks"
-    async with EventProducer(kafka_config) as producer:
-        for i in range(4):
-            await producer.publish(task(i), key=b"same")  # one partition, offsets 0..3
+    await publish_tasks(kafka_config, 4, key=b"same")  # one partition, offsets 0..3
     async with EventConsumer(kafka_config, ["tasks"], group_id="g-prefix") as consumer:
         envs = await collect(consumer, 4)
         await consumer.ack(envs[1])
@@ -143,9 +147,7 @@ async def test_acks_commit_only_the_contiguous_done_prefix(kafka_config):
 
 async def test_two_consumers_split_partitions_and_survivor_takes_over(kafka_config):
     total = 40
-    async with EventProducer(kafka_config) as producer:
-        for i in range(total):
-            await producer.publish(task(i))
+    await publish_tasks(kafka_config, total)
     seen: dict[str, list[str]] = {"a": [], "b": []}
 
     def handler_for(name: str, delay: float):
@@ -160,11 +162,7 @@ async def test_two_consumers_split_partitions_and_survivor_takes_over(kafka_conf
     await b.start()
     run_a = asyncio.create_task(a.run(handler_for("a", 0.05)))
     run_b = asyncio.create_task(b.run(handler_for("b", 0.05)))
-    for _ in range(200):
-        await asyncio.sleep(0.1)
-        if seen["a"] and seen["b"]:
-            break
-    assert seen["a"] and seen["b"], "both members should get a partition"
+    await wait_until_async(lambda: seen["a"] and seen["b"], 20, "both members to get a partition")
     assignment_a = {tp.partition for tp in a.raw.assignment()}
     assignment_b = {tp.partition for tp in b.raw.assignment()}
     assert assignment_a.isdisjoint(assignment_b) and assignment_a | assignment_b == {0, 1}
@@ -172,10 +170,7 @@ async def test_two_consumers_split_partitions_and_survivor_takes_over(kafka_conf
     b.stop()
     await run_b
     await b.close()
-    for _ in range(300):
-        await asyncio.sleep(0.1)
-        if len(set(seen["a"]) | set(seen["b"])) == total:
-            break
+    await wait_until_async(lambda: len(set(seen["a"]) | set(seen["b"])) == total, 30, "every task handled")
     a.stop()
     await run_a
     await a.close()
@@ -202,10 +197,7 @@ async def test_failing_handler_is_retried_then_dead_lettered(kafka_config):
     consumer = EventConsumer(kafka_config, ["tasks"], group_id="g-poison")
     await consumer.start()
     runner = asyncio.create_task(consumer.run(handle, retry_delay_s=0.01))
-    for _ in range(200):
-        await asyncio.sleep(0.05)
-        if done:
-            break
+    await wait_until_async(lambda: done, 10, "task-2 handled")
     consumer.stop()
     await runner
     await consumer.close()
@@ -241,9 +233,7 @@ async def read_line(proc, timeout: float = 60.0) -> str:
 async def test_sigkilled_consumer_process_gets_unacked_records_again(kafka_config):
     import signal
 
-    async with EventProducer(kafka_config) as producer:
-        for i in range(3):
-            await producer.publish(task(i), key=b"one-partition")
+    await publish_tasks(kafka_config, 3, key=b"one-partition")
     proc = start_slow_consumer(kafka_config, "g-kill", delay=0.2)
     try:
         assert await read_line(proc) == "start task-0"
@@ -261,9 +251,7 @@ async def test_sigkilled_consumer_process_gets_unacked_records_again(kafka_confi
 async def test_sigterm_finishes_in_flight_work_commits_and_leaves(kafka_config):
     import signal
 
-    async with EventProducer(kafka_config) as producer:
-        for i in range(3):
-            await producer.publish(task(i), key=b"one-partition")
+    await publish_tasks(kafka_config, 3, key=b"one-partition")
     proc = start_slow_consumer(kafka_config, "g-term", delay=1.5)
     try:
         assert await read_line(proc) == "start task-0"
