@@ -11,7 +11,7 @@ from safetensors.torch import load_file
 
 from syncer.config import SyncerConfig
 from syncer.store import LocalStore
-from tests.test_syncer_sync import MODEL, assert_same_bits, initial_state, optimizer_like_step, publish_all
+from tests.weights_helpers import MODEL, assert_same_bits, initial_state, optimizer_like_step, publish_all
 
 REPO = Path(__file__).resolve().parent.parent
 

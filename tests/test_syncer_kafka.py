@@ -13,17 +13,10 @@ from syncer.config import SyncerConfig
 from syncer.publisher import WeightPublisher
 from syncer.store import LocalStore
 from syncer.subscriber import WeightSubscriber
-from tests.test_syncer_sync import MODEL, Toy, assert_same_bits, initial_state, optimizer_like_step, subscriber
+from tests.waiting import wait_until_async
+from tests.weights_helpers import MODEL, Toy, assert_same_bits, initial_state, optimizer_like_step, subscriber
 
 pytestmark = pytest.mark.kafka
-
-
-async def wait_for(predicate, timeout: float = 60.0) -> None:
-    deadline = asyncio.get_running_loop().time() + timeout
-    while not predicate():
-        if asyncio.get_running_loop().time() > deadline:
-            raise AssertionError("condition not reached in time")
-        await asyncio.sleep(0.05)
 
 
 async def test_subscribers_follow_weight_announcements(kafka_config, tmp_path):
@@ -40,12 +33,12 @@ async def test_subscribers_follow_weight_announcements(kafka_config, tmp_path):
         try:
             for v in (1, 2):
                 await pub.publish(v, states[v], trainer_step=v)
-                await wait_for(lambda: live.version == v)
+                await wait_until_async(lambda: live.version == v, 60, "live.version == v")
             # Announcements of another model and of an already-applied version are ignored.
             await producer.publish(WeightVersion(model="other", version=99, kind="full"))
             await producer.publish(WeightVersion(model=MODEL, version=1, kind="full"))
             await pub.publish(3, states[3], trainer_step=3)
-            await wait_for(lambda: live.version == 3)
+            await wait_until_async(lambda: live.version == 3, 60, "live.version == 3")
             assert live.last_path == "delta v2->v3"
             assert_same_bits(dict(live_target.module.state_dict()), states[3])
             assert live.failures == 0
@@ -54,10 +47,10 @@ async def test_subscribers_follow_weight_announcements(kafka_config, tmp_path):
             late, late_target = subscriber(cfg, store)
             late.kafka_cfg = kafka_config
             late_task = asyncio.create_task(late.run())
-            await wait_for(lambda: late.version == 3)
+            await wait_until_async(lambda: late.version == 3, 60, "late.version == 3")
             assert late.last_path.startswith("keyframe v1")
             await pub.publish(4, states[4], trainer_step=4)
-            await wait_for(lambda: late.version == 4 and live.version == 4)
+            await wait_until_async(lambda: late.version == 4 and live.version == 4, 60, "late.version == 4 and live.version == 4")
             assert live.last_path == "delta v3->v4"
             assert_same_bits(dict(late_target.module.state_dict()), states[4])
             assert late.heartbeat_fields()["weight_version"] == 4
@@ -98,13 +91,13 @@ async def test_sampler_trouble_makes_the_next_version_a_keyframe(kafka_config, t
         assert (await pub.publish(1, w[1])).kind == "full"
         await producer.publish(beat("s-1", "serving", 0))  # healthy: no trouble
         await producer.publish(beat("trainer", "unhealthy", 5, role="trainer"))  # not a sampler
-        await wait_for(lambda: pub.watch.seen >= 1)
+        await wait_until_async(lambda: pub.watch.seen >= 1, 60, "pub.watch.seen >= 1")
         assert (await pub.publish(2, w[2])).kind == "delta"
         await producer.publish(beat("s-1", "serving", 1))  # a failed update
-        await wait_for(lambda: pub.watch.seen >= 2)
+        await wait_until_async(lambda: pub.watch.seen >= 2, 60, "pub.watch.seen >= 2")
         assert (await pub.publish(3, w[3])).kind == "full"
         assert (await pub.publish(4, w[4])).kind == "delta"  # nothing new reported
         await producer.publish(beat("s-2", "unhealthy", 0))  # an apply failed mid-way
-        await wait_for(lambda: pub.watch.seen >= 3)
+        await wait_until_async(lambda: pub.watch.seen >= 3, 60, "pub.watch.seen >= 3")
         assert (await pub.publish(5, w[5])).kind == "full"
         await pub.aclose()

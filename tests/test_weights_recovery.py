@@ -11,7 +11,6 @@ cadence that let one bad delta outlast the trainer's staleness bound.
 from __future__ import annotations
 
 import asyncio
-import uuid
 
 import msgspec
 import pytest
@@ -24,9 +23,17 @@ from syncer.fetch import load_version
 from syncer.hashing import state_dict_hash
 from syncer.manifest import chunk_key, decode_manifest, manifest_key
 from syncer.publisher import WeightConflict, WeightPublisher
-from syncer.store import LocalStore, open_store
+from syncer.store import LocalStore
 from syncer.subscriber import UpdateFailed, WeightSubscriber
-from tests.test_syncer_sync import MODEL, Toy, assert_same_bits, initial_state, optimizer_like_step
+from tests.weights_helpers import (
+    MODEL,
+    Toy,
+    assert_same_bits,
+    initial_state,
+    optimizer_like_step,
+    subscriber,
+    weight_store,
+)
 
 
 @pytest.fixture
@@ -37,15 +44,8 @@ def cfg() -> SyncerConfig:
 
 @pytest.fixture(params=["file", "s3"])
 async def store(request, tmp_path, cfg):
-    if request.param == "file":
-        async with LocalStore(tmp_path / "weights") as s:
-            yield s
-    else:
-        endpoint = request.getfixturevalue("s3_endpoint")
-        s3cfg = msgspec.structs.replace(cfg, s3_endpoint_url=endpoint)
-        async with open_store(f"s3://w{uuid.uuid4().hex[:12]}/rollway", s3cfg) as s:
-            await s.ensure_bucket()
-            yield s
+    async with weight_store(request.param, tmp_path, cfg, request) as s:
+        yield s
 
 
 def states(n: int, seed: int = 0) -> dict[int, dict[str, torch.Tensor]]:
@@ -62,11 +62,6 @@ async def publish(cfg, store, weights, upto) -> WeightPublisher:
     return pub
 
 
-def new_subscriber(cfg, store):
-    target = ModuleTarget(Toy())
-    return WeightSubscriber(cfg, MODEL, store, target), target
-
-
 async def damage(store, key: str, how: str = "truncate") -> None:
     data = await store.get(key)
     await store.put(key, data[: len(data) // 2] if how == "truncate" else bytes([data[0] ^ 0xFF]) + data[1:])
@@ -76,7 +71,7 @@ async def test_bad_delta_manifest_falls_back_to_the_keyframe(cfg, store):
     """A truncated delta manifest used to escape planning as an error (no fallback)."""
     w = states(4)
     pub = await publish(cfg, store, w, 3)
-    sub, target = new_subscriber(cfg, store)
+    sub, target = subscriber(cfg, store)
     await sub.update_to(3)
     assert (await pub.publish(4, w[4])).kind == "full"
     await damage(store, manifest_key(MODEL, 4, "delta"))
@@ -97,7 +92,7 @@ async def test_damaged_newest_keyframe_falls_back_to_an_older_one(cfg, store, wh
     else:
         manifest = decode_manifest(await store.get(manifest_key(MODEL, 4, "full")))
         await damage(store, manifest.tensors[1].chunks[0].key, "flip")
-    sub, target = new_subscriber(cfg, store)  # a new replica: keyframe paths only
+    sub, target = subscriber(cfg, store)  # a new replica: keyframe paths only
     assert await sub.update_to(5)
     assert sub.last_path == "keyframe v1, delta v1->v2, delta v2->v3, delta v3->v4, delta v4->v5"
     assert_same_bits(dict(target.module.state_dict()), w[5])
@@ -108,7 +103,7 @@ async def test_damaged_newest_keyframe_falls_back_to_an_older_one(cfg, store, wh
 async def test_no_path_left_fails_cleanly_and_applies_nothing(cfg, store):
     w = states(3)
     pub = await publish(cfg, store, w, 3)  # keyframe v1 only
-    sub, target = new_subscriber(cfg, store)
+    sub, target = subscriber(cfg, store)
     await sub.update_to(2)
     await damage(store, manifest_key(MODEL, 3, "delta"))
     with pytest.raises(UpdateFailed) as err:
@@ -124,7 +119,7 @@ async def test_no_path_left_fails_cleanly_and_applies_nothing(cfg, store):
 async def test_unknown_manifest_format_falls_back(cfg, store):
     w = states(4)
     pub = await publish(cfg, store, w, 3)
-    sub, target = new_subscriber(cfg, store)
+    sub, target = subscriber(cfg, store)
     await sub.update_to(3)
     await pub.publish(4, w[4])
     key = manifest_key(MODEL, 4, "delta")
@@ -170,7 +165,7 @@ async def test_announced_hash_is_checked(cfg, store):
     """The subscriber used to apply whatever the store held under an announcement."""
     w = states(2)
     pub = await publish(cfg, store, w, 2)
-    sub, target = new_subscriber(cfg, store)
+    sub, target = subscriber(cfg, store)
     await sub.update_to(1)
     with pytest.raises(UpdateFailed, match="the trainer announced deadbeef"):
         await sub.update_to(2, "deadbeef")
@@ -200,7 +195,7 @@ async def test_failed_apply_marks_the_replica_unhealthy_until_repaired(cfg, tmp_
     store = LocalStore(tmp_path / "weights")
     w = states(2)
     pub = await publish(cfg, store, w, 2)
-    sub, target = new_subscriber(cfg, store)
+    sub, target = subscriber(cfg, store)
     await sub.update_to(1)
     real_apply = target.apply_weights
     failing = True
@@ -284,7 +279,7 @@ async def test_manifest_cache_is_bounded(cfg, tmp_path):
     w = states(6)
     small = msgspec.structs.replace(cfg, manifest_cache=3)
     pub = await publish(small, store, w, 6)
-    sub, target = new_subscriber(small, store)
+    sub, target = subscriber(small, store)
     for v in range(1, 7):
         await sub.update_to(v)
     assert sub._reader.cached <= 3
