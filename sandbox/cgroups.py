@@ -35,20 +35,32 @@ def _own_cgroups() -> dict[str, str]:
     return out
 
 
-def _mounts() -> dict[str, str]:
-    """controller -> mount point of its cgroup hierarchy ('' key: the v2 unified mount)."""
-    out: dict[str, str] = {}
+def _mounts() -> dict[str, tuple[str, str]]:
+    """controller -> (mount point, root inside the hierarchy) of its cgroup mount ('' key:
+    the v2 unified mount)."""
+    out: dict[str, tuple[str, str]] = {}
     for line in Path("/proc/self/mountinfo").read_text().splitlines():
         head, _, tail = line.partition(" - ")
         fstype, _source, options = (tail.split(" ") + ["", ""])[:3]
-        mount_point = head.split(" ")[4]
+        fields = head.split(" ")
+        mount = (fields[4], fields[3])
         if fstype == "cgroup2":
-            out.setdefault("", mount_point)
+            out.setdefault("", mount)
         elif fstype == "cgroup":
             for opt in options.split(","):
                 if opt in ("pids", "memory"):
-                    out[opt] = mount_point
+                    out[opt] = mount
     return out
+
+
+def _cgroup_dir(mount: tuple[str, str], own: str) -> Path:
+    """This process's cgroup directory in a mounted hierarchy. A container's cgroup mount
+    may show only a subtree (Docker without a cgroup namespace: root ``/docker/<id>``,
+    the very path /proc/self/cgroup names), so the mount's root is stripped first."""
+    mount_point, root = mount
+    if root != "/" and (own == root or own.startswith(root + "/")):
+        own = own[len(root):]
+    return Path(mount_point) / own.lstrip("/")
 
 
 class CommandCgroup:
@@ -117,10 +129,10 @@ class CgroupManager:
         if "pids" in mounts and "memory" in mounts and "pids" in own and "memory" in own:
             self.version = 1
             for ctl in ("pids", "memory"):
-                self.parents[ctl] = Path(mounts[ctl]) / own[ctl].lstrip("/") / name
+                self.parents[ctl] = _cgroup_dir(mounts[ctl], own[ctl]) / name
         elif "" in mounts and "" in own:
             self.version = 2
-            base = Path(mounts[""]) / own[""].lstrip("/")
+            base = _cgroup_dir(mounts[""], own[""])
             available = (base / "cgroup.controllers").read_text().split() if (base / "cgroup.controllers").exists() else []
             if not {"pids", "memory"} <= set(available):
                 raise CgroupUnavailable(f"cgroup v2 at {base} lacks pids/memory controllers (has {available})")
