@@ -151,3 +151,34 @@ def test_compose_services_run_real_commands_with_a_valid_config():
     cfg = load_config(REPO / env["ROLLWAY_CONFIG"].removeprefix("/app/"), environ={})
     assert cfg.syncer.store_url.startswith("s3://") and cfg.syncer.s3_endpoint_url == "http://minio:9000"
     assert cfg.sampler.model_path == cfg.trainer.model_path == "/models/tiny"
+    services = compose["services"]
+    # The same main job as `rollway up`: every component, the learnable family, the warm
+    # start built by init where the trainer and samplers load it.
+    assert {"kafka", "minio", "init", "sandbox", "feeder", "sampler", "trainer", "evaluator"} <= set(services)
+    assert cfg.feeder.tasks_dir == "family:train"
+    assert f"rollway model init --out {cfg.trainer.model_path}" in services["init"]["command"][0]
+    for name in ("sandbox", "feeder", "sampler", "trainer", "evaluator"):
+        assert services[name]["depends_on"]["init"]["condition"] == "service_completed_successfully"
+    # `--scale sampler=N` needs a sampler without a fixed name or host port.
+    assert "container_name" not in services["sampler"] and "ports" not in services["sampler"]
+    # The sandbox gets the capabilities its jail needs, named, never --privileged.
+    sandbox = services["sandbox"]
+    assert set(sandbox["cap_add"]) == {"SYS_ADMIN", "NET_ADMIN"} and not sandbox.get("privileged")
+    # Its seccomp profile is Docker's default plus pivot_root (bwrap), not unconfined.
+    seccomp = [opt.split("=", 1)[1] for opt in sandbox["security_opt"] if opt.startswith("seccomp=")]
+    assert len(seccomp) == 1 and seccomp[0] != "unconfined"
+    profile = json.loads((REPO / seccomp[0]).read_text())
+    assert profile["defaultAction"] == "SCMP_ACT_ERRNO"
+    assert {"names": ["pivot_root"], "action": "SCMP_ACT_ALLOW", "includes": {"caps": ["CAP_SYS_ADMIN"]}} \
+        in profile["syscalls"]
+
+
+def test_compose_smoke_override_swaps_only_third_party_images():
+    import yaml
+
+    class Loader(yaml.SafeLoader):  # compose's `!reset` tag (drop a merged value)
+        pass
+
+    Loader.add_constructor("!reset", lambda loader, node: None)
+    override = yaml.load((REPO / "deploy/smoke/compose.override.yml").read_text(), Loader=Loader)
+    assert set(override["services"]) == {"kafka", "minio"}
