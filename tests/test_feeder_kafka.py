@@ -20,6 +20,7 @@ from schemas import Metrics, Reward, Task
 from tasks.config import FeederConfig
 from tasks.feeder import Feeder
 from tasks.store import TaskStore
+from tests.waiting import wait_until_async
 
 pytestmark = pytest.mark.kafka
 
@@ -49,7 +50,6 @@ class Driver:
         self.kafka = kafka
         self.solves = solves  # (groups seen so far, task, sample index) -> solved; None = never answer
         self.tasks: list[Task] = []
-        self.new_task = asyncio.Event()
 
     async def run(self) -> None:
         async with EventProducer(self.kafka, client_id="test-driver") as producer, \
@@ -58,7 +58,6 @@ class Driver:
                 task = env.event
                 assert isinstance(task, Task)
                 self.tasks.append(task)
-                self.new_task.set()
                 if self.solves is not None:
                     n = len(self.tasks) - 1
                     for i in range(task.group_size):
@@ -66,11 +65,7 @@ class Driver:
                 await consumer.ack(env)
 
     async def wait_for(self, count: int, timeout: float = 30.0) -> None:
-        async def loop():
-            while len(self.tasks) < count:
-                self.new_task.clear()
-                await self.new_task.wait()
-        await asyncio.wait_for(loop(), timeout)
+        await wait_until_async(lambda: len(self.tasks) >= count, timeout, f"{count} tasks")
 
 
 async def run_feeder(feeder: Feeder, driver: Driver, timeout: float = 120.0) -> str:
@@ -131,19 +126,21 @@ async def test_backpressure_stops_publishing_until_groups_are_rewarded(kafka_con
     driving = asyncio.create_task(driver.run())
     try:
         await driver.wait_for(3)
-        await asyncio.sleep(1.0)  # 200 groups/s would have published ~200 more by now
+        # A window in which nothing may be published (no condition to wait for): 200
+        # groups/s would have published ~200 more by now.
+        await asyncio.sleep(1.0)
         assert (feeder.published, len(driver.tasks), len(feeder.outstanding)) == (3, 3, 3)
         first = driver.tasks[0]
         async with EventProducer(kafka_config, client_id="test-grader") as producer:
             # two of three samples, one of them twice (redelivery): the group is not complete
             for index in (0, 1, 0):
                 await producer.publish(reward_for(first, index, solved=False))
-            await asyncio.sleep(0.7)
+            await asyncio.sleep(0.7)  # a window: all three are read, nothing is published
             assert (feeder.published, len(feeder.outstanding)) == (3, 3)
             assert feeder.rewards_seen == 2
             await producer.publish(reward_for(first, 2, solved=True))
             await driver.wait_for(4)
-            await asyncio.sleep(0.7)
+            await asyncio.sleep(0.7)  # a window: no fifth group while three are outstanding
             assert (feeder.published, len(driver.tasks), len(feeder.outstanding)) == (4, 4, 3)
         assert feeder.backpressure_seconds > 1.0
     finally:
