@@ -188,14 +188,9 @@ def parse_row(data: Any, *, source: str = "<jsonl>", line: int = 1, task_set: st
 def _with_tests(row: _Row, files: dict[str, str]) -> tuple[dict[str, str], list[str]]:
     """The repository after the test change (hidden tests are taken from it), and the
     paths the change touched."""
-    test_patch, test_files = row.text("test_patch"), row.file_map("test_files")
-    if test_patch is not None and test_files is not None:
-        raise row.error("test_files", "give either test_patch or test_files, not both")
+    test_patch, test_files = _patch_or_files(row, "test_patch", "test_files")
     if test_patch:
-        try:
-            with_tests = apply_patch(files, test_patch)
-        except PatchError as exc:
-            raise row.error("test_patch", f"does not apply to files: {exc}") from None
+        with_tests = _patched(row, "test_patch", files, test_patch)
         return with_tests, [p for p in patched_paths(test_patch) if p in with_tests]
     if test_files:
         return {**files, **test_files}, list(test_files)
@@ -229,16 +224,26 @@ def _hidden_tests(row: _Row, with_tests: dict[str, str], touched: list[str],
 
 def _solution(row: _Row, files: dict[str, str]) -> dict[str, str]:
     """The files the gold patch changes (checked to apply), or ``solution_files``."""
-    gold, solution_files = row.text("patch"), row.file_map("solution_files")
-    if gold is not None and solution_files is not None:
-        raise row.error("solution_files", "give either patch or solution_files, not both")
+    gold, solution_files = _patch_or_files(row, "patch", "solution_files")
     if gold:
-        try:
-            fixed = apply_patch(files, gold)
-        except PatchError as exc:
-            raise row.error("patch", f"does not apply to files: {exc}") from None
+        fixed = _patched(row, "patch", files, gold)
         return {p: t for p, t in fixed.items() if files.get(p) != t}
     return solution_files or {}
+
+
+def _patch_or_files(row: _Row, patch_field: str, files_field: str) -> tuple[str | None, dict[str, str] | None]:
+    """A change given as a diff or as whole files, never both."""
+    diff, given = row.text(patch_field), row.file_map(files_field)
+    if diff is not None and given is not None:
+        raise row.error(files_field, f"give either {patch_field} or {files_field}, not both")
+    return diff, given
+
+
+def _patched(row: _Row, field: str, files: dict[str, str], diff: str) -> dict[str, str]:
+    try:
+        return apply_patch(files, diff)
+    except PatchError as exc:
+        raise row.error(field, f"does not apply to files: {exc}") from None
 
 
 def _difficulty(row: _Row) -> str:
