@@ -4,7 +4,7 @@ from bus.admin import describe_topics, ensure_topics, list_rollway_topics
 from bus.codec import DecodeFailure, decode, encode
 from bus.config import KafkaConfig
 from bus.consumer import Envelope, EventConsumer, InvalidEvent
-from bus.producer import EventProducer, RecordTooLarge
+from bus.producer import EventProducer, RecordTooLarge, WriterFenced
 from bus.reader import RecordMissing, fetch_records, read_topic
 from bus.topics import TOPICS, TopicSpec, spec_for, topic_spec
 
@@ -19,6 +19,7 @@ __all__ = [
     "RecordMissing",
     "RecordTooLarge",
     "TopicSpec",
+    "WriterFenced",
     "decode",
     "describe_topics",
     "encode",

@@ -111,8 +111,13 @@ class EventConsumer:
         heartbeat_interval_ms: int = 2_000,
         max_poll_interval_ms: int = 300_000,
         max_poll_records: int | None = None,
+        commit_offsets: Callable[[dict[TopicPartition, OffsetAndMetadata]], Awaitable[None]] | None = None,
     ) -> None:
         self.cfg = cfg
+        # Where commits go instead of the group coordinator: a transactional writer
+        # (the trainer) commits its consumed offsets in its own transactions, so they
+        # move exactly with what it wrote and a fenced zombie commits nothing.
+        self._commit_offsets = commit_offsets
         self.group_id = group_id
         self.topics = [
             t if t.startswith(cfg.topic_prefix) else topic_spec(t, cfg.topic_prefix).name(cfg.topic_prefix)
@@ -273,7 +278,10 @@ class EventConsumer:
                     offsets[tp] = OffsetAndMetadata(target, "")
             if not offsets:
                 return
-            await self._consumer.commit(offsets)
+            if self._commit_offsets is not None:
+                await self._commit_offsets(offsets)
+            else:
+                await self._consumer.commit(offsets)
             for tp, om in offsets.items():
                 self._progress[tp].committed = om.offset
 

@@ -1,13 +1,25 @@
 """Publishing events: acks=all, idempotent, zstd, batched; ``publish`` returns once the
-broker acknowledged the record."""
+broker acknowledged the record.
+
+With a ``transactional_id`` the producer is the single writer of that id: starting it
+fences every older producer of the same id (the broker bumps the epoch), and a fenced
+producer's open transaction is aborted, so read_committed consumers never see what it
+wrote. Every write then goes through a transaction: ``async with producer.transaction()``
+groups records (and consumed offsets, ``send_offsets``) into one atomic commit; a
+``publish`` outside one runs in a transaction of its own. Transactions of one producer
+run one at a time (another task's ``transaction()`` waits for the open one).
+"""
 
 from __future__ import annotations
 
 import asyncio
-from typing import Sequence
+import contextlib
+from typing import AsyncIterator, Mapping, Sequence
 
 import structlog
-from aiokafka import AIOKafkaProducer
+from aiokafka import AIOKafkaProducer, TopicPartition
+from aiokafka.errors import InvalidProducerEpoch, ProducerFenced
+from aiokafka.structs import OffsetAndMetadata
 
 from bus import codec
 from bus.config import KafkaConfig
@@ -19,6 +31,11 @@ log = structlog.get_logger(__name__)
 
 class RecordTooLarge(ValueError):
     """The encoded record exceeds ``max_record_bytes``; split it (chunk) before publishing."""
+
+
+class WriterFenced(RuntimeError):
+    """Another producer started with the same transactional id: this one may no longer
+    write (its open transaction was aborted). A fenced process must stop."""
 
 
 class EventProducer:
@@ -46,6 +63,10 @@ class EventProducer:
         )
         self._started = False
         self._enqueue = asyncio.Lock()
+        self.transactional_id = transactional_id
+        self._txn_lock = asyncio.Lock()
+        self._txn_owner: asyncio.Task | None = None
+        self.fenced: WriterFenced | None = None
 
     @property
     def raw(self) -> AIOKafkaProducer:
@@ -54,13 +75,89 @@ class EventProducer:
 
     async def start(self) -> None:
         if not self._started:
+            # With a transactional id, start() is InitProducerId: the broker aborts any
+            # open transaction of an older producer of this id and fences it.
             await self._producer.start()
             self._started = True
+            if self.transactional_id:
+                log.info("transactional producer started", transactional_id=self.transactional_id,
+                         epoch=self.epoch)
+
+    @property
+    def epoch(self) -> int:
+        """The producer epoch the broker granted this transactional id (-1 without one).
+        aiokafka keeps it on its transaction manager; there is no public accessor."""
+        txn = self._producer._txn_manager
+        return txn.producer_epoch if txn is not None and self.transactional_id else -1
+
+    @contextlib.asynccontextmanager
+    async def transaction(self) -> AsyncIterator["EventProducer"]:
+        """One atomic transaction (re-entrant within a task). Raises ``WriterFenced``
+        when a newer producer of the same transactional id exists."""
+        if not self.transactional_id:
+            raise RuntimeError("EventProducer.transaction() needs a transactional_id")
+        task = asyncio.current_task()
+        if self._txn_owner is task:
+            yield self
+            return
+        async with self._txn_lock:
+            self._check_fenced()
+            self._txn_owner = task
+            try:
+                async with self._producer.transaction():
+                    yield self
+            except (ProducerFenced, InvalidProducerEpoch) as exc:
+                raise self._fence(exc) from None
+            except Exception:
+                if self._producer._txn_manager.is_fatal_error():
+                    raise self._fence(None) from None
+                raise
+            finally:
+                self._txn_owner = None
+
+    def _check_fenced(self) -> None:
+        if self.fenced is None and self._producer._txn_manager.is_fatal_error():
+            self._fence(None)
+        if self.fenced is not None:
+            self._retrieve_txn_error()
+            raise self.fenced
+
+    def _fence(self, exc: BaseException | None) -> WriterFenced:
+        if self.fenced is None:
+            self.fenced = WriterFenced(
+                f"fenced: another producer started with transactional id {self.transactional_id!r} "
+                f"(this one had epoch {self.epoch}); nothing of this process's open transaction is committed"
+                + (f" ({exc})" if exc is not None else "")
+            )
+            log.error("producer fenced", transactional_id=self.transactional_id, epoch=self.epoch)
+        self._retrieve_txn_error()
+        return self.fenced
+
+    def _retrieve_txn_error(self) -> None:
+        # aiokafka fails its transaction waiter future on a fatal error (again for each
+        # later failure) and nobody awaits it: retrieve it, or asyncio logs "Future
+        # exception was never retrieved" for an error already reported as WriterFenced.
+        waiter = self._producer._txn_manager.wait_for_transaction_end()
+        if waiter is not None and waiter.done() and not waiter.cancelled():
+            waiter.exception()
+
+    async def send_offsets(self, offsets: Mapping[TopicPartition, int | OffsetAndMetadata], group_id: str) -> None:
+        """Commit consumed ``offsets`` of ``group_id`` in the current transaction (or one
+        of their own): they become visible exactly when the records written with them do."""
+        async with self.transaction():
+            try:
+                await self._producer.send_offsets_to_transaction(
+                    {tp: om if isinstance(om, OffsetAndMetadata) else OffsetAndMetadata(om, "")
+                     for tp, om in offsets.items()}, group_id)
+            except (ProducerFenced, InvalidProducerEpoch) as exc:
+                raise self._fence(exc) from None
 
     async def stop(self) -> None:
         if self._started:
             self._started = False
             await self._producer.stop()
+            if self.fenced is not None:
+                self._retrieve_txn_error()
 
     async def __aenter__(self) -> "EventProducer":
         await self.start()
@@ -104,6 +201,13 @@ class EventProducer:
             )
         if not self._started:
             raise RuntimeError("EventProducer.publish before start()")
+        if self.transactional_id and self._txn_owner is not asyncio.current_task():
+            async with self.transaction():
+                return await self._send(topic, value, key, headers, partition)
+        return await self._send(topic, value, key, headers, partition)
+
+    async def _send(self, topic: str, value: bytes | None, key: bytes | None,
+                    headers: Sequence[tuple[str, bytes]], partition: int | None) -> RecordRef:
         # Enqueue one caller at a time, then wait for the ack outside the lock: with many
         # concurrent publishers, aiokafka's full-buffer wait otherwise wakes every
         # waiter on each drain (a thundering herd that halved throughput).
@@ -111,7 +215,12 @@ class EventProducer:
             delivery = await self._producer.send(
                 topic, value=value, key=key, headers=list(headers), partition=partition
             )
-        meta = await delivery
+        try:
+            meta = await delivery
+        except (ProducerFenced, InvalidProducerEpoch) as exc:
+            if self.transactional_id:
+                raise self._fence(exc) from None
+            raise
         return RecordRef(meta.topic, meta.partition, meta.offset)
 
     async def publish_many(self, events: Sequence[Event]) -> list[RecordRef]:

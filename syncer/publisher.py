@@ -63,9 +63,14 @@ class WeightPublisher:
         model: str,
         store: ObjectStore,
         producer: "EventProducer | None" = None,
+        *,
+        writer: str = "",
     ) -> None:
         self.cfg = cfg
         self.model = model
+        # Names the writer in every attempt folder (the trainer's producer epoch): the
+        # objects of a fenced trainer are told apart from its successor's.
+        self.writer = writer
         self.store = store
         self.producer = producer
         self._pool = ThreadPoolExecutor(max_workers=cfg.zstd_threads, thread_name_prefix="syncer-encode")
@@ -142,7 +147,7 @@ class WeightPublisher:
         if keyframe:
             self._last_keyframe_at = time.time()
         keyframe_version = version if keyframe else self.keyframe_version
-        attempt = uuid.uuid4().hex[:16]
+        attempt = (f"{self.writer}-" if self.writer else "") + uuid.uuid4().hex[:16]
         created: list[Manifest] = []
         delta_manifest = None
         full_manifest = None

@@ -20,6 +20,10 @@ class TrainerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     model_path: str = "var/models/tiny"
     # Consumer group of the live trainer; its committed offsets are the resume point.
     group_id: str = "rollway-trainer"
+    # The trainer's fixed Kafka transactional id ("" = topic prefix + group_id). Step
+    # log entries and consumed offsets are written in transactions of this id, so a
+    # newly started trainer fences every older one (one writer, always).
+    transactional_id: str = ""
     # How long the broker waits for a silent trainer before handing its partitions on
     # (a restarted trainer waits this long to rejoin after a crash).
     session_timeout_ms: int = 10_000

@@ -1,6 +1,9 @@
 """The trainer process: restore from checkpoint + log, then train live from Kafka.
 
 Start-up:
+  0. start the transactional producer (fixed ``transactional_id``): the broker fences
+     every older trainer of that id and aborts its open transaction, so from here on
+     this process is the only one that can append to the step log or commit offsets;
   1. read the whole train-step log; it must hold steps 1..N without a gap;
   2. load the newest checkpoint the log confirms (hash agrees), else the initial model;
   3. re-execute logged steps after it from exactly their records, checking each hash
@@ -8,14 +11,20 @@ Start-up:
   4. go live: consume trajectories and rewards in the trainer's consumer group.
 
 Live, per step (the order is what makes restarts exact):
-  train -> publish ``TrainStep`` (acknowledged) -> ack the step's records and commit
-  -> metrics -> checkpoint snapshot (written in the background) -> weights publish.
+  train -> one transaction {check the log holds no step >= this one; ``TrainStep``;
+  the consumed offsets; metrics} -> checkpoint snapshot (written in the background)
+  -> weights publish (announced in a transaction of the same id).
 
 Offsets are committed only up to the oldest record not yet trained or dropped (the
 bus commits the contiguous acknowledged prefix), so after a crash the trainer re-reads
 every record that might still matter; records of trajectories the log says were
 trained are recognised and skipped. Nothing is trained twice (the log is checked) and
 nothing is skipped (uncommitted records are re-read).
+
+A fenced trainer (``WriterFenced``: a newer one started), one that finds its step
+already logged (``StepAlreadyLogged``) or whose weights publish conflicts
+(``WeightConflict``) stops with that error: it is not the only writer, and whatever it
+had not committed is aborted, never half-visible.
 """
 
 from __future__ import annotations
@@ -32,7 +41,7 @@ from trainer.assembler import Assembler
 from trainer.checkpoint import AsyncCheckpointer
 from trainer.publishing import BackgroundPublisher, WeightSink
 from trainer.replay import ReplayMismatch, replay_steps, restore_newest_loadable
-from trainer.steplog import last_contiguous_step, read_step_log, step_event, trained_ids
+from trainer.steplog import StepLogWatch, last_contiguous_step, read_step_log, step_event, trained_ids
 from trainer.trajectory import Group
 
 if TYPE_CHECKING:
@@ -58,6 +67,8 @@ class Trainer:
         self.checkpointer = AsyncCheckpointer(self.tcfg.checkpoint_dir, self.tcfg.keep_checkpoints)
         self.publisher: BackgroundPublisher | None = None
         self.consumer: "EventConsumer | None" = None
+        self.producer: "EventProducer | None" = None
+        self.watch: StepLogWatch | None = None
         self._stop = asyncio.Event()
         # Sent with every Metrics event: the live view tells trainer processes apart by it,
         # since the assembler's count_* counters start from zero in each process.
@@ -75,6 +86,10 @@ class Trainer:
         self._stop.set()
         if self.consumer is not None:
             self.consumer.stop()
+
+    @property
+    def transactional_id(self) -> str:
+        return self.tcfg.transactional_id or f"{self.cfg.kafka.topic_prefix}{self.tcfg.group_id}"
 
     def published_version(self) -> int:
         """Newest version the samplers can have: the last publish step (0 = initial)."""
@@ -116,35 +131,82 @@ class Trainer:
     async def run(self, max_steps: int | None = None, exit_when_idle_s: float | None = None) -> int:
         """Restore, then train until stopped, ``max_steps`` reached or idle too long.
         Returns the last step."""
-        from bus import EventConsumer, EventProducer
+        from bus import EventConsumer, EventProducer, ensure_topics
 
         try:
-            await self.restore()
-            async with EventProducer(self.cfg.kafka) as producer:
-                self.publisher = BackgroundPublisher(self._make_sink(producer))
-                if self.core.step > 0 and self.tcfg.publish_every and self.core.step % self.tcfg.publish_every == 0:
-                    # The crash may have come before this version's publish finished, also
-                    # when the checkpoint covers the last logged step and nothing was
-                    # replayed. Re-publishing a version the store holds only re-announces it.
-                    await self._publish_weights()
-                if max_steps is not None and self.core.step >= max_steps:
-                    await self.publisher.close()
-                    return self.core.step
-                async with EventConsumer(
-                    self.cfg.kafka, ["trajectories", "rewards"], group_id=self.tcfg.group_id,
-                    max_poll_interval_ms=600_000, session_timeout_ms=self.tcfg.session_timeout_ms,
-                    heartbeat_interval_ms=max(500, self.tcfg.session_timeout_ms // 5),
-                    on_revoke=self._on_revoke,
-                ) as consumer:
-                    self.consumer = consumer
-                    if self._stop.is_set():
-                        consumer.stop()
-                    await self._live(consumer, producer, max_steps, exit_when_idle_s)
-                    self.consumer = None
-                await self.publisher.close()
+            await ensure_topics(self.cfg.kafka)
+            # Fence first, then read the log: no older trainer can append after this.
+            async with EventProducer(self.cfg.kafka, transactional_id=self.transactional_id) as producer:
+                self.producer = producer
+                await self.restore()
+                self.watch = StepLogWatch(self.cfg.kafka)
+                await self.watch.start()
+                try:
+                    await self._run_live(producer, max_steps, exit_when_idle_s)
+                finally:
+                    await self.watch.stop()
         finally:
             self.checkpointer.close()
         return self.core.step
+
+    async def _run_live(self, producer: "EventProducer", max_steps: int | None,
+                        exit_when_idle_s: float | None) -> None:
+        from bus import EventConsumer
+
+        self.publisher = BackgroundPublisher(self._make_sink(producer))
+        try:
+            if self.core.step > 0 and self.tcfg.publish_every and self.core.step % self.tcfg.publish_every == 0:
+                # The crash may have come before this version's publish finished, also
+                # when the checkpoint covers the last logged step and nothing was
+                # replayed. Re-publishing a version the store holds only re-announces it.
+                await self._publish_weights()
+            if max_steps is not None and self.core.step >= max_steps:
+                return
+            group_id = self.tcfg.group_id
+
+            async def commit_offsets(offsets) -> None:
+                await producer.send_offsets(offsets, group_id)
+
+            consumer = EventConsumer(
+                self.cfg.kafka, ["trajectories", "rewards"], group_id=group_id,
+                max_poll_interval_ms=600_000, session_timeout_ms=self.tcfg.session_timeout_ms,
+                heartbeat_interval_ms=max(500, self.tcfg.session_timeout_ms // 5),
+                on_assign=self._on_assign, on_revoke=self._on_revoke, commit_offsets=commit_offsets,
+            )
+            self.consumer = consumer  # before the first assignment: _on_assign uses it
+            async with consumer:
+                if self._stop.is_set():
+                    consumer.stop()
+                await self._live(consumer, producer, max_steps, exit_when_idle_s)
+                self.consumer = None
+        finally:
+            await self.publisher.close()
+
+    async def _on_assign(self, assigned) -> None:
+        """Prove this trainer still owns its transactional id before reading: commit the
+        group's current offsets of ``assigned`` in a transaction. A zombie that rejoined
+        the group (woken from a freeze) is fenced here and stops instead of holding
+        partitions its successor needs."""
+        consumer, producer = self.consumer, self.producer
+        if not assigned or consumer is None or producer is None:
+            return
+        raw = consumer.raw
+        offsets = {}
+        missing = []
+        for tp in assigned:
+            committed = await raw.committed(tp)
+            if committed is None:
+                missing.append(tp)
+            else:
+                offsets[tp] = committed
+        if missing:
+            # Never committed: the group starts these at the beginning anyway.
+            offsets.update(await raw.beginning_offsets(missing))
+        try:
+            await producer.send_offsets(offsets, self.tcfg.group_id)
+        except Exception as exc:  # fenced: the live loop sees producer.fenced and stops
+            log.error("ownership check on assignment failed", error=str(exc))
+            consumer.stop()
 
     async def _on_revoke(self, revoked) -> None:
         if revoked and self.assembler is not None:
@@ -170,6 +232,7 @@ class Trainer:
         idle_since = time.monotonic()
         log.info("live", step=self.core.step, group_id=self.tcfg.group_id)
         while not consumer.stopping and not self._stop.is_set():
+            self._check_sole_writer(producer)
             envs = await consumer.getmany(timeout_ms=200)
             for env in envs:
                 assembler.add(env)
@@ -187,6 +250,15 @@ class Trainer:
             elif exit_when_idle_s is not None and time.monotonic() - idle_since > exit_when_idle_s:
                 log.info("idle; exiting", step=self.core.step, buffered=assembler.buffered())
                 break
+        self._check_sole_writer(producer)
+
+    def _check_sole_writer(self, producer: "EventProducer") -> None:
+        """Raise what showed this trainer is not the only writer (fenced, a conflicting
+        weights publish)."""
+        if producer.fenced is not None:
+            raise producer.fenced
+        if self.publisher is not None:
+            self.publisher.check()
 
     async def _settle(self, consumer: "EventConsumer", assembler: Assembler) -> None:
         for env, error in assembler.take_invalid():
@@ -204,20 +276,26 @@ class Trainer:
     async def _step(self, groups: list[Group], consumer: "EventConsumer", producer: "EventProducer") -> None:
         core = self.core
         self.checkpointer.check()  # a failed checkpoint write stops training here
+        self._check_sole_writer(producer)
         result = await asyncio.to_thread(core.train_step, groups)
         assert self.assembler is not None
         metrics = dict(result.metrics)
         metrics.update({f"count_{k}": float(v) for k, v in sorted(self.assembler.counters.items())})
         metrics.update({f"buffered_{k}": float(v) for k, v in self.assembler.buffered().items()})
         metrics["published_version"] = float(self.published_version())
-        # The log entry must be durable before anything depends on this step.
-        await producer.publish(step_event(result.step, result.weights_hash, groups, metrics, self.tcfg.seed))
-        await self._ack(consumer, self.assembler.mark_trained(groups))
-        await producer.publish(Metrics(
-            source=self.tcfg.metrics_source, step=result.step, weight_version=result.weight_version,
-            values={**metrics, "process_started_at": self.process_started_at}, histograms=result.histograms,
-            created_at=now(),
-        ))
+        assert self.watch is not None
+        # One transaction: the step, the offsets of its records and its metrics become
+        # visible together, or (fenced, crashed) not at all. It must commit before
+        # anything depends on this step.
+        async with producer.transaction():
+            await self.watch.check(result.step)  # refuses a step number already logged
+            await producer.publish(step_event(result.step, result.weights_hash, groups, metrics, self.tcfg.seed))
+            await self._ack(consumer, self.assembler.mark_trained(groups))
+            await producer.publish(Metrics(
+                source=self.tcfg.metrics_source, step=result.step, weight_version=result.weight_version,
+                values={**metrics, "process_started_at": self.process_started_at}, histograms=result.histograms,
+                created_at=now(),
+            ))
         log.info("train step", step=result.step, weights_hash=result.weights_hash[:16],
                  groups=len(groups), staleness_hist=result.histograms.get("staleness"),
                  **{k: round(metrics[k], 6) for k in LOGGED_METRICS})

@@ -28,6 +28,11 @@ class StepLogError(RuntimeError):
     """The train-step log is inconsistent (a gap, an unreadable entry, missing records)."""
 
 
+class StepAlreadyLogged(StepLogError):
+    """Another writer logged the step this trainer was about to log: it is not the only
+    trainer. It stops instead of logging a second history."""
+
+
 @dataclass(frozen=True)
 class LoggedStep:
     event: TrainStep
@@ -155,6 +160,64 @@ async def _dead_letter_once(cfg: KafkaConfig, foreign: list[tuple[object, str]],
                 consumer_group="", attempts=0, created_at=now(),
             ), topic=dlq, key=record.key)
     log.error("foreign train-step records dead-lettered", count=len(todo), topic=dlq)
+
+
+class StepLogWatch:
+    """Follows the committed end of the step log so the trainer refuses to log a step
+    number that is already there (``check``). Transactions fence a second trainer of the
+    same transactional id; this also catches one started with another id."""
+
+    def __init__(self, cfg: KafkaConfig) -> None:
+        self.cfg = cfg
+        self.topic = _full(cfg, "train-steps")
+        self.last_step = 0  # highest step number seen in the log so far
+        self._consumer = None
+        self._tps: list = []
+
+    async def start(self) -> None:
+        from aiokafka import TopicPartition
+
+        from bus.reader import plain_reader
+
+        self._consumer = plain_reader(self.cfg, "steplog-watch")
+        await self._consumer.start()
+        partitions = (await self._consumer._client.fetch_all_metadata()).partitions_for_topic(self.topic) or set()
+        self._tps = [TopicPartition(self.topic, p) for p in sorted(partitions)]
+        self._consumer.assign(self._tps)
+        await self._consumer.seek_to_beginning(*self._tps)
+        await self.check(0)
+
+    async def stop(self) -> None:
+        if self._consumer is not None:
+            await self._consumer.stop()
+            self._consumer = None
+
+    async def check(self, step: int) -> None:
+        """Read the log up to its committed end; raise ``StepAlreadyLogged`` when it
+        holds ``step`` or a later one (``step`` 0: just catch up)."""
+        consumer = self._consumer
+        assert consumer is not None, "StepLogWatch.check before start()"
+        ends = await consumer.end_offsets(self._tps)
+        for tp in self._tps:
+            while await consumer.position(tp) < ends[tp]:
+                batch = await consumer.getmany(tp, timeout_ms=10_000)
+                records = batch.get(tp, [])
+                if not records:
+                    raise StepLogError(f"could not read {tp.topic}:{tp.partition} up to offset {ends[tp]}")
+                for record in records:
+                    if codec.header_value(record.headers, codec.TYPE_HEADER) != TrainStep.__name__.encode():
+                        continue  # foreign records are read_step_log's business
+                    try:
+                        event = envelope_of(record).event
+                    except codec.DecodeFailure:
+                        continue
+                    self.last_step = max(self.last_step, event.step)
+        if step and self.last_step >= step:
+            raise StepAlreadyLogged(
+                f"step {step} is already in the train-step log {self.topic} (it holds steps up to "
+                f"{self.last_step}): another trainer is writing it. This trainer stops; run exactly one trainer "
+                "per topic prefix."
+            )
 
 
 def last_contiguous_step(steps: dict[int, LoggedStep]) -> int:

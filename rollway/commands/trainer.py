@@ -27,11 +27,13 @@ def run(args: argparse.Namespace) -> int:
     configure_logging("trainer", level=cfg.logging.level)
     log = structlog.get_logger("rollway.trainer")
 
+    from bus import WriterFenced
+    from syncer.publisher import WeightConflict
     from trainer.checkpoint import CheckpointError
     from trainer.publishing import RecordingSink
     from trainer.replay import ReplayMismatch
     from trainer.service import Trainer
-    from trainer.steplog import StepLogError
+    from trainer.steplog import StepAlreadyLogged, StepLogError
 
     trainer = Trainer(cfg, sink=RecordingSink() if args.no_publish else None)
 
@@ -43,6 +45,12 @@ def run(args: argparse.Namespace) -> int:
 
     try:
         step = asyncio.run(main())
+    except (WriterFenced, WeightConflict, StepAlreadyLogged) as exc:
+        # Not the only trainer: a newer one owns the log (or the store holds other
+        # weights). Nothing this process had not committed is visible.
+        log.error("trainer stopped: not the only writer", error=str(exc))
+        print(f"rollway trainer: stopped, another trainer is writing: {exc}", file=sys.stderr)
+        return 4
     except (ReplayMismatch, StepLogError, CheckpointError) as exc:
         log.error("trainer stopped", error=str(exc))
         print(f"rollway trainer: {exc}", file=sys.stderr)
