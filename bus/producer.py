@@ -127,7 +127,7 @@ class EventProducer:
             self.fenced = WriterFenced(
                 f"fenced: another producer started with transactional id {self.transactional_id!r} "
                 f"(this one had epoch {self.epoch}); nothing of this process's open transaction is committed"
-                + (f" ({exc})" if exc is not None else "")
+                + (f" ({type(exc).__name__})" if exc is not None else "")
             )
             log.error("producer fenced", transactional_id=self.transactional_id, epoch=self.epoch)
         self._retrieve_txn_error()

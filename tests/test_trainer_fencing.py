@@ -223,3 +223,47 @@ async def test_a_step_number_already_logged_is_refused(kafka_config):
         await watch.check(2)
     finally:
         await watch.stop()
+
+
+async def test_frozen_trainer_woken_after_its_replacement_trained_writes_nothing(
+        kafka_config, tiny_model_path, tmp_path, sampled):
+    from tests.test_trainer_crash import TrainerProcess
+
+    cfg = RollwayConfig(kafka=kafka_config, trainer=trainer_config(tmp_path, tiny_model_path))
+    config = write_config(tmp_path / "rollway.toml", cfg)
+    published = await publish(kafka_config, sampled[0:2])
+    frozen = TrainerProcess(config, tmp_path / "trainer-frozen.log")
+    try:
+        frozen.wait_for(lambda: frozen.last_step() >= 2, 240, "steps 1-2")
+        frozen.proc.send_signal(signal.SIGSTOP)
+
+        # The replacement fences it, replays 1-2 and trains two more groups.
+        published += await publish(kafka_config, sampled[2:4])
+        replacement = TrainerProcess(config, tmp_path / "trainer-replacement.log", "--max-steps", "4")
+        assert replacement.wait(300) == 0, replacement.log.read_text()[-3000:]
+        assert [e["step"] for e in replacement.events("train step")] == [3, 4]
+
+        # Work is waiting when the frozen trainer wakes: it must not take it.
+        waiting = await publish(kafka_config, sampled[4:6])
+        frozen.proc.send_signal(signal.SIGCONT)
+        assert frozen.wait(240) == 4, frozen.log.read_text()[-3000:]
+    finally:
+        if frozen.proc.poll() is None:
+            frozen.proc.send_signal(signal.SIGCONT)
+            frozen.kill()
+    assert [e["step"] for e in frozen.events("train step")] == [1, 2]
+    (stopped,) = frozen.events("trainer stopped: not the only writer")
+    assert "transactional id" in stopped["error"] or "already in the train-step log" in stopped["error"]
+    assert not frozen.events("trainer exited")
+    steps = await logged_steps(kafka_config)
+    assert sorted(steps) == [1, 2, 3, 4]
+
+    # Nothing was lost: a third trainer trains exactly the waiting groups.
+    third = TrainerProcess(config, tmp_path / "trainer-third.log", "--max-steps", "6")
+    assert third.wait(300) == 0, third.log.read_text()[-3000:]
+    steps = await logged_steps(kafka_config)
+    assert sorted(steps) == [1, 2, 3, 4, 5, 6]
+    assert [t.trajectory_id for s in (5, 6) for t in steps[s].event.trajectories] == waiting
+    trained = [t.trajectory_id for s in range(1, 7) for t in steps[s].event.trajectories]
+    assert len(trained) == len(set(trained)) == 24 and set(trained) == set(published + waiting)
+    assert_replay_matches(config, steps)
