@@ -23,7 +23,7 @@ import pytest
 from bus import EventProducer
 from rollway.config import RollwayConfig
 from schemas import DeadLetter, Metrics, RecordRef
-from tests.trainer_helpers import one_thread  # noqa: F401  autouse fixture
+from tests.trainer_helpers import one_thread, publish_trajectories  # noqa: F401  one_thread: autouse fixture
 from trainer.checkpoint import (
     AsyncCheckpointer,
     CheckpointError,
@@ -36,7 +36,7 @@ from trainer.config import TrainerConfig
 from trainer.publishing import RecordingSink
 from trainer.replay import CheckpointUnusable, restore_checkpoint, restore_newest_loadable
 from trainer.steplog import LoggedStep, StepLogError, read_step_log, step_event
-from trainer.synthetic import load_tiny, make_task_groups, to_events
+from trainer.synthetic import load_tiny, make_task_groups
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -185,22 +185,12 @@ def test_failed_write_is_an_error_and_leaves_no_temp_folder(tmp_path, trained):
 
 
 # -- with Kafka -----------------------------------------------------------------------------
-async def publish_groups(cfg, groups) -> None:
-    async with EventProducer(cfg) as producer:
-        for group in groups:
-            for traj in group:
-                chunks, reward = to_events(traj, chunk_tokens=12)
-                for chunk in chunks:
-                    await producer.publish(chunk)
-                await producer.publish(reward)
-
-
 @pytest.mark.kafka
 async def test_trainer_restarts_past_a_truncated_newest_checkpoint(kafka_config, tiny_model_path, tmp_path, sampled):
     from trainer.service import Trainer
 
     cfg = RollwayConfig(kafka=kafka_config, trainer=tcfg(tmp_path, tiny_model_path))
-    await publish_groups(kafka_config, sampled[:2] + sampled[3:5])
+    await publish_trajectories(kafka_config, [t for g in sampled[:2] + sampled[3:5] for t in g])
     first = Trainer(cfg, sink=RecordingSink())
     assert await first.run(max_steps=4) == 4
     ckpt = tmp_path / "ckpt"
@@ -232,7 +222,7 @@ async def test_trainer_stops_when_checkpoints_cannot_be_written(kafka_config, ti
     blocker.write_text("a file where the checkpoint folder's parent should be")
     cfg = RollwayConfig(kafka=kafka_config, trainer=tcfg(tmp_path, tiny_model_path, checkpoint_every=1,
                                                          checkpoint_dir=str(blocker / "ckpt")))
-    await publish_groups(kafka_config, sampled[:2] + sampled[3:5])
+    await publish_trajectories(kafka_config, [t for g in sampled[:2] + sampled[3:5] for t in g])
     trainer = Trainer(cfg, sink=RecordingSink())
     with pytest.raises(CheckpointError, match="not-a-folder"):
         await trainer.run(max_steps=4)

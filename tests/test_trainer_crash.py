@@ -16,17 +16,17 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import msgspec
 import pytest
 
-from bus import EventProducer
 from rollway.config import RollwayConfig
+from tests.trainer_helpers import publish_trajectories
+from tests.waiting import wait_until
 from trainer.config import TrainerConfig
 from trainer.steplog import read_step_log
-from trainer.synthetic import load_tiny, make_task_groups, to_events
+from trainer.synthetic import load_tiny, make_task_groups
 
 pytestmark = [pytest.mark.kafka, pytest.mark.slow]
 
@@ -55,15 +55,10 @@ class TrainerProcess:
         return out
 
     def wait_for(self, predicate, timeout: float, what: str) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if predicate():
-                return
-            if self.proc.poll() is not None:
-                raise AssertionError(f"trainer exited ({self.proc.returncode}) waiting for {what}:\n"
-                                     + self.log.read_text()[-3000:])
-            time.sleep(0.05)
-        raise AssertionError(f"timed out waiting for {what}:\n" + self.log.read_text()[-3000:])
+        try:
+            wait_until(predicate, timeout, what, proc=self.proc)
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}:\n" + self.log.read_text()[-3000:]) from None
 
     def last_step(self) -> int:
         steps = [e["step"] for e in self.events("train step")]
@@ -82,16 +77,7 @@ class TrainerProcess:
 
 
 async def publish(cfg, groups) -> list[str]:
-    ids = []
-    async with EventProducer(cfg) as producer:
-        for group in groups:
-            for traj in group:
-                chunks, reward = to_events(traj, chunk_tokens=10)
-                for chunk in chunks:
-                    await producer.publish(chunk)
-                await producer.publish(reward)
-                ids.append(traj.trajectory_id)
-    return ids
+    return await publish_trajectories(cfg, [t for g in groups for t in g], chunk_tokens=10)
 
 
 def replay_cli(config: Path, *args: str) -> subprocess.CompletedProcess:

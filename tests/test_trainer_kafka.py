@@ -15,7 +15,8 @@ from bus import EventConsumer, EventProducer, fetch_records
 from rollway.config import RollwayConfig
 from schemas import Metrics, Reward, TrajectoryChunk
 from syncer.hashing import state_dict_hash
-from tests.trainer_helpers import one_thread  # noqa: F401  autouse fixture
+from tests.trainer_helpers import one_thread, publish_trajectories  # noqa: F401  one_thread: autouse fixture
+from tests.waiting import wait_until_async
 from trainer.config import TrainerConfig
 from trainer.model import publishable_state
 from trainer.publishing import RecordingSink
@@ -32,26 +33,13 @@ def sampled(tiny_model_path):
     return make_task_groups(model, tok, 5, group_size=4, max_new_tokens=8, env_after=3, seed=11)
 
 
-async def publish(cfg, trajectories, **kw) -> None:
-    async with EventProducer(cfg) as producer:
-        for traj in trajectories:
-            chunks, reward = to_events(traj, chunk_tokens=12, **kw)
-            for chunk in chunks:
-                await producer.publish(chunk)
-            await producer.publish(reward)
-
-
 async def wait_for_steps(cfg, n: int, task: asyncio.Task, timeout: float = 120.0):
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    while loop.time() < deadline:
-        if task.done():
-            task.result()  # raise the trainer's error, if any
+    """The step log once it holds ``n`` steps; the trainer's error if it fails first."""
+    async def logged():
         steps = await read_step_log(cfg)
-        if len(steps) >= n:
-            return steps
-        await asyncio.sleep(0.3)
-    raise AssertionError(f"trainer did not log {n} steps in {timeout}s")
+        return steps if len(steps) >= n else None
+
+    return await wait_until_async(logged, timeout, f"the trainer to log {n} steps", task=task, poll_s=0.3)
 
 
 async def read_events(cfg, topic: str, n: int, timeout: float = 30.0) -> list:
@@ -84,10 +72,10 @@ async def test_trainer_trains_from_the_log_and_drops_what_it_must(kafka_config, 
 
     # Phase 1: two fresh groups (version 0), a zero-variance group, and a second,
     # later attempt of group a's sample 1.
-    await publish(kafka_config, a + b)
-    await publish(kafka_config, zero, score=1.0)
+    await publish_trajectories(kafka_config, a + b)
+    await publish_trajectories(kafka_config, zero, score=1.0)
     retry = dataclasses.replace(a[1], attempt="retry")
-    await publish(kafka_config, [retry])
+    await publish_trajectories(kafka_config, [retry])
     # A chunk whose arrays disagree: dead-lettered, the rest of the trainer unbothered.
     broken_chunks, _ = to_events(dataclasses.replace(zero[0], task_id="broken"), chunk_tokens=12)
     async with EventProducer(kafka_config) as producer:
@@ -97,8 +85,8 @@ async def test_trainer_trains_from_the_log_and_drops_what_it_must(kafka_config, 
     # Phase 2: the trainer is at version 2. A group sampled at version 0 is 2 > 1
     # versions behind (stale); one sampled at version 2 is fresh.
     n = len(stale[0].token_ids)
-    await publish(kafka_config, [dataclasses.replace(t, versions=[0] * n) for t in stale])
-    await publish(kafka_config, [dataclasses.replace(t, versions=[2] * n) for t in fresh])
+    await publish_trajectories(kafka_config, [dataclasses.replace(t, versions=[0] * n) for t in stale])
+    await publish_trajectories(kafka_config, [dataclasses.replace(t, versions=[2] * n) for t in fresh])
     last = await asyncio.wait_for(task, 120)
     assert last == 3
 
@@ -177,7 +165,7 @@ async def test_weights_go_out_through_the_syncer_every_k_steps(kafka_config, tin
         syncer=SyncerConfig(store_url=store_url, keyframe_every=2),
     )
     a, b, _, d, e = sampled
-    await publish(kafka_config, a + b + d + e)
+    await publish_trajectories(kafka_config, a + b + d + e)
     trainer = Trainer(cfg)  # the real syncer publisher
     assert await asyncio.wait_for(trainer.run(max_steps=4), 120) == 4
     expected = publishable_state(trainer.core.model, "bfloat16")

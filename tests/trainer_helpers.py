@@ -15,3 +15,20 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(before)
+
+
+async def publish_trajectories(cfg, trajectories, *, chunk_tokens: int = 12, **kw) -> list[str]:
+    """Each trajectory's chunks, then its reward, on the bus; their ids in order. ``kw``
+    goes to ``to_events`` (e.g. ``score``)."""
+    from bus import EventProducer
+    from trainer.synthetic import to_events
+
+    ids = []
+    async with EventProducer(cfg) as producer:
+        for traj in trajectories:
+            chunks, reward = to_events(traj, chunk_tokens=chunk_tokens, **kw)
+            for chunk in chunks:
+                await producer.publish(chunk)
+            await producer.publish(reward)
+            ids.append(traj.trajectory_id)
+    return ids
