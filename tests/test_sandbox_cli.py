@@ -8,7 +8,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 
 import pytest
 
@@ -17,6 +16,7 @@ from rollway.broker import free_ports
 from sandbox.client import SandboxClient
 from sandbox.testing import write_task_dir
 from tasks.spec import TaskSpec
+from tests.waiting import wait_until_async
 
 TASK = TaskSpec(
     task_id="square",
@@ -28,16 +28,18 @@ TASK = TaskSpec(
 
 
 async def wait_healthy(url: str, proc: subprocess.Popen, timeout_s: float = 60.0) -> dict:
-    deadline = time.monotonic() + timeout_s
     async with SandboxClient(url, timeout_s=2) as client:
-        while True:
-            assert proc.poll() is None, proc.stderr.read().decode()[-2000:]
+        async def health() -> dict | None:
             try:
                 return await client.health()
-            except Exception:
-                if time.monotonic() > deadline:
-                    raise
-                await asyncio.sleep(0.2)
+            except Exception:  # not listening yet
+                return None
+
+        try:
+            return await wait_until_async(health, timeout_s, "the sandbox's /health", proc=proc, poll_s=0.2)
+        except AssertionError as exc:
+            tail = proc.stderr.read().decode()[-2000:] if proc.poll() is not None else ""
+            raise AssertionError(f"{exc}\n{tail}") from None
 
 
 @pytest.mark.kafka
