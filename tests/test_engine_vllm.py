@@ -17,6 +17,7 @@ import torch
 from sampler.engine import SampleDone, SampledToken
 from sampler.sampling import SamplingParams
 from sampler.testing import agent_model_dir, start_test_engine
+from tests.waiting import wait_until_async
 
 pytestmark = pytest.mark.vllm
 
@@ -137,8 +138,8 @@ async def test_breaking_out_aborts_and_explicit_abort_ends_open_samples(engine):
             seen += 1
             if seen == 5:
                 break
-    # The engine is free again, and the id can be reused once the abort went through.
-    await asyncio.sleep(0.2)
+    # The engine is free again, and the id can be reused: closing the stream queued its
+    # abort on the step thread ahead of the next request (commands run in order).
     tokens, done = await collect(engine, prompt, SamplingParams(max_tokens=5, ignore_eos=True), request_id="leave-early")
     assert done[0].num_tokens == 5
 
@@ -149,8 +150,8 @@ async def test_breaking_out_aborts_and_explicit_abort_ends_open_samples(engine):
             got.append(ev)
 
     task = asyncio.create_task(consume())
-    while sum(isinstance(e, SampledToken) for e in got) < 6:
-        await asyncio.sleep(0.01)
+    await wait_until_async(lambda: sum(isinstance(e, SampledToken) for e in got) >= 6, 60, "6 tokens",
+                           task=task, poll_s=0.01)
     await engine.abort("kill-me")
     await asyncio.wait_for(task, 30)
     ends = [e for e in got if isinstance(e, SampleDone)]
@@ -167,13 +168,12 @@ async def test_pause_holds_generation_and_resume_continues_it(engine):
             got.append(ev)
 
     task = asyncio.create_task(consume())
-    while len(got) < 3:
-        await asyncio.sleep(0.005)
+    await wait_until_async(lambda: len(got) >= 3, 60, "3 events", task=task, poll_s=0.005)
     await engine.pause()
     assert engine.paused
     await asyncio.sleep(0.05)  # outputs of the last step may still be in flight
     held = len(got)
-    await asyncio.sleep(0.6)
+    await asyncio.sleep(0.6)  # a window in which nothing may arrive: no condition to wait for
     assert len(got) == held, "tokens arrived while paused"
     await engine.resume()
     await asyncio.wait_for(task, 60)
@@ -201,8 +201,7 @@ async def test_weights_applied_mid_generation_show_in_each_tokens_version(engine
                 got.append(ev)
 
     task = asyncio.create_task(consume())
-    while len(got) < 10:
-        await asyncio.sleep(0.002)
+    await wait_until_async(lambda: len(got) >= 10, 60, "10 tokens", task=task, poll_s=0.002)
     pause_s = await engine.apply_weights(broken, start_version + 1)
     await asyncio.wait_for(task, 120)
     try:
