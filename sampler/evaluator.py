@@ -28,6 +28,7 @@ import structlog
 
 from bus import EventConsumer, EventProducer, read_topic
 from sampler.evaluation import SandboxUnreachable, check_sandbox, eval_sampler_config, evaluate
+from sampler.service import stop_heartbeats
 from sandbox.client import SandboxClient
 from schemas import EvalResult, Heartbeat, WeightVersion, now
 
@@ -85,12 +86,7 @@ class Evaluator:
                     await self._serve(sandbox, subscriber)
                 finally:
                     self.status = "stopped"
-                    beats.cancel()
-                    await asyncio.gather(beats, return_exceptions=True)
-                    try:
-                        await self._beat()
-                    except Exception as exc:  # the broker may be gone at shutdown
-                        log.warning("final heartbeat failed", error=str(exc))
+                    await stop_heartbeats(beats, self._beat)
         finally:
             subscriber.close()
             await store.close()

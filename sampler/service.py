@@ -23,7 +23,7 @@ import signal
 import socket
 import time
 import uuid
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Awaitable, Callable
 
 import structlog
 
@@ -40,6 +40,17 @@ if TYPE_CHECKING:
 log = structlog.get_logger(__name__)
 
 MAX_GROUP_SIZE = 256
+
+
+async def stop_heartbeats(loop: asyncio.Task, beat: Callable[[], Awaitable[None]]) -> None:
+    """Stop a heartbeat loop and send the last beat (the status says 'stopped' by now);
+    best effort: the broker may be gone at shutdown."""
+    loop.cancel()
+    await asyncio.gather(loop, return_exceptions=True)
+    try:
+        await beat()
+    except Exception as exc:
+        log.warning("final heartbeat failed", error=str(exc))
 
 
 def make_engine(cfg: "RollwayConfig") -> Engine:
@@ -121,12 +132,7 @@ class SamplerService:
                     await asyncio.gather(weights, return_exceptions=True)
                     self.subscriber.close()
                     await self.subscriber.store.close()
-                heartbeats.cancel()
-                await asyncio.gather(heartbeats, return_exceptions=True)
-                try:
-                    await self._beat()
-                except Exception as exc:  # the broker may be gone at shutdown
-                    log.warning("final heartbeat failed", error=str(exc))
+                await stop_heartbeats(heartbeats, self._beat)
                 log.info("sampler stopped", tasks=self.tasks_done, rollouts=self.rollouts_done)
 
     async def _start_weights(self) -> asyncio.Task | None:
