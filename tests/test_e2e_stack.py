@@ -9,7 +9,6 @@ import re
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -20,6 +19,7 @@ from rollway.broker import free_ports
 from sampler.testing import agent_model_dir, read_topic
 from schemas import Heartbeat, Metrics, TrainStep, TrajectoryChunk, WeightVersion
 from tests.conftest import unique
+from tests.waiting import leftover_processes
 
 pytestmark = [pytest.mark.kafka, pytest.mark.vllm, pytest.mark.slow]
 
@@ -127,6 +127,5 @@ async def test_rollway_up_runs_the_whole_loop_and_stops_cleanly(kafka_bootstrap,
     seen = re.search(r"rollway up: stopped \(train step (\d+), restarts 0, ", output)
     assert seen is not None and int(seen.group(1)) >= 2, output[-3000:]
     # Every child is gone after SIGTERM: no component outlives `rollway up`.
-    time.sleep(0.5)
-    leftover = subprocess.run(["pgrep", "-f", str(config)], capture_output=True, text=True).stdout.split()
+    leftover = leftover_processes(config)
     assert leftover == [], leftover
