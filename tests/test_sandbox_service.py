@@ -21,6 +21,7 @@ from sandbox.runner import uid_pids
 from sandbox.testing import live_sandbox, write_task_dir
 from tasks.spec import TaskSpec
 from tasks.store import TaskStore
+from tests.waiting import wait_until_async
 
 MAX_OUTPUT = 4096
 MAX_PROCESSES = 32
@@ -485,8 +486,10 @@ async def test_session_pool_is_bounded_with_429(tmp_path):
         # The busy command outlasts that wait by far, and holds its slot before b asks
         # (polled, not slept: a loaded machine may start it late).
         busy = asyncio.create_task(client.exec(a, "sleep 4"))
-        while (await client.health())["commands_running"] < 1:
-            await asyncio.sleep(0.02)
+        async def running() -> bool:
+            return (await client.health())["commands_running"] >= 1
+
+        await wait_until_async(running, 30, "the busy command to hold its slot", task=busy, poll_s=0.02)
         with pytest.raises(SandboxError) as err:
             await client.exec(b, "true")
         assert err.value.status == 429 and "command slots" in err.value.message
