@@ -90,9 +90,9 @@ def s3_endpoint(tmp_path_factory: pytest.TempPathFactory):
     start-up, which hasattr()s every loaded module.)"""
     import subprocess
     import sys
-    import time
 
     from rollway.broker import free_ports, port_open
+    from tests.waiting import wait_until
 
     for name, value in {
         "AWS_ACCESS_KEY_ID": "testing",
@@ -107,11 +107,10 @@ def s3_endpoint(tmp_path_factory: pytest.TempPathFactory):
         stdout=log, stderr=subprocess.STDOUT,
     )
     try:
-        deadline = time.monotonic() + 60
-        while not port_open(port):
-            if server.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"moto S3 server did not start (exit {server.poll()}); see {log.name}")
-            time.sleep(0.1)
+        try:
+            wait_until(lambda: port_open(port), 60, "the moto S3 server", proc=server, poll_s=0.1)
+        except AssertionError:
+            raise RuntimeError(f"moto S3 server did not start (exit {server.poll()}); see {log.name}") from None
         yield f"http://127.0.0.1:{port}"
     finally:
         server.terminate()

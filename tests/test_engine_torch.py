@@ -13,6 +13,7 @@ from sampler.engine import SampleDone, SampledToken
 from sampler.sampling import SamplingParams
 from sampler.testing import agent_model_dir
 from sampler.torch_engine import TorchEngine
+from tests.waiting import wait_until_async
 
 PROMPT = "<|im_start|>user\nFix `add` in solution.py so the tests pass.<|im_end|>\n<|im_start|>assistant\n"
 
@@ -85,8 +86,7 @@ async def test_weights_applied_mid_generation_and_abort(engine):
                 got.append(ev)
 
     task = asyncio.create_task(consume())
-    while len(got) < 5:
-        await asyncio.sleep(0.001)
+    await wait_until_async(lambda: len(got) >= 5, 60, "5 tokens", task=task, poll_s=0.001)
     v0 = engine.weight_version
     await engine.apply_weights(zeroed, v0 + 1)  # partial update: TorchEngine accepts it
     await asyncio.wait_for(task, 60)
@@ -105,8 +105,7 @@ async def test_weights_applied_mid_generation_and_abort(engine):
             events.append(ev)
 
     t = asyncio.create_task(long())
-    while len(events) < 3:
-        await asyncio.sleep(0.001)
+    await wait_until_async(lambda: len(events) >= 3, 60, "3 events", task=t, poll_s=0.001)
     await engine.abort("ab")
     await asyncio.wait_for(t, 30)
     assert isinstance(events[-1], SampleDone) and events[-1].finish_reason == "abort"

@@ -223,7 +223,7 @@ async def test_connect_to_a_loopback_server_outside_fails(sandbox):
         # The server answers from outside the sandbox...
         with socket.create_connection(("127.0.0.1", port), timeout=2):
             pass
-        await asyncio.sleep(0.1)
+        await wait_until_async(lambda: accepted, 10, "the server to accept")
         assert accepted == [True]
         # ...but not from inside: the sandbox's 127.0.0.1 is its own empty loopback.
         probe = (
@@ -236,7 +236,7 @@ async def test_connect_to_a_loopback_server_outside_fails(sandbox):
         )
         result = await run_hostile(sandbox, "python hostile.py", script=probe)
         assert result.stdout.strip() == "failed ConnectionRefusedError 111"
-        await asyncio.sleep(0.1)
+        await asyncio.sleep(0.1)  # a window in which no second connection may arrive
         assert accepted == [True]
     finally:
         server.close()
@@ -458,7 +458,11 @@ async def test_errors_are_clear(sandbox):
         assert err.value.status == 400 and "timeout_s" in err.value.message
         # One command at a time per session: a second one is refused, not queued.
         slow = asyncio.create_task(sandbox.client.exec(sid, "sleep 1"))
-        await asyncio.sleep(0.2)
+
+        async def running() -> bool:
+            return (await sandbox.client.health())["commands_running"] >= 1
+
+        await wait_until_async(running, 30, "the slow command to start", task=slow, poll_s=0.02)
         with pytest.raises(SandboxError) as err:
             await sandbox.client.exec(sid, "true")
         assert err.value.status == 409
