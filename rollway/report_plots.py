@@ -22,7 +22,15 @@ def _figure():
     return plt, fig, ax
 
 
-def _save(plt, fig, out: Path, name: str, caption: str) -> Plot:
+def _save(plt, fig, ax, out: Path, name: str, caption: str, *, title: str, xlabel: str,
+          ylabel: str | None = None, legend: bool = False) -> Plot:
+    """Label the axes, write ``name`` under ``out``, close the figure."""
+    ax.set_xlabel(xlabel)
+    if ylabel:
+        ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    if legend:
+        ax.legend()
     fig.tight_layout()
     fig.savefig(out / name, format="png")
     plt.close(fig)
@@ -38,12 +46,7 @@ def _over_train_steps(data: RunData, out: Path, lines: list[tuple[str, str, dict
     plt, fig, ax = _figure()
     for (steps, values), label, options in curves:
         ax.plot(steps, values, label=label, marker=".", **options)
-    ax.set_xlabel("train step")
-    if ylabel:
-        ax.set_ylabel(ylabel)
-    ax.set_title(title)
-    ax.legend()
-    return _save(plt, fig, out, name, caption)
+    return _save(plt, fig, ax, out, name, caption, title=title, xlabel="train step", ylabel=ylabel, legend=True)
 
 
 def reward_solve_rate(data: RunData, out: Path) -> Plot | None:
@@ -61,12 +64,9 @@ def heldout_pass_at_1(data: RunData, out: Path) -> Plot | None:
     for split in sorted({e.split for e in data.evals}):
         evals = [e for e in data.evals if e.split == split]
         ax.plot([e.weight_version for e in evals], [e.pass_at_1 for e in evals], marker="o", label=split)
-    ax.set_xlabel("weight version")
-    ax.set_ylabel("pass@1")
     ax.set_ylim(0, 1)
-    ax.set_title("Held-out pass@1 per weight version")
-    ax.legend()
-    return _save(plt, fig, out, "heldout_pass_at_1.png", "held-out pass@1 per weight version")
+    return _save(plt, fig, ax, out, "heldout_pass_at_1.png", "held-out pass@1 per weight version",
+                 title="Held-out pass@1 per weight version", xlabel="weight version", ylabel="pass@1", legend=True)
 
 
 def entropy(data: RunData, out: Path) -> Plot | None:
@@ -93,10 +93,8 @@ def staleness(data: RunData, out: Path) -> Plot | None:
     last = len(data.staleness_hist) - 1
     labels = [str(i) if i < last else f">={i}" for i in range(len(data.staleness_hist))]
     ax.bar(labels, data.staleness_hist)
-    ax.set_xlabel("staleness (weight versions behind the trainer)")
-    ax.set_ylabel("trained tokens")
-    ax.set_title("Staleness of trained tokens")
-    return _save(plt, fig, out, "staleness.png", "staleness histogram")
+    return _save(plt, fig, ax, out, "staleness.png", "staleness histogram", title="Staleness of trained tokens",
+                 xlabel="staleness (weight versions behind the trainer)", ylabel="trained tokens")
 
 
 def tokens_per_trajectory(data: RunData, out: Path) -> Plot | None:
@@ -104,10 +102,8 @@ def tokens_per_trajectory(data: RunData, out: Path) -> Plot | None:
         return None
     plt, fig, ax = _figure()
     ax.hist([r.cost.generated_tokens for r in data.rewards], bins=min(30, max(len(data.rewards), 1)))
-    ax.set_xlabel("generated tokens per trajectory")
-    ax.set_ylabel("trajectories")
-    ax.set_title("Tokens per trajectory")
-    return _save(plt, fig, out, "tokens_per_trajectory.png", "tokens per trajectory")
+    return _save(plt, fig, ax, out, "tokens_per_trajectory.png", "tokens per trajectory",
+                 title="Tokens per trajectory", xlabel="generated tokens per trajectory", ylabel="trajectories")
 
 
 def apply_pauses(data: RunData, out: Path) -> Plot | None:
@@ -117,11 +113,9 @@ def apply_pauses(data: RunData, out: Path) -> Plot | None:
     for replica in sorted({p.replica for p in data.pauses}):
         ps = [p for p in data.pauses if p.replica == replica]
         ax.plot([p.weight_version for p in ps], [p.pause_ms for p in ps], marker="o", linestyle="", label=replica)
-    ax.set_xlabel("weight version applied")
-    ax.set_ylabel("pause (ms)")
-    ax.set_title("Weight-apply pauses of the samplers")
-    ax.legend()
-    return _save(plt, fig, out, "apply_pauses.png", "weight-apply pauses")
+    return _save(plt, fig, ax, out, "apply_pauses.png", "weight-apply pauses",
+                 title="Weight-apply pauses of the samplers", xlabel="weight version applied", ylabel="pause (ms)",
+                 legend=True)
 
 
 PLOTS: list[Callable[[RunData, Path], Plot | None]] = [
