@@ -3,6 +3,7 @@
 from bus.admin import describe_topics, ensure_topics, list_rollway_topics
 from bus.codec import DecodeFailure, decode, encode
 from bus.config import KafkaConfig
+from bus.connect import KafkaUnreachable, wait_for_broker
 from bus.consumer import Envelope, EventConsumer, InvalidEvent
 from bus.producer import EventProducer, RecordTooLarge, WriterFenced
 from bus.reader import RecordMissing, fetch_records, read_topic
@@ -16,6 +17,7 @@ __all__ = [
     "EventProducer",
     "InvalidEvent",
     "KafkaConfig",
+    "KafkaUnreachable",
     "RecordMissing",
     "RecordTooLarge",
     "TopicSpec",
@@ -29,4 +31,5 @@ __all__ = [
     "read_topic",
     "spec_for",
     "topic_spec",
+    "wait_for_broker",
 ]

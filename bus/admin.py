@@ -11,6 +11,7 @@ from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.errors import TopicAlreadyExistsError
 
 from bus.config import KafkaConfig
+from bus.connect import start_client
 from bus.topics import TOPICS, TopicSpec
 
 log = structlog.get_logger(__name__)
@@ -36,7 +37,7 @@ async def ensure_topics(
     specs = list(TOPICS.values()) if specs is None else specs
     names = [s.name(cfg.topic_prefix) for s in specs]
     admin = admin_client(cfg)
-    await admin.start()
+    await start_client(admin, cfg.bootstrap_servers, "admin")
     try:
         replication = cfg.replication_factor
         if replication <= 0:
@@ -66,7 +67,7 @@ async def ensure_topics(
 async def wait_for_leaders(cfg: KafkaConfig, topics: list[str], timeout: float = 30.0) -> None:
     """Block until the cluster reports a leader for every partition of ``topics``."""
     consumer = AIOKafkaConsumer(bootstrap_servers=cfg.bootstrap_servers, client_id=f"{cfg.client_id}-meta")
-    await consumer.start()
+    await start_client(consumer, cfg.bootstrap_servers, "metadata")
     try:
         deadline = asyncio.get_running_loop().time() + timeout
         while True:
@@ -111,7 +112,7 @@ class TopicInfo:
 
 async def list_rollway_topics(cfg: KafkaConfig) -> list[str]:
     admin = admin_client(cfg)
-    await admin.start()
+    await start_client(admin, cfg.bootstrap_servers, "admin")
     try:
         names = await admin.list_topics()
     finally:
@@ -123,8 +124,12 @@ async def describe_topics(cfg: KafkaConfig, topics: list[str], groups: list[str]
     """Partitions, begin/end offsets and, per consumer group, committed offsets."""
     admin = admin_client(cfg)
     consumer = AIOKafkaConsumer(bootstrap_servers=cfg.bootstrap_servers, client_id=f"{cfg.client_id}-describe")
-    await admin.start()
-    await consumer.start()
+    await start_client(admin, cfg.bootstrap_servers, "admin")
+    try:
+        await start_client(consumer, cfg.bootstrap_servers, "metadata")
+    except BaseException:
+        await admin.close()
+        raise
     try:
         cluster = await consumer._client.fetch_all_metadata()
         tps = [TopicPartition(t, p) for t in topics for p in sorted(cluster.partitions_for_topic(t) or ())]

@@ -100,9 +100,11 @@ class ConsumerApp:
         if handle_signals:
             import signal
 
+            from bus.connect import add_stop_handler
+
             loop = asyncio.get_running_loop()
             for sig in (signal.SIGTERM, signal.SIGINT):
-                loop.add_signal_handler(sig, self.stop)
+                add_stop_handler(loop, sig, self.stop)
         tasks = [asyncio.create_task(self._run_one(app), name=app.name) for app in self.apps]
         try:
             # The first failure stops the others: a bug fails the process fast and loud.

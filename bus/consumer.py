@@ -24,6 +24,7 @@ from aiokafka.structs import OffsetAndMetadata
 
 from bus import codec
 from bus.config import KafkaConfig
+from bus.connect import add_stop_handler, start_client
 from bus.producer import EventProducer
 from bus.topics import topic_spec
 from schemas import DeadLetter, Event, RecordRef, now
@@ -131,7 +132,10 @@ class EventConsumer:
         self._dead_letter_undecodable = dead_letter_undecodable
         self._on_assign = on_assign
         self._on_revoke = on_revoke
-        self._consumer = AIOKafkaConsumer(
+        # Built at start(): an aiokafka client that is never started still warns
+        # "Unclosed AIOKafkaConsumer" when collected (a service stopped before Kafka came up).
+        self._client: AIOKafkaConsumer | None = None
+        self._client_kwargs = dict(
             bootstrap_servers=cfg.bootstrap_servers,
             client_id=client_id or cfg.client_id,
             group_id=group_id,
@@ -154,6 +158,12 @@ class EventConsumer:
 
     # -- lifecycle -------------------------------------------------------------------
     @property
+    def _consumer(self) -> AIOKafkaConsumer:
+        if self._client is None:
+            self._client = AIOKafkaConsumer(**self._client_kwargs)
+        return self._client
+
+    @property
     def raw(self) -> AIOKafkaConsumer:
         return self._consumer
 
@@ -161,7 +171,7 @@ class EventConsumer:
         if self._started:
             return
         self._consumer.subscribe(self.topics, listener=_Rebalance(self))
-        await self._consumer.start()
+        await start_client(self._consumer, self.cfg.bootstrap_servers, f"consumer {self.group_id or ''}".strip())
         self._started = True
 
     async def close(self) -> None:
@@ -195,7 +205,7 @@ class EventConsumer:
     def install_signal_handlers(self, signals: Sequence[int] = (signal.SIGTERM, signal.SIGINT)) -> None:
         loop = asyncio.get_running_loop()
         for sig in signals:
-            loop.add_signal_handler(sig, self.stop)
+            add_stop_handler(loop, sig, self.stop)
 
     # -- iteration ---------------------------------------------------------------------
     def __aiter__(self) -> "EventConsumer":
@@ -266,24 +276,42 @@ class EventConsumer:
     async def commit(self, partitions: Sequence[TopicPartition] | None = None) -> None:
         if self.group_id is None:
             return
+        if self._commit_offsets is not None:
+            # Not under the commit lock: the committer takes the writer's transaction
+            # lock, and a step holding that lock commits from inside its transaction
+            # while a rebalance may be committing too (lock order would deadlock).
+            # Offsets are computed and recorded without an await between, so a
+            # concurrent commit at worst re-commits an equal or older prefix (records
+            # then re-read are recognised as done by their owner).
+            offsets = self._offsets_to_commit(partitions)
+            if offsets:
+                await self._commit_offsets(offsets)
+                self._record_committed(offsets)
+            return
         async with self._commit_lock:
-            assigned = self._consumer.assignment()
-            offsets = {}
-            for tp in partitions if partitions is not None else list(self._progress):
-                progress = self._progress.get(tp)
-                if progress is None or tp not in assigned:
-                    continue  # revoked meanwhile: the new owner re-reads the unacked records
-                target = progress.committable()
-                if target is not None and target != progress.committed:
-                    offsets[tp] = OffsetAndMetadata(target, "")
+            offsets = self._offsets_to_commit(partitions)
             if not offsets:
                 return
-            if self._commit_offsets is not None:
-                await self._commit_offsets(offsets)
-            else:
-                await self._consumer.commit(offsets)
-            for tp, om in offsets.items():
-                self._progress[tp].committed = om.offset
+            await self._consumer.commit(offsets)
+            self._record_committed(offsets)
+
+    def _offsets_to_commit(self, partitions: Sequence[TopicPartition] | None) -> dict:
+        assigned = self._consumer.assignment()
+        offsets = {}
+        for tp in partitions if partitions is not None else list(self._progress):
+            progress = self._progress.get(tp)
+            if progress is None or tp not in assigned:
+                continue  # revoked meanwhile: the new owner re-reads the unacked records
+            target = progress.committable()
+            if target is not None and target != progress.committed:
+                offsets[tp] = OffsetAndMetadata(target, "")
+        return offsets
+
+    def _record_committed(self, offsets: dict) -> None:
+        for tp, om in offsets.items():
+            progress = self._progress.get(tp)
+            if progress is not None:
+                progress.committed = max(om.offset, progress.committed or 0)
 
     def in_flight(self) -> int:
         return sum(len(p.pending) for p in self._progress.values())

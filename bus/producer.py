@@ -18,11 +18,15 @@ from typing import AsyncIterator, Mapping, Sequence
 
 import structlog
 from aiokafka import AIOKafkaProducer, TopicPartition
-from aiokafka.errors import InvalidProducerEpoch, ProducerFenced
+from aiokafka.errors import (
+    InvalidProducerEpoch, KafkaConnectionError, KafkaTimeoutError, NodeNotReadyError, ProducerFenced,
+    RequestTimedOutError,
+)
 from aiokafka.structs import OffsetAndMetadata
 
 from bus import codec
 from bus.config import KafkaConfig
+from bus.connect import backoff_s, start_client, waiting_for_broker
 from bus.topics import spec_for
 from schemas import Event, RecordRef
 
@@ -31,6 +35,10 @@ log = structlog.get_logger(__name__)
 
 class RecordTooLarge(ValueError):
     """The encoded record exceeds ``max_record_bytes``; split it (chunk) before publishing."""
+
+
+# What a publish raises while the broker is away; a service waits it out (below).
+BROKER_AWAY = (KafkaTimeoutError, KafkaConnectionError, NodeNotReadyError, RequestTimedOutError)
 
 
 class WriterFenced(RuntimeError):
@@ -49,7 +57,10 @@ class EventProducer:
         transactional_id: str | None = None,
     ) -> None:
         self.cfg = cfg
-        self._producer = AIOKafkaProducer(
+        # Built at start(): an aiokafka client that is never started still warns
+        # "Unclosed AIOKafkaProducer" when collected.
+        self._client: AIOKafkaProducer | None = None
+        self._client_kwargs = dict(
             bootstrap_servers=cfg.bootstrap_servers,
             client_id=client_id or cfg.client_id,
             acks="all",
@@ -69,6 +80,12 @@ class EventProducer:
         self.fenced: WriterFenced | None = None
 
     @property
+    def _producer(self) -> AIOKafkaProducer:
+        if self._client is None:
+            self._client = AIOKafkaProducer(**self._client_kwargs)
+        return self._client
+
+    @property
     def raw(self) -> AIOKafkaProducer:
         """The underlying aiokafka producer (transactions, flush)."""
         return self._producer
@@ -77,7 +94,7 @@ class EventProducer:
         if not self._started:
             # With a transactional id, start() is InitProducerId: the broker aborts any
             # open transaction of an older producer of this id and fences it.
-            await self._producer.start()
+            await start_client(self._producer, self.cfg.bootstrap_servers, "producer")
             self._started = True
             if self.transactional_id:
                 log.info("transactional producer started", transactional_id=self.transactional_id,
@@ -87,7 +104,9 @@ class EventProducer:
     def epoch(self) -> int:
         """The producer epoch the broker granted this transactional id (-1 without one).
         aiokafka keeps it on its transaction manager; there is no public accessor."""
-        txn = self._producer._txn_manager
+        if self._client is None:
+            return -1
+        txn = self._client._txn_manager
         return txn.producer_epoch if txn is not None and self.transactional_id else -1
 
     @contextlib.asynccontextmanager
@@ -201,10 +220,27 @@ class EventProducer:
             )
         if not self._started:
             raise RuntimeError("EventProducer.publish before start()")
-        if self.transactional_id and self._txn_owner is not asyncio.current_task():
-            async with self.transaction():
+        if self.transactional_id:
+            if self._txn_owner is not asyncio.current_task():
+                async with self.transaction():
+                    return await self._send(topic, value, key, headers, partition)
+            # In a caller's transaction: a failure breaks the transaction, so the caller
+            # (the trainer) retries the whole of it.
+            return await self._send(topic, value, key, headers, partition)
+        attempt = 0
+        while True:
+            try:
                 return await self._send(topic, value, key, headers, partition)
-        return await self._send(topic, value, key, headers, partition)
+            except BROKER_AWAY as exc:
+                # A service waits for a lost broker instead of crashing. The record may
+                # have been written before the error (at-least-once: a duplicate).
+                if not waiting_for_broker():
+                    raise
+                attempt += 1
+                delay = backoff_s(attempt)
+                log.warning(f"cannot reach Kafka at {self.cfg.bootstrap_servers}; publish to {topic} retried in "
+                            f"{delay:g} s", error=type(exc).__name__, attempt=attempt)
+                await asyncio.sleep(delay)
 
     async def _send(self, topic: str, value: bytes | None, key: bytes | None,
                     headers: Sequence[tuple[str, bytes]], partition: int | None) -> RecordRef:

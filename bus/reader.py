@@ -11,6 +11,7 @@ from aiokafka import AIOKafkaConsumer, ConsumerRecord, TopicPartition
 
 from bus import codec
 from bus.config import KafkaConfig
+from bus.connect import start_client
 from bus.consumer import Envelope, envelope_of
 from bus.topics import topic_spec
 from schemas import RecordRef
@@ -42,7 +43,7 @@ async def fetch_records(cfg: KafkaConfig, refs: Sequence[RecordRef], timeout_ms:
         wanted[TopicPartition(ref.topic, ref.partition)].add(ref.offset)
     found: dict[tuple[str, int, int], Envelope] = {}
     consumer = plain_reader(cfg, "reader")
-    await consumer.start()
+    await start_client(consumer, cfg.bootstrap_servers, "reader")
     try:
         for tp, offsets in wanted.items():
             # Read the span [min, max] of wanted offsets once, in order: the records of
@@ -112,7 +113,7 @@ async def read_topic(cfg: KafkaConfig, topic: str, timeout_ms: int = 10_000) -> 
     if not topic.startswith(cfg.topic_prefix):
         topic = topic_spec(topic, cfg.topic_prefix).name(cfg.topic_prefix)
     consumer = plain_reader(cfg, "reader")
-    await consumer.start()
+    await start_client(consumer, cfg.bootstrap_servers, "reader")
     out: list[Envelope] = []
     try:
         tps = await topic_partitions(consumer, topic)

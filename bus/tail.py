@@ -30,6 +30,7 @@ from aiokafka import TopicPartition
 
 from bus import codec
 from bus.config import KafkaConfig
+from bus.connect import start_client
 from bus.reader import plain_reader, read_ranges, topic_partitions
 from bus.topics import TOPICS, topic_spec
 from schemas import TrajectoryChunk, arrays
@@ -346,7 +347,7 @@ async def tail(cfg: KafkaConfig, opts: TailOptions, out: TextIO, err: TextIO | N
         if opts.group is not None:
             await _tail_as_group(cfg, topic, opts, printer)
         else:
-            await consumer.start()
+            await start_client(consumer, cfg.bootstrap_servers, "tail")
             await _tail(consumer, topic, opts, printer, start_offsets, since_ms, live)
     except _LimitReached:
         pass
@@ -452,7 +453,7 @@ async def _tail_as_group(cfg: KafkaConfig, topic: str, opts: TailOptions, printe
         bootstrap_servers=cfg.bootstrap_servers, client_id=f"{cfg.client_id}-tail", group_id=opts.group,
         enable_auto_commit=True, auto_offset_reset="earliest", isolation_level="read_committed",
     )
-    await consumer.start()
+    await start_client(consumer, cfg.bootstrap_servers, "tail")
     try:
         if not await topic_partitions(consumer, topic):
             raise TailError(f"topic {topic} does not exist")

@@ -340,7 +340,11 @@ def metadata_brokers(bootstrap: str, timeout: float = 5.0) -> list[int]:
 
     async def ask() -> list[int]:
         admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=int(timeout * 1000))
-        await asyncio.wait_for(admin.start(), timeout)
+        try:
+            await asyncio.wait_for(admin.start(), timeout)
+        except BaseException:
+            await admin.close()  # no "Unclosed" warning for a broker that is not up yet
+            raise
         try:
             info = await asyncio.wait_for(admin.describe_cluster(), timeout)
             return sorted(b["node_id"] for b in info["brokers"])

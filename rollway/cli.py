@@ -29,6 +29,11 @@ COMMANDS: list[tuple[str, str, str]] = [
 ]
 
 
+# Long-running components: with no broker they wait for one (retrying, one log line
+# per attempt); every other command is a tool and exits 1 with one line instead.
+SERVICES = frozenset({"trainer", "sampler", "feeder", "sandbox", "evaluator", "analytics"})
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="rollway",
@@ -46,8 +51,15 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    # Imported here, not at the top: bus pulls in aiokafka and `rollway --help` stays instant.
+    from bus.connect import KafkaUnreachable, wait_for_broker
+
+    wait_for_broker(args.command in SERVICES)
     try:
         return int(args._module.run(args) or 0)
+    except KafkaUnreachable as exc:
+        print(exc, file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         return 130
 

@@ -14,6 +14,7 @@ import structlog
 
 from bus import codec
 from bus.config import KafkaConfig
+from bus.connect import start_client
 from bus.consumer import Envelope, envelope_of
 from bus.reader import plain_reader, topic_partitions
 from bus.topics import topic_spec
@@ -30,7 +31,7 @@ class LogFollower:
 
     async def start(self) -> None:
         consumer = self._consumer
-        await consumer.start()
+        await start_client(consumer, self.cfg.bootstrap_servers, "view")
         tps = []
         for topic in self.topics:
             found = await topic_partitions(consumer, topic)

@@ -66,9 +66,11 @@ class Evaluator:
     async def run(self, install_signals: bool = True) -> None:
         cfg = self.cfg
         if install_signals:
+            from bus.connect import add_stop_handler
+
             loop = asyncio.get_running_loop()
             for sig in (signal.SIGTERM, signal.SIGINT):
-                loop.add_signal_handler(sig, self.request_stop)
+                add_stop_handler(loop, sig, self.request_stop)
         from syncer.store import open_store
         from syncer.subscriber import WeightSubscriber
 

@@ -100,9 +100,11 @@ class SamplerService:
     async def run(self, install_signals: bool = True) -> None:
         cfg, scfg = self.cfg, self.scfg
         if install_signals:
+            from bus.connect import add_stop_handler
+
             loop = asyncio.get_running_loop()
             for sig in (signal.SIGTERM, signal.SIGINT):
-                loop.add_signal_handler(sig, self.request_stop)
+                add_stop_handler(loop, sig, self.request_stop)
         async with EventProducer(cfg.kafka, client_id=f"{cfg.kafka.client_id}-{self.replica_id}") as producer, \
                 SandboxClient(scfg.sandbox_url, timeout_s=scfg.sandbox_request_timeout_s) as sandbox:
             self._producer = producer

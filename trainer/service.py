@@ -283,19 +283,9 @@ class Trainer:
         metrics.update({f"count_{k}": float(v) for k, v in sorted(self.assembler.counters.items())})
         metrics.update({f"buffered_{k}": float(v) for k, v in self.assembler.buffered().items()})
         metrics["published_version"] = float(self.published_version())
-        assert self.watch is not None
-        # One transaction: the step, the offsets of its records and its metrics become
-        # visible together, or (fenced, crashed) not at all. It must commit before
-        # anything depends on this step.
-        async with producer.transaction():
-            await self.watch.check(result.step)  # refuses a step number already logged
-            await producer.publish(step_event(result.step, result.weights_hash, groups, metrics, self.tcfg.seed))
-            await self._ack(consumer, self.assembler.mark_trained(groups))
-            await producer.publish(Metrics(
-                source=self.tcfg.metrics_source, step=result.step, weight_version=result.weight_version,
-                values={**metrics, "process_started_at": self.process_started_at}, histograms=result.histograms,
-                created_at=now(),
-            ))
+        released = list(self.assembler.mark_trained(groups))
+        event = step_event(result.step, result.weights_hash, groups, metrics, self.tcfg.seed)
+        await self._log_step(event, released, result, metrics, consumer, producer)
         log.info("train step", step=result.step, weights_hash=result.weights_hash[:16],
                  groups=len(groups), staleness_hist=result.histograms.get("staleness"),
                  **{k: round(metrics[k], 6) for k in LOGGED_METRICS})
@@ -309,6 +299,42 @@ class Trainer:
                      snapshot_s=round(time.perf_counter() - started, 4))
         if self.tcfg.publish_every and result.step % self.tcfg.publish_every == 0:
             await self._publish_weights()
+
+    async def _log_step(self, event, released: list, result: "StepResult", metrics: dict,
+                        consumer: "EventConsumer", producer: "EventProducer") -> None:
+        """One transaction: the step, the offsets of its records and its metrics become
+        visible together, or (fenced, crashed) not at all. It must commit before anything
+        depends on this step. A broker lost meanwhile is waited for: the aborted
+        transaction is retried whole (the step is in memory, its entry the same)."""
+        from bus.connect import backoff_s
+        from bus.producer import BROKER_AWAY
+        from trainer.steplog import StepAlreadyLogged
+
+        assert self.watch is not None
+        attempt = 0
+        while True:
+            try:
+                async with producer.transaction():
+                    await self.watch.check(event.step)  # refuses a step number already logged
+                    await producer.publish(event)
+                    await self._ack(consumer, released)
+                    await producer.publish(Metrics(
+                        source=self.tcfg.metrics_source, step=result.step, weight_version=result.weight_version,
+                        values={**metrics, "process_started_at": self.process_started_at},
+                        histograms=result.histograms, created_at=now(),
+                    ))
+                return
+            except StepAlreadyLogged:
+                # After a commit whose acknowledgement was lost, the entry found is ours.
+                if attempt and self.watch.hashes.get(event.step) == event.weights_hash:
+                    return
+                raise
+            except BROKER_AWAY as exc:
+                attempt += 1
+                delay = backoff_s(attempt)
+                log.warning(f"cannot reach Kafka at {self.cfg.kafka.bootstrap_servers}; logging step {event.step} "
+                            f"retried in {delay:g} s", error=type(exc).__name__, attempt=attempt)
+                await asyncio.sleep(delay)
 
     async def _publish_weights(self) -> None:
         from trainer.model import publishable_state

@@ -16,6 +16,7 @@ import structlog
 
 from bus import RecordMissing, codec, fetch_records
 from bus.config import KafkaConfig
+from bus.connect import start_client
 from bus.consumer import envelope_of
 from bus.topics import topic_spec
 from schemas import DeadLetter, RecordRef, Reward, TrainedTrajectory, TrainStep, TrajectoryChunk, now
@@ -111,7 +112,7 @@ async def _read_raw(cfg: KafkaConfig, topic: str, timeout_ms: int) -> list:
         bootstrap_servers=cfg.bootstrap_servers, client_id=f"{cfg.client_id}-steplog",
         enable_auto_commit=False, isolation_level="read_committed", request_timeout_ms=cfg.request_timeout_ms,
     )
-    await consumer.start()
+    await start_client(consumer, cfg.bootstrap_servers, "step log reader")
     out: list = []
     try:
         # aiokafka's public partitions_for_topic only knows subscribed topics.
@@ -171,6 +172,7 @@ class StepLogWatch:
         self.cfg = cfg
         self.topic = _full(cfg, "train-steps")
         self.last_step = 0  # highest step number seen in the log so far
+        self.hashes: dict[int, str] = {}  # step -> weights hash, first entry wins
         self._consumer = None
         self._tps: list = []
 
@@ -180,7 +182,7 @@ class StepLogWatch:
         from bus.reader import plain_reader
 
         self._consumer = plain_reader(self.cfg, "steplog-watch")
-        await self._consumer.start()
+        await start_client(self._consumer, self.cfg.bootstrap_servers, "step log watch")
         partitions = (await self._consumer._client.fetch_all_metadata()).partitions_for_topic(self.topic) or set()
         self._tps = [TopicPartition(self.topic, p) for p in sorted(partitions)]
         self._consumer.assign(self._tps)
@@ -212,6 +214,7 @@ class StepLogWatch:
                     except codec.DecodeFailure:
                         continue
                     self.last_step = max(self.last_step, event.step)
+                    self.hashes.setdefault(event.step, event.weights_hash)
         if step and self.last_step >= step:
             raise StepAlreadyLogged(
                 f"step {step} is already in the train-step log {self.topic} (it holds steps up to "

@@ -33,16 +33,10 @@ def run(args: argparse.Namespace) -> int:
     from rollway.logging import configure_logging
 
     configure_logging("broker")
+    # start/stop/status act on the brokers of --data-dir whatever KAFKA_BOOTSTRAP_SERVERS
+    # says: after `export KAFKA_BOOTSTRAP_SERVERS=...` (as start suggests), stop must
+    # still stop them. The variable only chooses the cluster components connect to.
     external = external_bootstrap()
-    if external:
-        print(f"KAFKA_BOOTSTRAP_SERVERS={external} is set: using that cluster, starting nothing")
-        if args.action == "status":
-            try:
-                print(f"brokers answering: {metadata_brokers(external)}")
-            except Exception as exc:
-                print(f"not answering: {exc}")
-                return 1
-        return 0
     try:
         if args.action == "start":
             try:
@@ -62,6 +56,8 @@ def run(args: argparse.Namespace) -> int:
                 kafka.stop()
                 raise
             print(f"kafka ready: {bootstrap}")
+            if external and external != bootstrap:
+                print(f"note: KAFKA_BOOTSTRAP_SERVERS={external} is set; components connect there, not here")
             print(f"export KAFKA_BOOTSTRAP_SERVERS={bootstrap}")
             return 0
         state = ClusterState.load(args.data_dir)

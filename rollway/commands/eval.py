@@ -117,6 +117,7 @@ async def _run(cfg, version: int | None, *, publish: bool):
     from sampler.evaluation import EvalError, check_sandbox, eval_sampler_config, evaluate, load_tasks, resolve_version
     from sampler.service import make_engine
     from sandbox.client import SandboxClient
+    from bus.connect import KafkaUnreachable
     from syncer.store import open_store
 
     ecfg = cfg.eval
@@ -141,6 +142,8 @@ async def _run(cfg, version: int | None, *, publish: bool):
                     await ensure_topics(cfg.kafka, [topic_spec("evals")])
                     producer = EventProducer(cfg.kafka, client_id=f"{cfg.kafka.client_id}-eval")
                     await producer.start()
+                except KafkaUnreachable:
+                    raise  # rollway.cli prints its one line
                 except Exception as exc:
                     raise EvalError(f"cannot publish to Kafka at {cfg.kafka.bootstrap_servers}: {exc} "
                                     "(--no-publish evaluates without it)") from None

@@ -54,9 +54,11 @@ def run(args: argparse.Namespace) -> int:
         return 2
 
     async def main() -> int:
+        from bus.connect import add_stop_handler
+
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(sig, feeder.stop)
+            add_stop_handler(loop, sig, feeder.stop)
         reason = await feeder.run()
         print(f"feeder stopped: {reason}; published {feeder.published} groups", flush=True)
         return 0

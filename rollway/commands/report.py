@@ -47,6 +47,8 @@ def run(args: argparse.Namespace) -> int:
         events = asyncio.run(read_all())
     except Exception as exc:
         # aiokafka's connection errors share no base class with OSError.
+        if type(exc).__name__ == "KafkaUnreachable":
+            raise  # rollway.cli prints its one line
         if not isinstance(exc, (RecordMissing, OSError)) and not type(exc).__module__.startswith("aiokafka"):
             raise
         logging.getLogger("asyncio").setLevel(logging.CRITICAL)

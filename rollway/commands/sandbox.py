@@ -54,9 +54,11 @@ def run(args: argparse.Namespace) -> int:
             print(f"sandbox service on http://{sandbox_cfg.host}:{sandbox_cfg.port} "
                   f"({len(store)} tasks, rewards {'published' if producer else 'not published'})", flush=True)
             stop = asyncio.Event()
+            from bus.connect import add_stop_handler
+
             loop = asyncio.get_running_loop()
             for sig in (signal.SIGINT, signal.SIGTERM):
-                loop.add_signal_handler(sig, stop.set)
+                add_stop_handler(loop, sig, stop.set)
             await stop.wait()
             await runner.cleanup()
             return 0

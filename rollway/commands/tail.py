@@ -57,8 +57,6 @@ def run(args: argparse.Namespace) -> int:
     import os
     import sys
 
-    from aiokafka.errors import KafkaConnectionError
-
     from bus.tail import TailError, TailOptions, run_tail
     from rollway.config import ConfigError, load_config
     from rollway.logging import configure_logging
@@ -76,9 +74,6 @@ def run(args: argparse.Namespace) -> int:
     except (TailError, ConfigError) as exc:
         print(f"rollway tail: {exc}", file=sys.stderr)
         return 2
-    except KafkaConnectionError as exc:
-        print(f"rollway tail: cannot reach Kafka: {exc}", file=sys.stderr)
-        return 1
     except BrokenPipeError:  # `rollway tail ... | head`: the reader has what it wanted
         # Point stdout at /dev/null so the interpreter's final flush does not fail again.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())

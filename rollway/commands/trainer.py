@@ -38,9 +38,11 @@ def run(args: argparse.Namespace) -> int:
     trainer = Trainer(cfg, sink=RecordingSink() if args.no_publish else None)
 
     async def main() -> int:
+        from bus.connect import add_stop_handler
+
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, trainer.stop)
+            add_stop_handler(loop, sig, trainer.stop)
         return await trainer.run(max_steps=args.max_steps, exit_when_idle_s=args.exit_when_idle)
 
     try:
