@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from bus import EventProducer, KafkaConfig, encode, ensure_topics, read_topic
-from rollway.commands.up import explicitly_set, plan
+from rollway.commands.up import MAIN_JOB, explicitly_set, plan
 from rollway.live_state import LiveState
 from rollway.live_view import render, status_line
 from rollway.log_follow import LogFollower
@@ -60,6 +60,25 @@ def test_explicitly_set_reads_file_and_environment(tmp_path):
     assert explicitly_set(str(cfg), {}, "feeder", "tasks_dir")
     assert not explicitly_set(str(cfg), {}, "feeder", "group_size")
     assert explicitly_set(None, {"ROLLWAY_FEEDER__TASKS_DIR": "x"}, "feeder", "tasks_dir")
+
+
+def test_compose_runs_the_main_job_settings():
+    """docker compose runs the same main job as `rollway up`: every MAIN_JOB setting is in
+    the compose config with the same value, and each converts to its config field."""
+    import tomllib
+
+    import msgspec
+
+    from rollway.config import RollwayConfig
+
+    compose = tomllib.loads(Path("deploy/rollway.compose.toml").read_text())
+    defaults = msgspec.to_builtins(RollwayConfig())
+    for (section, key), value in MAIN_JOB.items():
+        assert key in defaults[section], (section, key)
+        typed = msgspec.convert({**defaults[section], key: value}, type(getattr(RollwayConfig(), section)),
+                                strict=False)
+        assert compose[section][key] == getattr(typed, key), (section, key)
+        assert getattr(typed, key) != defaults[section][key], f"{section}.{key} is the default: leave it out"
 
 
 # -- the supervisor's policy on real processes, with a clock the test moves -------------------
