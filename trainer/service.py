@@ -191,22 +191,28 @@ class Trainer:
         if not assigned or consumer is None or producer is None:
             return
         raw = consumer.raw
-        offsets = {}
-        missing = []
-        for tp in assigned:
-            committed = await raw.committed(tp)
-            if committed is None:
-                missing.append(tp)
-            else:
-                offsets[tp] = committed
-        if missing:
-            # Never committed: the group starts these at the beginning anyway.
-            offsets.update(await raw.beginning_offsets(missing))
         try:
-            await producer.send_offsets(offsets, self.tcfg.group_id)
-        except Exception as exc:  # fenced: the live loop sees producer.fenced and stops
-            log.error("ownership check on assignment failed", error=str(exc))
-            consumer.stop()
+            # Read and re-commit inside one transaction: a step committing between the
+            # two would otherwise be followed by this older value.
+            async with producer.transaction():
+                offsets = {}
+                missing = []
+                for tp in assigned:
+                    committed = await raw.committed(tp)
+                    if committed is None:
+                        missing.append(tp)
+                    else:
+                        offsets[tp] = committed
+                if missing:
+                    # Never committed: the group starts these at the beginning anyway.
+                    offsets.update(await raw.beginning_offsets(missing))
+                await producer.send_offsets(offsets, self.tcfg.group_id)
+        except Exception as exc:
+            if producer.fenced is None:  # e.g. the broker briefly away: the next step's transaction checks again
+                log.warning("ownership check on assignment failed", error=str(exc))
+                return
+            log.error("fenced on assignment: another trainer owns the transactional id", error=str(exc))
+            consumer.stop()  # the live loop then raises producer.fenced
 
     async def _on_revoke(self, revoked) -> None:
         if revoked and self.assembler is not None:
