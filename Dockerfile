@@ -57,7 +57,12 @@ RUN pip install --no-cache-dir -e . "pytest>=8" \
 
 # ROLLWAY_CACHE: the warm-start model cache (`rollway model init`) on the models volume,
 # so a second `docker compose up` does not redo the SFT.
+# TORCHDYNAMO_DISABLE: vLLM's sampler wraps a few helpers (gather_logprobs) in
+# torch.compile, whose CPU backend needs a C++ compiler at run time ("InvalidCxxCompiler:
+# No working C++ compiler found"); the image has none, so they run eagerly (same result;
+# Rollway's own code never compiles, the model runs with enforce_eager).
 ENV HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 \
     VLLM_CPU_KVCACHE_SPACE=1 VLLM_ENABLE_V1_MULTIPROCESSING=0 \
+    TORCHDYNAMO_DISABLE=1 \
     PYTHONUNBUFFERED=1 ROLLWAY_CACHE=/models/.cache
 ENTRYPOINT ["rollway"]
