@@ -16,7 +16,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import msgspec
@@ -28,6 +27,7 @@ from rollway.broker import ClusterState, free_ports, pid_alive, port_open
 from rollway.config import RollwayConfig
 from schemas import Task
 from tests.conftest import TEST_PARTITIONS, unique
+from tests.waiting import wait_until
 from tasks.config import FeederConfig
 
 pytestmark = [pytest.mark.kafka, pytest.mark.slow]
@@ -90,8 +90,8 @@ def test_service_started_before_the_broker_connects_once_it_is_up(tmp_path):
             cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT,
         )
     try:
-        retries = _wait_for(lambda: _retry_lines(log_path) if len(_retry_lines(log_path)) >= 2 else None,
-                            feeder, log_path, "two retry lines")
+        retries = wait_until(lambda: _retry_lines(log_path) if len(_retry_lines(log_path)) >= 2 else None,
+                             120, "two retry lines", proc=feeder)
         first = retries[0]
         assert first["bootstrap"] == bootstrap and first["attempt"] == 1 and first["level"] == "warning"
         assert first["event"].startswith(f"cannot reach Kafka at {bootstrap}; retrying in ")
@@ -133,7 +133,7 @@ def test_service_stopped_while_waiting_for_a_broker_exits_cleanly(tmp_path):
         feeder = subprocess.Popen([sys.executable, "-m", "rollway.cli", "--config", "/dev/null", "feeder"],
                                   cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT)
     try:
-        _wait_for(lambda: _retry_lines(log_path) or None, feeder, log_path, "a retry line")
+        wait_until(lambda: _retry_lines(log_path), 120, "a retry line", proc=feeder)
         feeder.send_signal(signal.SIGTERM)
         assert feeder.wait(timeout=60) == 1
     finally:
@@ -155,15 +155,3 @@ def _retry_lines(path: Path) -> list[dict]:
         if str(item.get("event", "")).startswith("cannot reach Kafka at"):
             out.append(item)
     return out
-
-
-def _wait_for(probe, proc: subprocess.Popen, log_path: Path, what: str, timeout: float = 120.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        found = probe()
-        if found:
-            return found
-        if proc.poll() is not None:
-            raise AssertionError(f"exited ({proc.returncode}) waiting for {what}:\n{log_path.read_text()[-3000:]}")
-        time.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {what}:\n{log_path.read_text()[-3000:]}")

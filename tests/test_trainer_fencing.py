@@ -30,6 +30,7 @@ from rollway.config import RollwayConfig
 from schemas import Metrics, TrainStep
 from syncer.publisher import WeightConflict
 from tests.trainer_helpers import one_thread  # noqa: F401  autouse fixture
+from tests.waiting import wait_until_async
 from trainer.config import TrainerConfig
 from trainer.publishing import RecordingSink
 from trainer.service import Trainer
@@ -66,18 +67,6 @@ async def publish(cfg, groups) -> list[str]:
                 await producer.publish(reward)
                 ids.append(traj.trajectory_id)
     return ids
-
-
-async def wait_until(predicate, what: str, timeout: float = 120.0, task: asyncio.Task | None = None) -> None:
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    while not await predicate():
-        if task is not None and task.done():
-            task.result()
-            raise AssertionError(f"trainer ended while waiting for {what}")
-        if loop.time() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.2)
 
 
 async def logged_steps(cfg) -> dict:
@@ -144,7 +133,7 @@ async def test_second_trainer_fences_the_first_and_its_open_step_is_aborted(
     monkeypatch.setattr(EventProducer, "publish", publish_holding)
     g0 = await publish(kafka_config, sampled[:1])
     first_task = asyncio.create_task(first.run())
-    await wait_until(lambda: _has_steps(kafka_config, 1), "step 1", task=first_task)
+    await wait_until_async(lambda: _has_steps(kafka_config, 1), 120, "step 1", task=first_task, poll_s=0.2)
     g1 = await publish(kafka_config, sampled[1:2])
     await asyncio.wait_for(held.wait(), 120)
     # Step 2 is written but not committed: read_committed readers stop before it.
@@ -154,14 +143,15 @@ async def test_second_trainer_fences_the_first_and_its_open_step_is_aborted(
     second = Trainer(cfg, sink=RecordingSink())
     second_task = asyncio.create_task(second.run())
     # The second trainer's producer start fences the first and aborts its transaction.
-    await wait_until(lambda: _true(second.producer is not None and second.producer.epoch > first.producer.epoch),
-                     "the second trainer's producer", task=second_task)
+    await wait_until_async(lambda: second.producer is not None and second.producer.epoch > first.producer.epoch,
+                           120, "the second trainer's producer", task=second_task)
     release.set()
     with pytest.raises(WriterFenced, match="another producer started with transactional id"):
         await asyncio.wait_for(first_task, 120)
 
     # The second trainer trains the group whose step the first could not commit.
-    await wait_until(lambda: _has_steps(kafka_config, 2), "step 2 by the second trainer", task=second_task)
+    await wait_until_async(lambda: _has_steps(kafka_config, 2), 120, "step 2 by the second trainer",
+                           task=second_task, poll_s=0.2)
     second.stop()
     assert await asyncio.wait_for(second_task, 120) == 2
     steps = await logged_steps(kafka_config)
@@ -177,10 +167,6 @@ async def test_second_trainer_fences_the_first_and_its_open_step_is_aborted(
 
 async def _has_steps(cfg, n: int) -> bool:
     return len(await read_step_log(cfg)) >= n
-
-
-async def _true(value: bool) -> bool:
-    return value
 
 
 async def test_weight_conflict_stops_the_trainer(kafka_config, tiny_model_path, tmp_path, sampled):
