@@ -33,11 +33,24 @@ def run(args: argparse.Namespace) -> int:
     from rollway.logging import configure_logging
 
     configure_logging("broker")
-    # start/stop/status act on the brokers of --data-dir whatever KAFKA_BOOTSTRAP_SERVERS
-    # says: after `export KAFKA_BOOTSTRAP_SERVERS=...` (as start suggests), stop must
-    # still stop them. The variable only chooses the cluster components connect to.
+    # stop/status act on the brokers of --data-dir whatever KAFKA_BOOTSTRAP_SERVERS says:
+    # after `export KAFKA_BOOTSTRAP_SERVERS=...` (as start suggests), stop must still stop
+    # them. start defers to a variable naming another cluster, not to one naming the
+    # cluster of --data-dir (start, export, stop, start again).
     external = external_bootstrap()
     try:
+        if args.action == "start" and external:
+            # The brokers this command would start (--port P: nodes on P, P+2, P+4).
+            planned = {",".join(f"127.0.0.1:{args.port + 2 * i}" for i in range(args.nodes))} if args.port else set()
+            try:
+                planned.add(ClusterState.load(args.data_dir).bootstrap)
+            except BrokerError:
+                pass
+            ours = external in planned
+            if not ours:
+                print(f"KAFKA_BOOTSTRAP_SERVERS={external} is set: using that cluster, starting nothing "
+                      f"(unset it to start one from {args.data_dir})")
+                return 0
         if args.action == "start":
             try:
                 state = ClusterState.load(args.data_dir)
@@ -56,8 +69,6 @@ def run(args: argparse.Namespace) -> int:
                 kafka.stop()
                 raise
             print(f"kafka ready: {bootstrap}")
-            if external and external != bootstrap:
-                print(f"note: KAFKA_BOOTSTRAP_SERVERS={external} is set; components connect there, not here")
             print(f"export KAFKA_BOOTSTRAP_SERVERS={bootstrap}")
             return 0
         state = ClusterState.load(args.data_dir)
