@@ -281,15 +281,17 @@ async def test_bad_input_is_one_clear_line_and_a_nonzero_exit(kafka_config, tmp_
             (("eval", "--tasks", str(tmp_path / "clash")), {},
              f"rollway eval: the sandbox at {sb.url} refused task 'add_ok': task 'add_ok' is already known with "
              "other files or hidden tests"),
+            # Every CLI tool's line for a missing broker (bus.connect), exit 1.
             (("eval", *tasks), no_kafka,
-             f"rollway eval: cannot publish to Kafka at 127.0.0.1:{closed_port}: "),
+             f"cannot reach Kafka at 127.0.0.1:{closed_port} — start one with rollway broker start or set "
+             "KAFKA_BOOTSTRAP_SERVERS"),
             (("evaluator", "--split", "family:nope"), {},
              "rollway evaluator: cannot load the tasks of 'family:nope': unknown split 'nope'; valid splits: "
              "train, heldout"),
         ]
         runs = await asyncio.gather(*(rollway(config, *args, env=env) for args, env, _ in cases))
-        for (args, _, message), (code, out, err) in zip(cases, runs):
-            assert code == 2, (args, out, err)
+        for (args, env, message), (code, out, err) in zip(cases, runs):
+            assert code == (1 if env is no_kafka else 2), (args, out, err)
             assert out == "", (args, out)
             assert len(err.splitlines()) == 1 and err.startswith(message), (args, err)
         assert sb.service.store.get("add_ok").hidden_tests == UPPER_TEST
