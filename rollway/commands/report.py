@@ -23,6 +23,8 @@ def run(args: argparse.Namespace) -> int:
     import sys
     from pathlib import Path
 
+    import msgspec
+
     from bus import DecodeFailure, RecordMissing, read_topic
     from rollway.commands import load_config_or_exit
     from rollway.logging import configure_logging
@@ -68,5 +70,8 @@ def run(args: argparse.Namespace) -> int:
     out = Path(args.out)
     plots = draw_all(data, out)
     (out / "summary.md").write_text(summary_markdown(data, plots, source))
-    print(f"rollway report: {len(plots)} plots and summary.md in {out}/")
+    # The per-step figures for scripts (e.g. benchmarks/compare_runs.py): they outlive
+    # the run's broker.
+    (out / "steps.json").write_bytes(msgspec.json.encode({"steps": data.steps, "evals": data.evals}))
+    print(f"rollway report: {len(plots)} plots, summary.md and steps.json in {out}/")
     return 0
