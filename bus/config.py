@@ -5,6 +5,36 @@ from __future__ import annotations
 import msgspec
 
 
+class HandlerRetry(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """How ``EventConsumer.run`` retries a failing handler before dead-lettering the
+    record: back-off delays starting at ``backoff_s``, doubling up to ``max_backoff_s``,
+    until they add up to ``window_s`` (the last one shortened to land on it exactly).
+    The window is what an outage of a dependency (the sandbox, the store) may last
+    without costing a task: seconds to minutes, not the handler's run time."""
+
+    window_s: float = 60.0
+    backoff_s: float = 0.5
+    max_backoff_s: float = 10.0
+
+    def __post_init__(self) -> None:
+        if self.window_s < 0:
+            raise ValueError(f"kafka.handler_retry.window_s must not be negative, got {self.window_s}")
+        if self.backoff_s <= 0 or self.max_backoff_s < self.backoff_s:
+            raise ValueError("kafka.handler_retry needs 0 < backoff_s <= max_backoff_s, got "
+                             f"{self.backoff_s} and {self.max_backoff_s}")
+
+    def delays(self) -> list[float]:
+        """The sleeps between tries; a record is tried ``len(delays()) + 1`` times."""
+        out: list[float] = []
+        total, delay = 0.0, self.backoff_s
+        while self.window_s - total > 1e-9:  # not a float crumb of a last delay
+            step = min(delay, self.max_backoff_s, self.window_s - total)
+            out.append(step)
+            total += step
+            delay *= 2
+        return out
+
+
 class KafkaConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     bootstrap_servers: str = "127.0.0.1:9092"
     client_id: str = "rollway"
@@ -20,5 +50,5 @@ class KafkaConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     linger_ms: int = 5
     compression: str = "zstd"
     request_timeout_ms: int = 30_000
-    # A handler failing this many times in a row sends the record to the DLQ.
-    max_handler_attempts: int = 3
+    # A handler failing through this back-off window sends the record to the DLQ.
+    handler_retry: HandlerRetry = msgspec.field(default_factory=HandlerRetry)

@@ -7,8 +7,13 @@
   highest *contiguous* done offset, so a consumer with many records in flight (a sampler
   running several rollouts) never commits past unfinished work.
 * ``run(handler)`` is the managed loop: ack after the handler succeeds, retry a failing
-  handler, dead-letter a record whose handler keeps failing, stop on SIGTERM after the
-  in-flight handlers finish, commit, and leave the group.
+  handler with back-off over ``cfg.handler_retry.window_s``, dead-letter a record whose
+  handler keeps failing, stop on SIGTERM after the in-flight handlers finish (a record
+  waiting out a back-off is left unacked for the next owner), commit, and leave the group.
+* A dead letter that cannot be published is retried with back-off until it is (one too
+  big for a record goes without the original value): the record is acked only after its
+  letter is in the DLQ, so a failed publish neither loses it nor leaves it unacked,
+  holding back the partition's commits, while the consumer goes on.
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ import signal
 from dataclasses import dataclass
 from typing import Awaitable, Callable, Sequence
 
+import msgspec
 import structlog
 from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
 from aiokafka.structs import OffsetAndMetadata
@@ -25,11 +31,14 @@ from aiokafka.structs import OffsetAndMetadata
 from bus import codec
 from bus.config import KafkaConfig
 from bus.connect import add_stop_handler, start_client
-from bus.producer import EventProducer
+from bus.producer import EventProducer, RecordTooLarge
 from bus.topics import topic_spec
 from schemas import DeadLetter, Event, RecordRef, now
 
 log = structlog.get_logger(__name__)
+
+# Characters of the error kept in a dead letter that had to leave out the original value.
+_LETTER_ERROR_CHARS = 4_000
 
 
 class InvalidEvent(ValueError):
@@ -343,52 +352,88 @@ class EventConsumer:
         return self._dlq
 
     async def dead_letter(self, env: Envelope, error: str, kind: str = "handler", attempts: int = 0) -> None:
-        """Send a decoded record that could not be handled to the DLQ, then ack it."""
+        """Send a decoded record that could not be handled to the DLQ, then ack it.
+        A stop requested while the letter cannot be published leaves the record unacked
+        (its next owner handles it again)."""
         from bus.codec import encode
 
         value, _ = encode(env.event)
-        await self._publish_dead_letter(env.topic, env.partition, env.offset, env.key, value,
-                                        env.headers, error, kind, attempts)
-        await self.ack(env)
+        if await self._publish_dead_letter(env.topic, env.partition, env.offset, env.key, value,
+                                           env.headers, error, kind, attempts):
+            await self.ack(env)
 
     async def _dead_letter_record(self, record, headers, error: str, kind: str) -> None:
         self.undecodable += 1
         log.warning("undecodable record", topic=record.topic, partition=record.partition,
                     offset=record.offset, error=error, kind=kind)
         if record.topic != self.dlq_topic and self._dead_letter_undecodable is not False:
-            await self._publish_dead_letter(record.topic, record.partition, record.offset, record.key,
-                                            record.value, headers, error, kind, 0)
+            if not await self._publish_dead_letter(record.topic, record.partition, record.offset, record.key,
+                                                   record.value, headers, error, kind, 0):
+                return  # stopping: left unacked for the next owner
         tp = TopicPartition(record.topic, record.partition)
         self._mark_done(tp, record.offset)
         await self.commit([tp])
 
     async def _publish_dead_letter(self, topic, partition, offset, key, value, headers, error, kind,
-                                   attempts) -> None:
+                                   attempts) -> bool:
+        """Publish the letter, retrying until it is in the DLQ. False only when the
+        consumer is stopped first: then the caller must not ack the record."""
+        from bus.connect import backoff_s
+
         self.dead_lettered += 1
         if not self._dead_letters:
-            return
+            return True
         letter = DeadLetter(
             topic=topic, partition=partition, offset=offset, key=key, value=value,
             headers=list(headers), error=error, error_kind=kind,
             consumer_group=self.group_id or "", attempts=attempts, created_at=now(),
         )
-        producer = await self._producer_for_dlq()
-        await producer.publish(letter, topic=self.dlq_topic)
+        failures = 0
+        shrunk = False
+        while True:
+            try:
+                producer = await self._producer_for_dlq()
+                await producer.publish(letter, topic=self.dlq_topic)
+                return True
+            except asyncio.CancelledError:
+                raise
+            except RecordTooLarge as exc:
+                if shrunk:
+                    raise  # nothing left to leave out (a key near the limit?): a bug to see, not to retry
+                shrunk = True
+                # The original stays in its topic; the letter says where (and why it is short).
+                log.warning("dead letter too large; sending it without the original value", topic=topic,
+                            partition=partition, offset=offset, error=str(exc))
+                letter = msgspec.structs.replace(
+                    letter, value=None, headers=[],
+                    error=f"{letter.error[:_LETTER_ERROR_CHARS]} [original value ({len(letter.value or b'')} bytes) "
+                          f"and headers left out: the letter exceeded max_record_bytes; read the record at "
+                          f"{topic}:{partition}@{offset}]",
+                )
+            except Exception as exc:
+                failures += 1
+                delay = backoff_s(failures)
+                log.warning("dead-letter publish failed; retrying", topic=topic, partition=partition,
+                            offset=offset, attempt=failures, retry_in_s=delay, error=repr(exc))
+                if await self._stopped_within(delay):
+                    return False
+
+    async def _stopped_within(self, seconds: float) -> bool:
+        """Sleep ``seconds``; True (at once) when the consumer is stopped meanwhile."""
+        try:
+            await asyncio.wait_for(self._stop.wait(), timeout=seconds)
+        except asyncio.TimeoutError:
+            return False
+        return True
 
     # -- the managed loop ------------------------------------------------------------------
-    async def run(
-        self,
-        handler: Handler,
-        *,
-        concurrency: int = 1,
-        handle_signals: bool = False,
-        retry_delay_s: float = 0.2,
-    ) -> None:
+    async def run(self, handler: Handler, *, concurrency: int = 1, handle_signals: bool = False) -> None:
         """Handle every record until :meth:`stop` (or SIGTERM with ``handle_signals``).
 
         Each record is acked after its handler returns. A handler raising
         :class:`InvalidEvent` dead-letters the record at once; any other exception is
-        retried up to ``cfg.max_handler_attempts`` times, then dead-lettered.
+        retried after each delay of ``cfg.handler_retry`` (seconds to minutes in all),
+        then the record is dead-lettered.
         """
         if handle_signals:
             self.install_signal_handlers()
@@ -401,7 +446,7 @@ class EventConsumer:
                 # commit stops short of it and the next owner handles it.
                 slots.release()
                 break
-            task = asyncio.create_task(self._handle(env, handler, retry_delay_s))
+            task = asyncio.create_task(self._handle(env, handler))
             running.add(task)
             task.add_done_callback(lambda t: (running.discard(t), slots.release()))
         if running:
@@ -409,7 +454,8 @@ class EventConsumer:
             await asyncio.gather(*running, return_exceptions=True)
         await self.commit()
 
-    async def _handle(self, env: Envelope, handler: Handler, retry_delay_s: float) -> None:
+    async def _handle(self, env: Envelope, handler: Handler) -> None:
+        delays = self.cfg.handler_retry.delays()
         attempts = 0
         while True:
             attempts += 1
@@ -422,12 +468,21 @@ class EventConsumer:
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
-                log.warning("handler failed", topic=env.topic, partition=env.partition, offset=env.offset,
-                            attempt=attempts, error=repr(exc))
-                if attempts >= self.cfg.max_handler_attempts:
-                    await self.dead_letter(env, f"handler failed {attempts} times: {exc!r}", "handler", attempts)
+                if attempts > len(delays):
+                    log.error("handler kept failing; dead-lettering", topic=env.topic, partition=env.partition,
+                              offset=env.offset, attempts=attempts, error=repr(exc))
+                    await self.dead_letter(
+                        env, f"handler failed {attempts} times over {self.cfg.handler_retry.window_s:g} s: {exc!r}",
+                        "handler", attempts)
                     return
-                await asyncio.sleep(retry_delay_s * attempts)
+                delay = delays[attempts - 1]
+                log.warning("handler failed", topic=env.topic, partition=env.partition, offset=env.offset,
+                            attempt=attempts, retry_in_s=round(delay, 3), error=repr(exc))
+                if await self._stopped_within(delay):
+                    # Stopping: not acked, so the next owner of the partition retries it.
+                    log.info("stopping during a retry back-off; record left for the next owner",
+                             topic=env.topic, partition=env.partition, offset=env.offset)
+                    return
                 continue
             await self.ack(env)
             return

@@ -19,6 +19,7 @@ from bus import (
     read_topic,
     spec_for,
 )
+from bus.config import HandlerRetry
 from schemas import DeadLetter, Metrics, Task
 from tests.samples import sample_events
 from tests.waiting import wait_until_async
@@ -194,19 +195,22 @@ async def test_failing_handler_is_retried_then_dead_lettered(kafka_config):
             raise InvalidEvent("group_size must be positive")
         done.append(tid)
 
-    consumer = EventConsumer(kafka_config, ["tasks"], group_id="g-poison")
+    # Back-off 0.01, 0.02, then 0.04 cut to 0.03: four tries over the 0.06 s window.
+    cfg = msgspec.structs.replace(kafka_config, handler_retry=HandlerRetry(window_s=0.06, backoff_s=0.01))
+    assert cfg.handler_retry.delays() == pytest.approx([0.01, 0.02, 0.03])
+    consumer = EventConsumer(cfg, ["tasks"], group_id="g-poison")
     await consumer.start()
-    runner = asyncio.create_task(consumer.run(handle, retry_delay_s=0.01))
+    runner = asyncio.create_task(consumer.run(handle))
     await wait_until_async(lambda: done, 10, "task-2 handled")
     consumer.stop()
     await runner
     await consumer.close()
     assert done == ["task-2"]
-    assert attempts == {"task-0": kafka_config.max_handler_attempts, "task-1": 1, "task-2": 1}
+    assert attempts == {"task-0": 4, "task-1": 1, "task-2": 1}
     async with EventConsumer(kafka_config, ["dlq"], group_id=None) as dlq:
         letters = [e.event for e in await collect(dlq, 2)]
     kinds = {msgspec.msgpack.decode(l.value, type=Task).task_id: (l.error_kind, l.attempts) for l in letters}
-    assert kinds == {"task-0": ("handler", 3), "task-1": ("invalid", 1)}
+    assert kinds == {"task-0": ("handler", 4), "task-1": ("invalid", 1)}
 
 
 async def test_oversized_record_is_refused_before_the_broker(kafka_config):
