@@ -173,16 +173,72 @@ def test_unfinished_stale_trajectories_are_evicted(sampled):
     n = len(sampled[0][0].token_ids)
     e = envs(with_versions(sampled[0][0], [0] * n), chunk_tokens=8)
     feed(asm, e[:2])  # never finishes: its sampler died
-    feed(asm, envs(with_versions(sampled[0][1], [0] * n)))
+    done = envs(with_versions(sampled[0][1], [0] * n))
+    feed(asm, done)
     assert asm.take_batch(1, 1) is None and asm.partial  # 1 behind: still fine
     assert asm.take_batch(2, 2) is None
     assert not asm.partial and not asm.open_groups
-    assert asm.counters["dropped_stale"] == 1  # one group ...
-    assert asm.counters["unfinished_dropped_stale"] == 1  # ... with one unfinished trajectory
-    assert {x.offset for x in asm.released()} >= {x.offset for x in e[:2]}
-    # The rest of that group arriving later is dropped as late.
-    feed(asm, envs(with_versions(sampled[0][2], [2] * n)))
-    assert asm.counters["dropped_late"] == 1
+    assert asm.counters["trajectories_dropped_stale"] == 2  # the unfinished one and the complete one
+    assert asm.counters["unfinished_dropped_stale"] == 1
+    assert asm.counters["groups_abandoned_stale"] == 1  # nothing of the group is held any more
+    assert asm.counters["dropped_stale"] == 0  # no complete group was dropped
+    assert {x.offset for x in asm.released()} == {x.offset for x in e[:2] + done}
+    # The dead attempt's last chunks arriving later are released at once.
+    feed(asm, e[2:])
+    assert {x.offset for x in asm.released()} == {x.offset for x in e[2:]}
+    assert asm.counters["records_already_done"] == len(e) - 2
+
+
+@pytest.mark.parametrize("leftover", ["unfinished", "complete"])
+def test_a_retry_after_a_stale_leftover_of_a_killed_attempt_is_trained(sampled, leftover):
+    # Issue 13: attempt a0 of a group was killed; what it left (an unfinished
+    # trajectory, or one complete sample) goes stale. The group key stays open: the
+    # retry a1, sampled at the current version, completes the group and is trained.
+    asm = Assembler(cfg(max_staleness=1))
+    n = len(sampled[0][0].token_ids)
+    dead = envs(with_versions(sampled[0][0], [0] * n), chunk_tokens=8)
+    feed(asm, dead[:2] if leftover == "unfinished" else dead)
+    assert asm.take_batch(2, 2) is None  # the leftover is 2 > 1 versions behind: evicted
+    assert asm.counters["trajectories_dropped_stale"] == 1
+    assert asm.counters["groups_abandoned_stale"] == 1
+    assert ("task-0", "g0") not in asm.closed
+    retry = [dataclasses.replace(t, attempt="a1", versions=[2] * n) for t in sampled[0]]
+    for t in retry:
+        feed(asm, envs(t))
+    (g,) = asm.take_batch(2, 2)
+    assert g.key == ("task-0", "g0")
+    assert [t.trajectory_id for t in g.members] == [t.trajectory_id for t in retry]
+    assert asm.counters["dropped_late"] == 0 and asm.counters["dropped_duplicate"] == 0
+
+
+def test_a_fresher_attempt_replaces_an_older_sample_in_its_slot(sampled):
+    # Sample 1 of attempt a0 finished at version 0; the retry's sample 1 (version 2)
+    # takes the slot. Before, the retry's sample was dropped as a duplicate and the
+    # group, holding the old sample, went stale as a whole.
+    asm = Assembler(cfg(max_staleness=1))
+    n = len(sampled[1][0].token_ids)
+    old = envs(with_versions(sampled[1][1], [0] * n))
+    feed(asm, old)
+    retry = [dataclasses.replace(t, attempt="a1", versions=[2] * n) for t in sampled[1]]
+    for t in retry:
+        feed(asm, envs(t))
+    assert asm.counters["dropped_duplicate"] == 1
+    assert {x.offset for x in asm.released()} == {x.offset for x in old}
+    (g,) = asm.take_batch(2, 2)
+    assert [t.attempt for t in g.members] == ["a1"] * 4
+    assert asm.counters["dropped_stale"] == 0
+
+
+def test_groups_trained_before_a_restart_are_not_trained_again(sampled):
+    # The step log's TrainStep.groups: a restarted trainer's assembler gets the keys,
+    # and the group re-sampled under a new attempt id is a duplicate, never trained.
+    asm = Assembler(cfg(), trained_ids=[t.trajectory_id for t in sampled[0]], trained_groups=[("task-0", "g0")])
+    again = [envs(dataclasses.replace(t, attempt="a9")) for t in sampled[0]]
+    for e in again:
+        feed(asm, e)
+    assert asm.take_batch(0, 0) is None and not asm.open_groups and not asm.partial
+    assert asm.counters["dropped_duplicate"] == 4
+    assert len(asm.released()) == sum(len(e) for e in again)
 
 
 def test_version_cap_limits_one_old_version_per_batch(sampled):

@@ -105,7 +105,11 @@ async def test_trainer_trains_from_the_log_and_drops_what_it_must(kafka_config, 
     assert final.weight_version == 3
     assert final.metrics["count_dropped_duplicate"] == 1
     assert final.metrics["count_dropped_zero_variance"] == 1
-    assert final.metrics["count_dropped_stale"] == 1
+    # The stale group's 4 trajectories: dropped with the group when it completed before
+    # the next eviction, else one by one (the key stays open for a retry); which one
+    # depends on how the records were batched.
+    assert 4 * final.metrics.get("count_dropped_stale", 0) + final.metrics.get(
+        "count_trajectories_dropped_stale", 0) == 4
     assert final.metrics["count_dropped_invalid"] == 1
     (letter,) = await read_events(kafka_config, "dlq", 1)
     assert letter.error_kind == "invalid" and "logprobs" in letter.error

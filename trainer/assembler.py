@@ -5,18 +5,31 @@ Rules (each drop is counted in :attr:`Assembler.counters`):
 * A trajectory is complete when its final chunk, every chunk before it and its reward
   have arrived. Records of trajectories already trained (the train-step log says so)
   or already dropped are released at once.
-* A group is the G samples of one ``(task_id, group_id)``. The first complete
-  trajectory for a sample index wins its slot; a later complete one (another attempt)
-  is a duplicate and is dropped (``dropped_duplicate``), also after the group was
-  trained.
+* A group is the G samples of one ``(task_id, group_id)``; its members may come from
+  different attempts (a task delivered again after its sampler died). The first
+  complete trajectory for a sample index takes its slot; a later complete one (another
+  attempt) is a duplicate and is dropped (``dropped_duplicate``) unless its oldest
+  token is newer than the slot holder's: then it replaces it (the holder is the
+  duplicate), so a retry is not blocked by a dying attempt's older samples. After the
+  group was trained (also in an earlier process: the step log records its key, see
+  ``trained_groups``) every trajectory of it is a duplicate.
 * A complete group whose rewards are all equal carries no signal: dropped
   (``dropped_zero_variance``).
 * Staleness, against the version the next step trains (``current``): with
   ``drop_group`` a group whose oldest generated token is more than ``max_staleness``
   versions old is dropped (``dropped_stale``); with ``mask_tokens`` its stale tokens
   are masked later and the group is dropped only when every token is stale. Unfinished
-  trajectories and groups that can no longer be trained are evicted by the same rule,
-  so a dead sampler cannot hold records (and the committed offsets) forever.
+  trajectories and members of incomplete groups are evicted one by one by the same rule
+  (``trajectories_dropped_stale``), so a dead sampler cannot hold records (and the
+  committed offsets) forever. Eviction never closes the group key: a retry under a new
+  attempt id can still complete and train the group. An incomplete group left with no
+  trajectory at all is counted (once) and logged (``groups_abandoned_stale``); it is
+  still trained if a retry completes it later. A complete group that is too old is
+  dropped and its key closed (``dropped_stale``): it was sampled in full, no retry of
+  it is coming.
+* Every group ends trained (``mark_trained``) or dropped with a reason that is counted
+  (``groups_dropped_<reason>``: ``zero_variance``, ``stale``, ``invalid``) and logged
+  (``group dropped``), or abandoned as above.
 * Buffer policy: a group is filed under its newest token version. Groups from a
   version older than the newest published one fill at most
   ``max(1, floor(max_version_fraction * groups_per_step))`` slots of a batch; the rest
@@ -64,18 +77,27 @@ class _Pending:
         return self.reward is not None and chunks_complete([c for c, _ in self.chunks.values()])
 
     def versions(self) -> tuple[int, int] | None:
-        """(oldest, newest) version of the generated tokens seen so far."""
+        """(oldest, newest) version of the generated tokens seen so far. With none
+        generated yet: the newest version loaded while its prompt and tool output were
+        recorded, as both (an attempt killed before generating must still go stale;
+        tokens it might still generate come from at least that version)."""
         lo = hi = None
+        loaded = None
         for chunk, _ in self.chunks.values():
             try:
-                v = chunk.version_array()[chunk.loss_mask_array().astype(bool)]
+                every = chunk.version_array()
+                v = every[chunk.loss_mask_array().astype(bool)]
             except ValueError:
                 continue
+            if every.size:
+                loaded = int(every.max()) if loaded is None else max(loaded, int(every.max()))
             if v.size:
                 lo = int(v.min()) if lo is None else min(lo, int(v.min()))
                 hi = int(v.max()) if hi is None else max(hi, int(v.max()))
         if lo is None and self.reward is not None and self.reward[0].weight_version >= 0:
             lo = hi = self.reward[0].weight_version
+        if lo is None and loaded is not None:
+            lo = hi = loaded
         return None if lo is None else (lo, hi)
 
 
@@ -90,7 +112,8 @@ def _ref(env: Any):
 
 
 class Assembler:
-    def __init__(self, cfg: TrainerConfig, trained_ids: Iterable[str] = ()) -> None:
+    def __init__(self, cfg: TrainerConfig, trained_ids: Iterable[str] = (),
+                 trained_groups: Iterable[GroupKey] = ()) -> None:
         self.cfg = cfg
         self.trained_ids: set[str] = set(trained_ids)
         self.finished_ids: set[str] = set()  # dropped in this process
@@ -98,11 +121,16 @@ class Assembler:
         self.open_groups: dict[GroupKey, _OpenGroup] = {}
         self.ready: list[Group] = []
         self.closed: OrderedDict[GroupKey, str] = OrderedDict()
+        self.abandoned: OrderedDict[GroupKey, None] = OrderedDict()  # counted once each
         self.counters: Counter[str] = Counter()
         self.invalid: list[tuple[Any, str]] = []  # (envelope, error) to dead-letter
         self.training: dict[str, GroupKey] = {}  # trajectories of batches taken, not yet logged
         self._held: dict[GroupKey, list[Any]] = {}
         self._released: list[Any] = []
+        # Groups the step log says were trained (by any earlier process): a retry of one
+        # under a new attempt id must not be trained a second time.
+        for key in trained_groups:
+            self._mark_closed(tuple(key), "trained")
 
     # -- input ----------------------------------------------------------------------------
     def add(self, env: Any) -> None:
@@ -195,12 +223,17 @@ class Assembler:
                              f"group_size {traj.group_size} differs from the group's {group.size}",
                              envelopes=traj.envelopes)
             return
-        if traj.sample_index in group.members:
+        holder = group.members.get(traj.sample_index)
+        if holder is not None:
+            # Keep the fresher attempt: the older one would go stale first and leave a
+            # hole that the retry's (already dropped) sample could no longer fill.
+            loser = holder if traj.oldest_version > holder.oldest_version else traj
             self.counters["dropped_duplicate"] += 1
-            self._finish(traj.trajectory_id, traj.envelopes)
-            log.info("duplicate attempt dropped", trajectory_id=traj.trajectory_id, task_id=traj.task_id,
+            self._finish(loser.trajectory_id, loser.envelopes)
+            log.info("duplicate attempt dropped", trajectory_id=loser.trajectory_id, task_id=traj.task_id,
                      group_id=traj.group_id, sample_index=traj.sample_index)
-            return
+            if loser is traj:
+                return
         group.members[traj.sample_index] = traj
         if len(group.members) < group.size:
             return
@@ -211,6 +244,7 @@ class Assembler:
         if not has_reward_variance(torch.tensor(complete.rewards(), dtype=torch.float64)):
             self.counters["dropped_zero_variance"] += 1
             self._close(key, "zero_variance", complete.members)
+            self._dropped(key, "zero_variance", members=len(complete.members))
             return
         self._mark_closed(key, "ready")
         self.ready.append(complete)
@@ -230,8 +264,15 @@ class Assembler:
             self.invalid.append((env, error))
         self._finish(tid, [e for e in others if e is not env])
         if pending is not None and pending.group is not None:
-            # A group missing a member can never be trained.
+            # A group missing a member can never be trained (a sampler that produced one
+            # invalid trajectory of a task would produce it again on a retry).
             self._close_group(pending.group, "invalid")
+            self._dropped(pending.group, "invalid", trajectory_id=tid, error=error)
+
+    def _dropped(self, key: GroupKey, reason: str, **why: Any) -> None:
+        """Count and log a group that ends without being trained."""
+        self.counters[f"groups_dropped_{reason}"] += 1
+        log.warning("group dropped", task_id=key[0], group_id=key[1], reason=reason, **why)
 
     def _finish(self, tid: str, envelopes: Iterable[Any]) -> None:
         self.finished_ids.add(tid)
@@ -273,34 +314,57 @@ class Assembler:
         return (oldest if self.cfg.stale_policy == "drop_group" else newest) < bound
 
     def evict_stale(self, current: int) -> None:
-        """Drop ready groups, open groups and unfinished trajectories that are too old."""
+        """Drop ready groups that are too old, and every unfinished trajectory or member
+        of an incomplete group that is too old on its own. Only a ready (complete)
+        group closes its key: an incomplete one stays open for a retry's samples."""
         keep: list[Group] = []
         for g in self.ready:
             if self._too_old(g.oldest_version, g.newest_version, current):
                 self.counters["dropped_stale"] += 1
                 self._close(g.key, "stale", g.members)
+                self._dropped(g.key, "stale", oldest_version=g.oldest_version, newest_version=g.newest_version,
+                              current=current)
             else:
                 keep.append(g)
         self.ready = keep
-        for key, group in list(self.open_groups.items()):
-            members = list(group.members.values())
-            if members and self._too_old(min(t.oldest_version for t in members),
-                                         max(t.newest_version for t in members), current):
-                self.counters["dropped_stale"] += 1
-                self._close_group(key, "stale")
+        touched: set[GroupKey] = set()
+        for key, group in self.open_groups.items():
+            for index, t in list(group.members.items()):
+                if self._too_old(t.oldest_version, t.newest_version, current):
+                    del group.members[index]
+                    self.counters["trajectories_dropped_stale"] += 1
+                    self._finish(t.trajectory_id, t.envelopes)
+                    touched.add(key)
         for tid, pending in list(self.partial.items()):
-            if tid not in self.partial:  # gone with its group already
-                continue
             versions = pending.versions()
             if versions is None or not self._too_old(*versions, current):
                 continue
-            self.counters["dropped_stale"] += 1
+            del self.partial[tid]
+            self.counters["trajectories_dropped_stale"] += 1
+            self.counters["unfinished_dropped_stale"] += 1
+            self._finish(tid, pending.envelopes())
             if pending.group is not None:
-                self._close_group(pending.group, "stale")
-            else:
-                del self.partial[tid]
-                self.counters["unfinished_dropped_stale"] += 1
-                self._finish(tid, pending.envelopes())
+                touched.add(pending.group)
+        if touched:
+            self._abandon_empty(touched, current)
+
+    def _abandon_empty(self, keys: set[GroupKey], current: int) -> None:
+        """Incomplete groups whose every trajectory went stale: nothing of them is held
+        any more. Counted and logged; the key stays open (a retry may still come)."""
+        live = {p.group for p in self.partial.values()}
+        for key in sorted(keys):
+            group = self.open_groups.get(key)
+            if (group is not None and group.members) or key in live:
+                continue
+            self.open_groups.pop(key, None)
+            if key in self.abandoned:  # emptied again (late members of it went stale too)
+                continue
+            self.abandoned[key] = None
+            while len(self.abandoned) > CLOSED_MEMORY:
+                self.abandoned.popitem(last=False)
+            self.counters["groups_abandoned_stale"] += 1
+            log.warning("group abandoned: every trajectory of it went stale", task_id=key[0], group_id=key[1],
+                        current=current, max_staleness=self.cfg.max_staleness)
 
     def take_batch(self, current: int, published: int) -> list[Group] | None:
         """``groups_per_step`` groups for the step that trains version ``current``, or
