@@ -202,8 +202,22 @@ class TrainedTrajectory(msgspec.Struct, kw_only=True):
     reward: RecordRef
 
 
+class GroupRef(msgspec.Struct, array_like=True):
+    """A group's key (compact on the wire: [task_id, group_id])."""
+
+    task_id: str
+    group_id: str
+
+
 class TrainStep(Event, kw_only=True):
-    """What step ``step`` trained on, exactly, and the weights it produced."""
+    """What step ``step`` trained on, exactly, and the weights it produced.
+
+    Schema 2 added ``groups``: the keys of the groups trained, in batch order, so a
+    restarted trainer refuses a group sampled again under a new attempt id (entries of
+    schema 1 decode with ``groups == []``: their groups are not protected that way,
+    their trajectories still are, by id)."""
+
+    SCHEMA_VERSION: ClassVar[int] = 2
 
     step: int
     weight_version: int
@@ -212,6 +226,7 @@ class TrainStep(Event, kw_only=True):
     metrics: dict[str, float] = {}
     seed: int = 0
     created_at: float = 0.0
+    groups: list[GroupRef] = []
 
 
 class Metrics(Event, kw_only=True):

@@ -22,7 +22,8 @@ def test_every_event_type_has_a_sample():
 @pytest.mark.parametrize("event", sample_events(), ids=lambda e: type(e).__name__)
 def test_codec_round_trip(event):
     value, headers = codec.encode(event)
-    assert dict(headers) == {"rollway-type": type(event).__name__.encode(), "rollway-schema": b"1"}
+    schema = str(type(event).SCHEMA_VERSION).encode()
+    assert dict(headers) == {"rollway-type": type(event).__name__.encode(), "rollway-schema": schema}
     assert codec.decode(value, headers) == event
 
 

@@ -41,7 +41,8 @@ from trainer.assembler import Assembler
 from trainer.checkpoint import AsyncCheckpointer
 from trainer.publishing import BackgroundPublisher, WeightSink
 from trainer.replay import ReplayMismatch, replay_steps, restore_newest_loadable
-from trainer.steplog import StepLogWatch, last_contiguous_step, read_step_log, step_event, trained_ids
+from trainer.steplog import (StepLogWatch, last_contiguous_step, read_step_log, step_event, trained_groups,
+                             trained_ids)
 from trainer.trajectory import Group
 
 if TYPE_CHECKING:
@@ -124,7 +125,8 @@ class Trainer:
         mismatches = [r.step for r in self.replayed if not r.match]
         log.info("replay done", replayed=len(self.replayed), first=self.replayed[0].step if self.replayed else None,
                  last=last, mismatches=mismatches)
-        self.assembler = Assembler(self.tcfg, trained_ids(steps))
+        # Trained trajectories and groups from the log: neither is trained again after a restart.
+        self.assembler = Assembler(self.tcfg, trained_ids(steps), trained_groups(steps))
         return last
 
     # -- live ------------------------------------------------------------------------------------

@@ -19,7 +19,7 @@ from bus.config import KafkaConfig
 from bus.connect import start_client
 from bus.consumer import envelope_of
 from bus.topics import topic_spec
-from schemas import DeadLetter, RecordRef, Reward, TrainedTrajectory, TrainStep, TrajectoryChunk, now
+from schemas import DeadLetter, GroupRef, RecordRef, Reward, TrainedTrajectory, TrainStep, TrajectoryChunk, now
 from trainer.trajectory import Group, InvalidTrajectory, assemble, groups_from_trajectories
 
 log = structlog.get_logger(__name__)
@@ -53,6 +53,7 @@ def step_event(step: int, weights_hash: str, groups: Sequence[Group], metrics: d
         metrics={k: float(v) for k, v in metrics.items()},
         seed=seed,
         created_at=now(),
+        groups=[GroupRef(g.task_id, g.group_id) for g in groups],
     )
 
 
@@ -236,6 +237,12 @@ def last_contiguous_step(steps: dict[int, LoggedStep]) -> int:
 
 def trained_ids(steps: dict[int, LoggedStep]) -> set[str]:
     return {t.trajectory_id for s in steps.values() for t in s.event.trajectories}
+
+
+def trained_groups(steps: dict[int, LoggedStep]) -> list[tuple[str, str]]:
+    """Keys of the groups the log says were trained, in step order (entries written
+    before ``TrainStep.groups`` existed contribute none)."""
+    return [(g.task_id, g.group_id) for _, s in sorted(steps.items()) for g in s.event.groups]
 
 
 async def fetch_step_groups(cfg: KafkaConfig, event: TrainStep) -> list[Group]:
