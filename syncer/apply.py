@@ -45,8 +45,20 @@ class _Refused(WeightsRefused, KeyError):
         return str(self.args[0]) if self.args else ""
 
 
+def dtype_fits(have: "torch.dtype", update: "torch.dtype") -> bool:
+    """Whether an update of dtype ``update`` can be written into storage of dtype
+    ``have`` without changing a value: the same dtype, or a float widened exactly (bf16
+    and fp16 into fp32). vLLM's CPU backend on AVX-512 machines keeps some parameters
+    (e.g. the fused q/k/v bias) in float32 while the trainer publishes bfloat16; a
+    narrowing write (fp32 into bf16) would round and is refused."""
+    if have == update:
+        return True
+    return have.is_floating_point and update.is_floating_point and update.itemsize < have.itemsize \
+        and have.itemsize >= 4
+
+
 def _spec_error(name: str, where: str, have_shape, have_dtype, src: "torch.Tensor") -> str | None:
-    if have_dtype != src.dtype:
+    if not dtype_fits(have_dtype, src.dtype):
         return f"{name}: {where} holds dtype {have_dtype}, update has {src.dtype}"
     if tuple(have_shape) != tuple(src.shape):
         return f"{name}: {where} holds shape {tuple(have_shape)}, update has {tuple(src.shape)}"
@@ -70,7 +82,7 @@ def apply_to_module(module: "torch.nn.Module", tensors: Mapping[str, "torch.Tens
             if strict:
                 problems.append(f"module has no parameter or buffer named {name!r}")
             continue
-        # copy_ would silently cast a wrong dtype: refuse it like a wrong shape.
+        # copy_ would silently cast any dtype: only exact widenings pass (dtype_fits).
         error = _spec_error(name, "module", dst.shape, dst.dtype, src)
         if error:
             problems.append(error)
@@ -224,7 +236,8 @@ def _check_specs(model: "torch.nn.Module", items: list[tuple[str, "torch.Tensor"
     dim 0), shards (tensor parallel: the parameter holds 1/tp of a dim) and pads (vocab
     rows) parameters, so a dim passes when equal, a whole multiple of the parameter's
     (a shard), or, for dim 0 of a fused slice or a vocab embedding only, smaller; the
-    number of dims must match. That catches transposed, truncated and wrong-dtype tensors,
+    number of dims must match; a dtype passes when :func:`dtype_fits`. That catches
+    transposed, truncated and wrong-dtype tensors,
     which load_weights would otherwise write part-way before failing."""
     params = dict(model.named_parameters(remove_duplicate=False))
     packed = getattr(model, "packed_modules_mapping", {}) or {}
@@ -239,7 +252,7 @@ def _check_specs(model: "torch.nn.Module", items: list[tuple[str, "torch.Tensor"
         if spec is None:
             continue
         shape, dtype = spec
-        if src.dtype != dtype:
+        if not dtype_fits(dtype, src.dtype):
             problems.append(f"{name}: vLLM parameter {pname} holds dtype {dtype}, update has {src.dtype}")
             continue
         ok = len(shape) == len(src.shape) and all(

@@ -191,6 +191,25 @@ def test_wrong_dtype_or_shape_is_refused_before_any_copy():
     assert_same_bits(dict(module.state_dict()), before)
 
 
+def test_exact_widening_passes_and_narrowing_is_refused():
+    """vLLM CPU on AVX-512 keeps the fused q/k/v bias in float32 while the trainer
+    publishes bfloat16: bf16/fp16 into fp32 is exact and must pass (the samplers of
+    those machines applied no update at all when it did not)."""
+    from syncer.apply import dtype_fits
+
+    assert dtype_fits(torch.float32, torch.bfloat16) and dtype_fits(torch.float32, torch.float16)
+    assert dtype_fits(torch.bfloat16, torch.bfloat16) and dtype_fits(torch.int64, torch.int64)
+    assert not dtype_fits(torch.bfloat16, torch.float32)
+    assert not dtype_fits(torch.bfloat16, torch.float16)  # same size, different values
+    assert not dtype_fits(torch.float16, torch.bfloat16)
+    assert not dtype_fits(torch.float32, torch.int16) and not dtype_fits(torch.int32, torch.int16)
+
+    module = torch.nn.Linear(4, 3)  # float32 parameters
+    update = {"weight": torch.randn(3, 4).to(torch.bfloat16), "bias": torch.randn(3).to(torch.bfloat16)}
+    apply_to_module(module, update)
+    assert torch.equal(module.weight, update["weight"].float()) and torch.equal(module.bias, update["bias"].float())
+
+
 async def test_failed_apply_marks_the_replica_unhealthy_until_repaired(cfg, tmp_path):
     store = LocalStore(tmp_path / "weights")
     w = states(2)
