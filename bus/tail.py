@@ -329,10 +329,11 @@ def _event_types(cfg: KafkaConfig, topic: str) -> list[type]:
 
 
 async def tail(cfg: KafkaConfig, opts: TailOptions, out: TextIO, err: TextIO | None = None,
-               live: asyncio.Event | None = None) -> int:
+               live: asyncio.Event | None = None, stop: asyncio.Event | None = None) -> int:
     """Print matching records; returns how many were printed. ``live`` is set once the
     bounded part is printed and, with ``follow``, the positions for new records are fixed
-    (anything published after that is printed)."""
+    (anything published after that is printed). Following ends when ``stop`` is set."""
+    stop = stop if stop is not None else asyncio.Event()
     err = err if err is not None else sys.stderr
     conditions = parse_where(opts.where)
     start_offsets = parse_offsets(opts.offsets)
@@ -345,10 +346,10 @@ async def tail(cfg: KafkaConfig, opts: TailOptions, out: TextIO, err: TextIO | N
     consumer = plain_reader(cfg, "tail") if opts.group is None else None
     try:
         if opts.group is not None:
-            await _tail_as_group(cfg, topic, opts, printer)
+            await _tail_as_group(cfg, topic, opts, printer, stop)
         else:
             await start_client(consumer, cfg.bootstrap_servers, "tail")
-            await _tail(consumer, topic, opts, printer, start_offsets, since_ms, live)
+            await _tail(consumer, topic, opts, printer, start_offsets, since_ms, live, stop)
     except _LimitReached:
         pass
     finally:
@@ -360,7 +361,7 @@ async def tail(cfg: KafkaConfig, opts: TailOptions, out: TextIO, err: TextIO | N
 
 
 async def _tail(consumer, topic: str, opts: TailOptions, printer: _Printer, start_offsets: dict[int, int],
-                since_ms: int | None, live: asyncio.Event | None) -> None:
+                since_ms: int | None, live: asyncio.Event | None, stop: asyncio.Event) -> None:
     tps = await topic_partitions(consumer, topic)
     if not tps:
         raise TailError(f"topic {topic} does not exist")
@@ -380,7 +381,7 @@ async def _tail(consumer, topic: str, opts: TailOptions, printer: _Printer, star
         for item in await _last_matching(consumer, tps, begins, ends, last, printer):
             printer.emit(item)
     if opts.follow:
-        await _follow(consumer, tps, ends, printer, live)
+        await _follow(consumer, tps, ends, printer, live, stop)
     elif live is not None:
         live.set()
 
@@ -431,21 +432,22 @@ async def _last_matching(consumer, tps, begins, ends, n: int, printer: _Printer)
     return items
 
 
-async def _follow(consumer, tps, ends, printer: _Printer, live: asyncio.Event | None) -> None:
-    """Print records written after ``ends`` until cancelled (Ctrl-C) or the limit."""
+async def _follow(consumer, tps, ends, printer: _Printer, live: asyncio.Event | None, stop: asyncio.Event) -> None:
+    """Print records written after ``ends`` until ``stop`` (Ctrl-C), cancelled, or the limit."""
     consumer.assign(tps)
     for tp in tps:
         consumer.seek(tp, ends[tp])
     if live is not None:
         live.set()
-    while True:
+    while not stop.is_set():
         batch = await consumer.getmany(timeout_ms=500)
         for records in batch.values():
             for record in records:
                 printer.feed(record)
 
 
-async def _tail_as_group(cfg: KafkaConfig, topic: str, opts: TailOptions, printer: _Printer) -> None:
+async def _tail_as_group(cfg: KafkaConfig, topic: str, opts: TailOptions, printer: _Printer,
+                         stop: asyncio.Event) -> None:
     """Consume as a consumer group (offsets auto-committed); stops when idle unless following."""
     from aiokafka import AIOKafkaConsumer
 
@@ -459,7 +461,7 @@ async def _tail_as_group(cfg: KafkaConfig, topic: str, opts: TailOptions, printe
             raise TailError(f"topic {topic} does not exist")
         consumer.subscribe([topic])
         idle_since = time.monotonic()
-        while True:
+        while not stop.is_set():
             batch = await consumer.getmany(timeout_ms=200)
             if not batch:
                 if not opts.follow and time.monotonic() - idle_since > opts.idle_timeout_s:
@@ -474,4 +476,33 @@ async def _tail_as_group(cfg: KafkaConfig, topic: str, opts: TailOptions, printe
 
 
 def run_tail(cfg: KafkaConfig, opts: TailOptions, out: TextIO, err: TextIO | None = None) -> int:
-    return asyncio.run(tail(cfg, opts, out, err))
+    """``tail`` in its own event loop; Ctrl-C ends it with ``KeyboardInterrupt`` (exit 130
+    in ``rollway.cli``) after the consumer is closed. The first SIGINT both cancels and sets
+    ``stop``, because aiokafka's ``getmany`` can swallow a cancellation
+    (aio-libs/aiokafka#983): the follow loop then ends at its next poll instead of never."""
+    import signal
+
+    async def main() -> int:
+        stop = asyncio.Event()
+        task = asyncio.current_task()
+        loop = asyncio.get_running_loop()
+
+        def interrupt() -> None:
+            if stop.is_set():
+                raise KeyboardInterrupt  # a second Ctrl-C: stop waiting for a clean close
+            stop.set()
+            task.cancel()
+
+        loop.add_signal_handler(signal.SIGINT, interrupt)
+        try:
+            printed = await tail(cfg, opts, out, err, stop=stop)
+        finally:
+            loop.remove_signal_handler(signal.SIGINT)
+        if stop.is_set():
+            raise KeyboardInterrupt
+        return printed
+
+    try:
+        return asyncio.run(main())
+    except asyncio.CancelledError:
+        raise KeyboardInterrupt from None
