@@ -94,6 +94,21 @@ def native_sampling_mask_support() -> tuple[bool, str]:
     return True, "supported"
 
 
+def enable_cpu_amx() -> bool:
+    """Ask Linux for permission to use AMX tile registers in this process, where the CPU
+    has them. vLLM CPU's x86 MoE kernel (``X86CPUUnquantizedExperts``, chosen whenever
+    torch reports AMX) executes AMX instructions without asking: on a kernel that gates
+    AMX per process (``arch_prctl(ARCH_REQ_XCOMP_PERM)``, Linux >= 5.16) the first MoE
+    forward then dies with SIGILL. torch's own AMX users ask through this call; it is a
+    private torch API, kept behind this one function. The permission is process-wide,
+    and the engine core runs in this process (in-process ``LLMEngine``)."""
+    import torch
+
+    if not torch.cpu._is_amx_tile_supported():
+        return False
+    return bool(torch._C._cpu._init_amx())
+
+
 def is_moe_config(model_path: str | Path) -> bool:
     import json
 
@@ -212,6 +227,10 @@ class VLLMEngine(InProcessEngine):
     def _build(self) -> None:
         from vllm import LLM
 
+        from vllm.platforms import current_platform
+
+        if current_platform.is_cpu():
+            enable_cpu_amx()
         source = self.requested_kept_set_source
         supported, why = native_sampling_mask_support()
         if source == "auto":
