@@ -2,6 +2,7 @@
 # One documented learning run of the main job (docs/results.md):
 #
 #   benchmarks/learning_run.sh SEED [MINUTES] [NAME]
+#   EVAL_ONLY=1 benchmarks/learning_run.sh SEED [MINUTES] [NAME]   # evaluate a finished run again
 #
 # Fresh state under var/runs/NAME (default seed<SEED>): its own broker, weight store,
 # checkpoints and logs. Builds (or reuses) the warm start, runs the default
@@ -24,7 +25,9 @@ ROLLWAY=.venv/bin/rollway
 EVAL_TASKS=${EVAL_TASKS:-100}
 SANDBOX_PORT=${SANDBOX_PORT:-8391}
 
-rm -rf "$RUN"
+if [ -z "${EVAL_ONLY:-}" ]; then
+    rm -rf "$RUN"
+fi
 mkdir -p "$RUN"
 export ROLLWAY_SYNCER__STORE_URL="file://$PWD/$RUN/weights"
 export ROLLWAY_TRAINER__CHECKPOINT_DIR="$RUN/checkpoints"
@@ -39,15 +42,22 @@ cleanup() {
 }
 trap cleanup EXIT
 
-echo "== rollway up --minutes $MINUTES (seed $SEED) =="
-started=$(date +%s)
-"$ROLLWAY" up --no-tui --minutes "$MINUTES" --without evaluator --log-dir "$RUN/logs" | tee "$RUN/up.txt"
-echo "up took $(( $(date +%s) - started )) s"
+if [ -z "${EVAL_ONLY:-}" ]; then
+    echo "== rollway up --minutes $MINUTES (seed $SEED) =="
+    started=$(date +%s)
+    "$ROLLWAY" up --no-tui --minutes "$MINUTES" --without evaluator --log-dir "$RUN/logs" | tee "$RUN/up.txt"
+    echo "up took $(( $(date +%s) - started )) s"
+fi
 
 echo "== held-out pass@1: version 0 and the last version =="
 ROLLWAY_SANDBOX__PORT=$SANDBOX_PORT ROLLWAY_SANDBOX__WORKSPACE_ROOT="$RUN/eval-workspaces" \
     "$ROLLWAY" sandbox >"$RUN/logs/eval-sandbox.log" 2>&1 &
 sandbox_pid=$!
+for _ in $(seq 120); do  # the sandbox's self-check takes a few seconds
+    curl -fsS "http://127.0.0.1:$SANDBOX_PORT/health" >/dev/null 2>&1 && break
+    kill -0 "$sandbox_pid" 2>/dev/null || { echo "sandbox exited; see $RUN/logs/eval-sandbox.log" >&2; exit 1; }
+    sleep 0.5
+done
 eval_args=(--split heldout --max-tasks "$EVAL_TASKS" --seed 0 --sandbox-url "http://127.0.0.1:$SANDBOX_PORT" --json)
 "$ROLLWAY" eval --version 0 "${eval_args[@]}" >"$RUN/eval-v0.json"
 "$ROLLWAY" eval --version latest "${eval_args[@]}" >"$RUN/eval-last.json"
