@@ -5,13 +5,16 @@ tree as a whole, so 64 processes of 500 MB each cannot add up to 32 GB. Used whe
 process may create cgroups (root with cgroup v1 ``pids``/``memory`` hierarchies, or a
 delegated cgroup v2 subtree); otherwise the rlimits alone apply.
 
-Layout: ``<controller mount>/<our own cgroup>/rollway-sandbox-<pid>/<command name>``.
+Layout: ``<controller mount>/<our own cgroup>/rollway-sandbox-<pid>-<n>/<command name>``
+(``n`` numbers the managers of one process: two sandbox services in one process, as in
+tests, must not share a parent that the first to close would remove).
 The command's first process joins the group itself (``join`` in the child before exec),
 so nothing it forks can start outside the group.
 """
 
 from __future__ import annotations
 
+import itertools
 import os
 import time
 from pathlib import Path
@@ -117,6 +120,9 @@ class CommandCgroup:
                     time.sleep(0.02)
 
 
+_manager_numbers = itertools.count()
+
+
 class CgroupManager:
     """Creates a cgroup per command below this process's own cgroup."""
 
@@ -124,7 +130,7 @@ class CgroupManager:
         self.max_processes = max_processes
         self.memory_bytes = memory_bytes
         own, mounts = _own_cgroups(), _mounts()
-        name = f"rollway-sandbox-{os.getpid()}"
+        name = f"rollway-sandbox-{os.getpid()}-{next(_manager_numbers)}"
         self.parents: dict[str, Path] = {}
         if "pids" in mounts and "memory" in mounts and "pids" in own and "memory" in own:
             self.version = 1
@@ -216,10 +222,10 @@ def _read_pids(path: str) -> list[int]:
 
 
 def _remove_stale_siblings(base: Path) -> None:
-    """Remove the (empty) groups a crashed earlier service left: rollway-sandbox-<dead pid>."""
+    """Remove the (empty) groups a crashed earlier service left: rollway-sandbox-<dead pid>[-<n>]."""
     for stale in base.glob("rollway-sandbox-*"):
         try:
-            pid = int(stale.name.rsplit("-", 1)[1])
+            pid = int(stale.name.split("-")[2])
             os.kill(pid, 0)
             continue  # that service still runs
         except ProcessLookupError:

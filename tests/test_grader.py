@@ -8,6 +8,8 @@ solution that adds its own test file is not flagged.
 
 from __future__ import annotations
 
+import contextlib
+
 from pathlib import Path
 
 import msgspec
@@ -98,17 +100,26 @@ def tasks_dir(tmp_path_factory):
     return root
 
 
-@pytest_asyncio.fixture(scope="module", loop_scope="session")
-async def sandbox(tasks_dir, tmp_path_factory):
+@contextlib.asynccontextmanager
+async def grading_sandbox(tasks_dir, workspace_root, grading_timeout_s: float):
     cfg = SandboxConfig(
         max_sessions=8, max_concurrent_commands=4, command_timeout_s=10.0,
-        workspace_root=str(tmp_path_factory.mktemp("grader-ws")), tasks_dir=str(tasks_dir),
-        max_snapshot_bytes=2 * 1024 * 1024, grading_timeout_s=5.0,
+        workspace_root=str(workspace_root), tasks_dir=str(tasks_dir),
+        max_snapshot_bytes=2 * 1024 * 1024, grading_timeout_s=grading_timeout_s,
     )
     async with live_sandbox(cfg, RewardConfig(), TaskStore(tasks_dir)) as live:
         async with SandboxClient(live.url) as client:
             live.client = client
             yield live
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="session")
+async def sandbox(tasks_dir, tmp_path_factory):
+    # A generous grading timeout: an honest grading must never be cut by a loaded
+    # machine (the two sandboxed processes take ~1 s each on an idle one, far more under
+    # load). The timeout itself is tested with its own sandbox below.
+    async with grading_sandbox(tasks_dir, tmp_path_factory.mktemp("grader-ws"), 120.0) as live:
+        yield live
 
 
 async def attempt(sandbox, task_id: str, files: dict[str, str], commands: list[str] = (), **submit) -> Reward:
@@ -311,9 +322,10 @@ async def test_network_attempt_during_the_hidden_run(sandbox):
     assert reward.reason.startswith("network access attempted during the hidden tests")
 
 
-async def test_hanging_solution_is_killed_and_fails(sandbox):
+async def test_hanging_solution_is_killed_and_fails(tasks_dir, tmp_path):
     hang = "def add(a, b):\n    while True:\n        pass\n"
-    reward = await attempt(sandbox, "add_numbers", {"calc.py": hang})
+    async with grading_sandbox(tasks_dir, tmp_path / "ws", 5.0) as short_timeout:
+        reward = await attempt(short_timeout, "add_numbers", {"calc.py": hang})
     assert (reward.score, reward.cheated) == (0.0, False)
     assert reward.reason.startswith("hidden tests did not finish: exit code 137 (killed: timeout), no report")
     # Cut at the 5 s hidden-test timeout (the reason says killed: timeout); no upper

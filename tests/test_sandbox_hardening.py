@@ -186,3 +186,24 @@ async def test_no_nested_user_namespace_from_the_shell(sandbox):
     assert "rc=1" in result.stdout and "thread ok" in result.stdout, result
     assert "Operation not permitted" in result.stderr
     await client.close_session(sid)
+
+
+def test_two_cgroup_managers_in_one_process_do_not_share_a_parent():
+    """Two sandbox services in one process (the grader tests run two) used to share
+    rollway-sandbox-<pid>: the first to close removed it and every later command of the
+    other failed with FileNotFoundError."""
+    from sandbox.cgroups import make_cgroup_manager
+
+    first = make_cgroup_manager("required", max_processes=64, memory_bytes=256 << 20)
+    second = make_cgroup_manager("required", max_processes=64, memory_bytes=256 << 20)
+    try:
+        assert set(first.parents.values()).isdisjoint(second.parents.values())
+        second.close()
+        assert not any(p.exists() for p in second.parents.values())
+        group = first.create("after-the-other-closed")
+        assert all(d.is_dir() for d in group.dirs.values())
+        group.remove()
+    finally:
+        second.close()
+        first.close()
+    assert not any(p.exists() for p in first.parents.values())
