@@ -23,6 +23,7 @@ from sandbox.grader import Grader, Publisher, SubmitRequest
 from sandbox.quota import Quota, QuotaError
 from sandbox.quota import available as quota_available
 from sandbox.runner import Busy, Jail
+from sandbox.uid_claim import claim_uid_range
 from sandbox.sessions import PoolFull, Session, SessionBusy, SessionClosed, SessionPool
 from sandbox.workspace import FileMissing, Workspace, WorkspaceError
 from tasks.spec import TaskSpec
@@ -120,6 +121,10 @@ class SandboxService:
         publisher: Publisher | None = None,
         cgroups: CgroupManager | None = None,
     ) -> None:
+        # A uid range no other sandbox service on this host uses (sandbox/uid_claim.py):
+        # cleaning up a command kills every process of its uid.
+        self.uid_claim = claim_uid_range(cfg.uid_base, cfg.max_sessions)
+        cfg = msgspec.structs.replace(cfg, uid_base=self.uid_claim.base)
         self.cfg = cfg
         self.store = store
         root = Path(cfg.workspace_root or tempfile.gettempdir())
@@ -178,6 +183,7 @@ class SandboxService:
             await self.pool.close(session)
         if self.cgroups is not None:
             self.cgroups.close()
+        self.uid_claim.release()
 
     async def _reap_idle(self) -> None:
         period = max(1.0, min(60.0, self.cfg.session_idle_timeout_s / 4))

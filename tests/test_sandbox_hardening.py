@@ -207,3 +207,44 @@ def test_two_cgroup_managers_in_one_process_do_not_share_a_parent():
         second.close()
         first.close()
     assert not any(p.exists() for p in first.parents.values())
+
+
+def test_sandbox_services_on_one_host_claim_disjoint_uid_ranges(tmp_path):
+    """Cleaning up a command SIGKILLs every process of its uid: two services with the
+    same uid_base (a stack's sandbox and a test suite's, or `rollway eval`'s) killed each
+    other's gradings (exit 137, no report). Each claims its own range; a released range
+    is reused; a crashed holder's lock goes with its process."""
+    import subprocess
+    import sys
+
+    from sandbox.uid_claim import RANGE_STRIDE, claim_uid_range
+
+    locks = tmp_path / "locks"
+    first = claim_uid_range(60000, 8, locks)
+    second = claim_uid_range(60000, 8, locks)
+    assert (first.base, second.base) == (60000, 60000 + RANGE_STRIDE)
+    first.release()
+    third = claim_uid_range(60000, 8, locks)
+    assert third.base == 60000
+    # Another process holding the next free range, then killed: its range is free again.
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import sys, time; from pathlib import Path; from sandbox.uid_claim import "
+         "claim_uid_range; c = claim_uid_range(60000, 8, Path(sys.argv[1])); print('BASE', c.base, flush=True); "
+         "time.sleep(60)", str(locks)], stdout=subprocess.PIPE, text=True)
+    try:
+        line = ""
+        while not line.startswith("BASE "):  # structlog's lines come first
+            line = holder.stdout.readline()
+            assert line, "the holder exited"
+        assert int(line.split()[1]) == 60000 + 2 * RANGE_STRIDE
+        fourth = claim_uid_range(60000, 8, locks)
+        assert fourth.base == 60000 + 3 * RANGE_STRIDE
+        fourth.release()
+    finally:
+        holder.kill()
+        holder.wait()
+    assert claim_uid_range(60000, 8, locks).base == 60000 + 2 * RANGE_STRIDE
+    second.release()
+    third.release()
+    with pytest.raises(ValueError, match="max_sessions 600"):
+        claim_uid_range(60000, 600, locks)
