@@ -226,7 +226,6 @@ class VLLMEngine(InProcessEngine):
     # -- the step thread -----------------------------------------------------------------
     def _build(self) -> None:
         from vllm import LLM
-
         from vllm.platforms import current_platform
 
         if current_platform.is_cpu():

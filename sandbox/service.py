@@ -23,8 +23,8 @@ from sandbox.grader import Grader, Publisher, SubmitRequest
 from sandbox.quota import Quota, QuotaError
 from sandbox.quota import available as quota_available
 from sandbox.runner import Busy, Jail
-from sandbox.uid_claim import claim_uid_range
 from sandbox.sessions import PoolFull, Session, SessionBusy, SessionClosed, SessionPool
+from sandbox.uid_claim import claim_uid_range
 from sandbox.workspace import FileMissing, Workspace, WorkspaceError
 from tasks.spec import TaskSpec
 from tasks.store import TaskStore
