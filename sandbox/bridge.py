@@ -115,6 +115,55 @@ class _Stop(Exception):
     """The peer closed the connection."""
 
 
+# The wire format is compact JSON (NaN and infinities allowed), ASCII only. It is written
+# and read through the json module's C encoder and scanner, built once: json.dumps and
+# json.loads rebuild an encoder, detect the encoding and wrap the C code in several Python
+# calls per message, which was about 10 of the ~15 us of Python each side spent per bridge
+# call (profiled; docs/sandbox.md). Same format, same strictness.
+_c_encoder = getattr(json.encoder, "c_make_encoder", None)
+
+
+def _unencodable(o):
+    raise TypeError(f"Object of type {type(o).__name__} is not JSON serializable")
+
+
+if _c_encoder is not None:
+    # (markers, default, encoder, indent, key_separator, item_separator, sort_keys,
+    # skipkeys, allow_nan). No circular-reference markers: messages are built here and
+    # never cyclic (a cycle would still end in RecursionError, not a hang).
+    _encode_chunks = _c_encoder(None, _unencodable, json.encoder.encode_basestring_ascii, None,
+                                ":", ",", False, False, True)
+
+    def _dumps(msg) -> bytes:
+        return "".join(_encode_chunks(msg, 0)).encode("ascii")
+else:  # an interpreter without the _json accelerator
+    _encoder = json.JSONEncoder(separators=(",", ":"), allow_nan=True, check_circular=False)
+
+    def _dumps(msg) -> bytes:
+        return _encoder.encode(msg).encode("ascii")
+
+# The C scanner when _json is there (JSONDecoder picks it): strict strings, NaN and
+# infinities accepted, as json.loads.
+_scan_once = json.decoder.JSONDecoder().scan_once
+
+
+def _loads(payload: bytes):
+    """One message, decoded strictly: UTF-8, one JSON value and nothing after it, a list
+    whose first item is a string."""
+    try:
+        text = payload.decode("utf-8")
+        msg, end = _scan_once(text, 0)
+    except StopIteration:
+        raise BridgeError("undecodable message on the grading bridge") from None
+    except (ValueError, RecursionError) as exc:
+        raise BridgeError(f"undecodable message on the grading bridge: {exc}") from None
+    if end != len(text):
+        raise BridgeError("undecodable message on the grading bridge: data after the message")
+    if type(msg) is not list or not msg or type(msg[0]) is not str:
+        raise BridgeError("malformed message on the grading bridge")
+    return msg
+
+
 def _base_value(v):
     """The plain value of an instance of a subclass of a builtin value type, read
     through the base type's own methods (never the subclass's overrides)."""
@@ -171,18 +220,18 @@ class Connection:
     # --- framing ----------------------------------------------------------------
 
     def _send(self, msg) -> None:
-        data = json.dumps(msg, separators=(",", ":"), allow_nan=True).encode()
+        data = _dumps(msg)
         if len(data) > MAX_MESSAGE_BYTES:
             raise BridgeError(f"message of {len(data)} bytes is over the {MAX_MESSAGE_BYTES}-byte limit")
         try:
+            # Header and body in one write: one syscall, and the peer's one recv sees both.
             self.sock.sendall(_HEADER.pack(len(data)) + data)
         except OSError as exc:
             self.closed = True
             raise BridgeError(f"the other side of the grading bridge went away ({exc})") from None
 
     def _fill(self, n: int) -> None:
-        """Read until the buffer holds ``n`` bytes; one recv usually brings a whole message
-        (header and body), so a round trip costs one read per side, not two."""
+        """Read until the buffer holds ``n`` bytes."""
         while len(self._buf) < n:
             try:
                 chunk = self.sock.recv(max(_READ_SIZE, n - len(self._buf)))
@@ -195,6 +244,25 @@ class Connection:
             self._buf += chunk
 
     def _recv(self):
+        if not self._buf:
+            # The usual case in a round trip: nothing buffered, and one recv brings exactly
+            # one whole message (header and body, sent in one write). Parsed straight from
+            # the received bytes: no copy into and out of the buffer.
+            try:
+                data = self.sock.recv(_READ_SIZE)
+            except OSError as exc:
+                self.closed = True
+                raise BridgeError(f"the other side of the grading bridge went away ({exc})") from None
+            if not data:
+                self.closed = True
+                raise _Stop()
+            if len(data) >= _HEADER.size:
+                (size,) = _HEADER.unpack_from(data, 0)
+                if size > MAX_MESSAGE_BYTES:
+                    raise BridgeError(f"message of {size} bytes is over the {MAX_MESSAGE_BYTES}-byte limit")
+                if size + _HEADER.size == len(data):
+                    return _loads(data[_HEADER.size:])
+            self._buf += data
         self._fill(_HEADER.size)
         (size,) = _HEADER.unpack_from(self._buf, 0)
         if size > MAX_MESSAGE_BYTES:
@@ -203,13 +271,7 @@ class Connection:
         self._fill(end)
         payload = bytes(self._buf[_HEADER.size:end])
         del self._buf[:end]
-        try:
-            msg = json.loads(payload)
-        except (ValueError, RecursionError) as exc:
-            raise BridgeError(f"undecodable message on the grading bridge: {exc}") from None
-        if not isinstance(msg, list) or not msg or not isinstance(msg[0], str):
-            raise BridgeError("malformed message on the grading bridge")
-        return msg
+        return _loads(payload)
 
     # --- requests -----------------------------------------------------------------
 
