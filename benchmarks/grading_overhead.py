@@ -36,8 +36,12 @@ DEFAULT_BASELINE = "84137ae~1"
 async def _worker(tasks: list[str], repeat: int) -> dict[str, list[float]]:
     from sandbox.client import SandboxClient
     from sandbox.config import RewardConfig, SandboxConfig
-    from sandbox.testing import live_sandbox
     from tasks.store import TaskStore
+
+    try:
+        from tests.sandbox_helpers import live_sandbox
+    except ImportError:  # a --baseline tree from before the fixtures moved to tests/
+        from sandbox.testing import live_sandbox
 
     demo = Path("tasks/demo").resolve()
     store = TaskStore(demo)

@@ -26,18 +26,22 @@ import argparse
 import asyncio
 import os
 import statistics
+import sys
 import time
+from pathlib import Path
 
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+# The test fixtures (tests/) live in the checkout, not in the installed packages.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bus.codec import encode  # noqa: E402
 from sampler.engine import SampledToken  # noqa: E402
 from sampler.recorder import TrajectoryIdentity, TrajectoryRecorder  # noqa: E402
 from sampler.sampling import SamplingParams  # noqa: E402
-from sampler.testing import agent_model_dir  # noqa: E402
 from sampler.vllm_engine import VLLMEngine  # noqa: E402
+from tests.sampler_helpers import agent_model_dir  # noqa: E402
 
 TOPICS = ["add", "mul", "fib", "median", "slugify", "chunk", "rotate", "dedupe", "merge", "clamp"]
 

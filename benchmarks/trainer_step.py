@@ -22,16 +22,21 @@ from __future__ import annotations
 
 import argparse
 import statistics
+import sys
 import tempfile
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import torch
 
-from trainer.config import TrainerConfig
-from trainer.core import TrainCore
-from trainer.synthetic import SampledTrajectory, groups_from_sampled, load_tiny, make_task_groups
+# The test fixtures (tests/) live in the checkout, not in the installed packages.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from tests.synthetic import SampledTrajectory, groups_from_sampled, load_tiny, make_task_groups  # noqa: E402
+from trainer.config import TrainerConfig  # noqa: E402
+from trainer.core import TrainCore  # noqa: E402
 
 
 @dataclass

@@ -17,14 +17,18 @@ import asyncio
 import collections
 import json
 import os
+import sys
 import tempfile
 import time
+from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# The test fixtures (tests/) live in the checkout, not in the installed packages.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 
 async def measure(model: str, split: str, count: int, engine_kind: str, temperature: float, top_p: float,
@@ -33,9 +37,9 @@ async def measure(model: str, split: str, count: int, engine_kind: str, temperat
     from sampler.config import SamplerConfig
     from sandbox.client import SandboxClient
     from sandbox.config import RewardConfig, SandboxConfig
-    from sandbox.testing import live_sandbox
     from tasks.family import generate
     from tasks.store import TaskStore
+    from tests.sandbox_helpers import live_sandbox
 
     specs = generate(split, count, seed=seed)
     scfg = SamplerConfig(model_path=model, engine=engine_kind, max_model_len=1024, temperature=temperature,

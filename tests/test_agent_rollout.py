@@ -10,12 +10,12 @@ from bus import EventProducer
 from sampler import tool_format as fmt
 from sampler.agent import AgentLoop, trajectory_id
 from sampler.config import SamplerConfig
-from sampler.testing import agent_model_dir, read_topic, start_test_engine
 from sandbox.client import SandboxClient, SandboxError
 from sandbox.config import RewardConfig, SandboxConfig
-from sandbox.testing import live_sandbox, write_task_dir
 from schemas import Reward, TrajectoryChunk
 from tasks.spec import TaskSpec
+from tests.sampler_helpers import agent_model_dir, read_topic, start_test_engine
+from tests.sandbox_helpers import live_sandbox, write_task_dir
 
 pytestmark = pytest.mark.vllm
 

@@ -23,6 +23,7 @@ import pytest
 from bus import EventProducer
 from rollway.config import RollwayConfig
 from schemas import DeadLetter, Metrics, RecordRef
+from tests.synthetic import load_tiny, make_task_groups
 from tests.trainer_helpers import one_thread, publish_trajectories  # noqa: F401  one_thread: autouse fixture
 from trainer.checkpoint import (
     AsyncCheckpointer,
@@ -36,7 +37,6 @@ from trainer.config import TrainerConfig
 from trainer.publishing import RecordingSink
 from trainer.replay import CheckpointUnusable, restore_checkpoint, restore_newest_loadable
 from trainer.steplog import LoggedStep, StepLogError, read_step_log, step_event
-from trainer.synthetic import load_tiny, make_task_groups
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -65,7 +65,7 @@ def trained(tiny_model_path, sampled, tmp_path_factory):
     """A core trained 3 steps: (snapshots by step, hashes by step)."""
     from trainer.core import TrainCore
 
-    from trainer.synthetic import groups_from_sampled
+    from tests.synthetic import groups_from_sampled
 
     core = TrainCore(tcfg(tmp_path_factory.mktemp("t"), tiny_model_path))
     snaps, hashes = {0: core.snapshot()}, {0: core.weights_hash()}

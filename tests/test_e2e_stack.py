@@ -16,9 +16,9 @@ import pytest
 from bus import ensure_topics
 from bus.config import KafkaConfig
 from rollway.broker import free_ports
-from sampler.testing import agent_model_dir, read_topic
 from schemas import Heartbeat, Metrics, TrainStep, TrajectoryChunk, WeightVersion
 from tests.conftest import unique
+from tests.sampler_helpers import agent_model_dir, read_topic
 from tests.waiting import leftover_processes
 
 pytestmark = [pytest.mark.kafka, pytest.mark.vllm, pytest.mark.slow]

@@ -32,8 +32,8 @@ import torch
 
 from sampler.engine import SampledToken
 from sampler.sampling import SamplingParams
-from sampler.testing import agent_model_dir, start_test_engine
 from sampler.torch_engine import TorchEngine
+from tests.sampler_helpers import agent_model_dir, start_test_engine
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 

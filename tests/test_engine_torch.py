@@ -11,8 +11,8 @@ import torch
 
 from sampler.engine import SampleDone, SampledToken
 from sampler.sampling import SamplingParams
-from sampler.testing import agent_model_dir
 from sampler.torch_engine import TorchEngine
+from tests.sampler_helpers import agent_model_dir
 from tests.waiting import wait_until_async
 
 PROMPT = "<|im_start|>user\nFix `add` in solution.py so the tests pass.<|im_end|>\n<|im_start|>assistant\n"
@@ -132,7 +132,7 @@ async def test_agent_rollout_runs_on_the_torch_engine(engine, tmp_path):
     from sampler.config import SamplerConfig
     from sandbox.client import SandboxClient
     from sandbox.config import SandboxConfig
-    from sandbox.testing import live_sandbox, write_task_dir
+    from tests.sandbox_helpers import live_sandbox, write_task_dir
     from tasks.spec import TaskSpec
 
     spec = TaskSpec(task_id="fix_mul", instruction="Fix `mul` in solution.py so the tests pass.",

@@ -16,7 +16,7 @@ import torch
 
 from sampler.engine import SampleDone, SampledToken
 from sampler.sampling import SamplingParams
-from sampler.testing import agent_model_dir, start_test_engine
+from tests.sampler_helpers import agent_model_dir, start_test_engine
 from tests.waiting import wait_until_async
 
 pytestmark = pytest.mark.vllm

@@ -25,13 +25,13 @@ from bus.config import KafkaConfig
 from rollway.cli import main
 from rollway.config import EvalConfig, RollwayConfig
 from sampler.config import SamplerConfig
-from sampler.testing import agent_model_dir, read_all, read_topic
 from sandbox.client import SandboxClient
 from sandbox.config import SandboxConfig
-from sandbox.testing import live_sandbox, write_task_dir
 from schemas import EvalResult, Heartbeat
 from syncer.config import SyncerConfig
 from tasks.spec import TaskSpec
+from tests.sampler_helpers import agent_model_dir, read_all, read_topic
+from tests.sandbox_helpers import live_sandbox, write_task_dir
 
 pytestmark = [pytest.mark.kafka, pytest.mark.slow]
 

@@ -19,11 +19,11 @@ import pytest_asyncio
 from sandbox.client import SandboxClient
 from sandbox.config import RewardConfig, SandboxConfig
 from sandbox.reward import cheat_floor
-from sandbox.testing import live_sandbox, write_task_dir
 from sandbox.workspace import Snapshot, WorkspaceFile
 from schemas import Cost, Reward
 from tasks.spec import TaskSpec
 from tasks.store import TaskStore
+from tests.sandbox_helpers import live_sandbox, write_task_dir
 
 ADD = TaskSpec(
     task_id="add_numbers",

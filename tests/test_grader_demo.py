@@ -13,9 +13,9 @@ import pytest_asyncio
 
 from sandbox.client import SandboxClient
 from sandbox.config import RewardConfig, SandboxConfig
-from sandbox.testing import live_sandbox
 from schemas import Reward
 from tasks.store import TaskStore
+from tests.sandbox_helpers import live_sandbox
 
 pytestmark = pytest.mark.slow
 

@@ -19,11 +19,11 @@ import pytest_asyncio
 from sandbox.client import SandboxClient
 from sandbox.config import RewardConfig, SandboxConfig
 from sandbox.reward import cheat_floor
-from sandbox.testing import live_sandbox
 from schemas import Reward
 from tasks.store import TaskStore
 from tests.hostile.hacks import HACKS
 from tests.hostile.honest import HONEST
+from tests.sandbox_helpers import live_sandbox
 
 pytestmark = pytest.mark.slow
 

@@ -12,10 +12,10 @@ import pytest
 from bus import EventConsumer, EventProducer
 from sandbox.client import SandboxClient, SandboxError
 from sandbox.config import RewardConfig, SandboxConfig
-from sandbox.testing import live_sandbox, write_task_dir
 from schemas import Cost, Reward
 from tasks.spec import TaskSpec
 from tasks.store import TaskStore
+from tests.sandbox_helpers import live_sandbox, write_task_dir
 
 pytestmark = pytest.mark.kafka
 

@@ -23,15 +23,15 @@ import pytest
 
 from sandbox.client import SandboxClient
 from sandbox.config import RewardConfig, SandboxConfig
-from sandbox.testing import live_sandbox
 from sampler import tool_format as fmt
 from sampler.tiny_model import tiny_model_dir
 from schemas import RecordRef
 from tasks.family import generate
 from tasks.store import TaskStore
+from tests.sandbox_helpers import live_sandbox
+from tests.synthetic import SampledTrajectory, to_events
 from trainer.config import TrainerConfig
 from trainer.sft import render_transcript
-from trainer.synthetic import SampledTrajectory, to_events
 
 from tests.trainer_helpers import one_thread  # noqa: F401  (fixture)
 

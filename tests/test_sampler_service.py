@@ -22,12 +22,12 @@ from bus.codec import encode
 from bus.config import KafkaConfig
 from rollway.config import RollwayConfig
 from sampler.config import SamplerConfig
-from sampler.testing import agent_model_dir, read_all, read_topic
 from sandbox.config import SandboxConfig
-from sandbox.testing import live_sandbox, write_task_dir
 from schemas import Heartbeat, Reward, TrajectoryChunk
 from syncer.config import SyncerConfig
 from tasks.spec import TaskSpec
+from tests.sampler_helpers import agent_model_dir, read_all, read_topic
+from tests.sandbox_helpers import live_sandbox, write_task_dir
 
 pytestmark = [pytest.mark.vllm, pytest.mark.kafka, pytest.mark.slow]
 

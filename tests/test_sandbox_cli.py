@@ -14,8 +14,8 @@ import pytest
 from bus import EventConsumer
 from rollway.broker import free_ports
 from sandbox.client import SandboxClient
-from sandbox.testing import write_task_dir
 from tasks.spec import TaskSpec
+from tests.sandbox_helpers import write_task_dir
 from tests.waiting import wait_until_async
 
 TASK = TaskSpec(

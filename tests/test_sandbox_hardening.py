@@ -19,10 +19,10 @@ import pytest_asyncio
 from sandbox.client import SandboxClient
 from sandbox.config import SandboxConfig
 from sandbox.runner import Jail
-from sandbox.testing import live_sandbox, write_task_dir
 from sandbox.workspace import Workspace
 from tasks.spec import TaskSpec
 from tasks.store import TaskStore
+from tests.sandbox_helpers import live_sandbox, write_task_dir
 
 QUOTA = 8 * 1024 * 1024
 TASK = TaskSpec(task_id="blank", instruction="-", files={"README.md": "x\n"}, hidden_tests={"test_x.py": ""})

@@ -18,9 +18,9 @@ import pytest_asyncio
 from sandbox.client import ExecResult, SandboxClient, SandboxError
 from sandbox.config import SandboxConfig
 from sandbox.runner import uid_pids
-from sandbox.testing import live_sandbox, write_task_dir
 from tasks.spec import TaskSpec
 from tasks.store import TaskStore
+from tests.sandbox_helpers import live_sandbox, write_task_dir
 from tests.waiting import wait_until_async
 
 MAX_OUTPUT = 4096

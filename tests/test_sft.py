@@ -71,7 +71,7 @@ def test_sft_lowers_the_loss_reproducibly(tokenizer):
     import torch
 
     from trainer.sft import _batch, masked_loss
-    from trainer.synthetic import load_tiny
+    from tests.synthetic import load_tiny
 
     examples = [render_transcript(s, tokenizer) for s in generate("train", 4, seed=2)]
     cfg = SFTConfig(steps=4, batch_size=4, warmup_steps=1, learning_rate=3e-3, muon_learning_rate=3e-3, log_every=0)

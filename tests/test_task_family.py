@@ -17,13 +17,13 @@ import pytest_asyncio
 from bus import EventConsumer
 from sandbox.client import SandboxClient
 from sandbox.config import RewardConfig, SandboxConfig
-from sandbox.testing import live_sandbox
 from schemas import Reward, Task
 from tasks.config import FeederConfig
 from tasks.family import KINDS, FamilyError, generate, resolve, split_names
 from tasks.family.base import split_of_fingerprint
 from tasks.feeder import Feeder
 from tasks.store import TaskStore
+from tests.sandbox_helpers import live_sandbox
 
 N = 1200  # per split: 300 of each kind
 

@@ -12,10 +12,10 @@ import pytest
 
 from bus import Envelope
 from schemas import TrajectoryChunk
+from tests.synthetic import SampledTrajectory, load_tiny, make_task_groups, to_events
 from tests.trainer_helpers import one_thread  # noqa: F401  autouse fixture
 from trainer.assembler import Assembler
 from trainer.config import TrainerConfig
-from trainer.synthetic import SampledTrajectory, load_tiny, make_task_groups, to_events
 
 _offsets = itertools.count()
 

@@ -10,12 +10,12 @@ import msgspec
 import pytest
 import torch
 
+from tests.synthetic import groups_from_sampled, load_tiny, make_task_groups
 from tests.trainer_helpers import one_thread  # noqa: F401  autouse fixture
 from trainer import checkpoint as ckpt
 from trainer.config import TrainerConfig
 from trainer.core import TrainCore
 from trainer.packing import pack_step
-from trainer.synthetic import groups_from_sampled, load_tiny, make_task_groups
 
 
 @pytest.fixture(scope="module")

@@ -22,11 +22,11 @@ import msgspec
 import pytest
 
 from rollway.config import RollwayConfig
+from tests.synthetic import load_tiny, make_task_groups
 from tests.trainer_helpers import publish_trajectories
 from tests.waiting import wait_until
 from trainer.config import TrainerConfig
 from trainer.steplog import read_step_log
-from trainer.synthetic import load_tiny, make_task_groups
 
 pytestmark = [pytest.mark.kafka, pytest.mark.slow]
 

@@ -29,13 +29,13 @@ from bus import EventProducer, WriterFenced, codec
 from rollway.config import RollwayConfig
 from schemas import Metrics, TrainStep
 from syncer.publisher import WeightConflict
+from tests.synthetic import load_tiny, make_task_groups, to_events
 from tests.trainer_helpers import one_thread  # noqa: F401  autouse fixture
 from tests.waiting import wait_until_async
 from trainer.config import TrainerConfig
 from trainer.publishing import RecordingSink
 from trainer.service import Trainer
 from trainer.steplog import StepAlreadyLogged, StepLogWatch, read_step_log, step_event
-from trainer.synthetic import load_tiny, make_task_groups, to_events
 
 pytestmark = [pytest.mark.kafka, pytest.mark.slow]
 

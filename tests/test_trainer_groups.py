@@ -11,12 +11,12 @@ import pytest
 
 from rollway.config import RollwayConfig
 from schemas import GroupRef
+from tests.synthetic import load_tiny, make_task_groups
 from tests.test_trainer_kafka import trainer_config
 from tests.trainer_helpers import one_thread, publish_trajectories  # noqa: F401  one_thread: autouse fixture
 from trainer.publishing import RecordingSink
 from trainer.service import Trainer
 from trainer.steplog import read_step_log
-from trainer.synthetic import load_tiny, make_task_groups
 
 pytestmark = pytest.mark.kafka
 

@@ -15,6 +15,7 @@ from bus import EventConsumer, EventProducer, fetch_records
 from rollway.config import RollwayConfig
 from schemas import Metrics, Reward, TrajectoryChunk
 from syncer.hashing import state_dict_hash
+from tests.synthetic import load_tiny, make_task_groups, to_events
 from tests.trainer_helpers import one_thread, publish_trajectories  # noqa: F401  one_thread: autouse fixture
 from tests.waiting import wait_until_async
 from trainer.config import TrainerConfig
@@ -22,7 +23,6 @@ from trainer.model import publishable_state
 from trainer.publishing import RecordingSink
 from trainer.service import Trainer
 from trainer.steplog import StepLogError, fetch_step_groups, read_step_log, step_event
-from trainer.synthetic import load_tiny, make_task_groups, to_events
 
 pytestmark = pytest.mark.kafka
 

@@ -408,7 +408,7 @@ def test_minutes_stops_the_stack_cleanly(kafka_bootstrap, tmp_path):
 
 @pytest.mark.slow  # a real trainer process (torch) under `up`
 async def test_steps_stops_the_stack_after_exactly_that_train_step(kafka_bootstrap, tmp_path, tiny_model_path):
-    from trainer.synthetic import load_tiny, make_task_groups, to_events
+    from tests.synthetic import load_tiny, make_task_groups, to_events
 
     prefix = f"{unique('up-')}."
     kafka = KafkaConfig(bootstrap_servers=kafka_bootstrap, topic_prefix=prefix, partitions=dict(TEST_PARTITIONS))

@@ -21,7 +21,7 @@ async def publish_trajectories(cfg, trajectories, *, chunk_tokens: int = 12, **k
     """Each trajectory's chunks, then its reward, on the bus; their ids in order. ``kw``
     goes to ``to_events`` (e.g. ``score``)."""
     from bus import EventProducer
-    from trainer.synthetic import to_events
+    from tests.synthetic import to_events
 
     ids = []
     async with EventProducer(cfg) as producer:

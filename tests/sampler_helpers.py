@@ -1,4 +1,5 @@
-"""Helpers for tests and benchmarks of the sampler (and of components that need one).
+"""Helpers for tests and benchmarks of the sampler (and of components that need one);
+they live under tests/, not in the installed ``sampler`` package.
 
 * :func:`agent_model_dir`: the tiny model trained longer (150 steps instead of 40):
   its distributions are peaked enough that vLLM's and PyTorch's bf16 kept sets agree

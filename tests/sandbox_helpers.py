@@ -1,5 +1,6 @@
-"""A live sandbox service for tests (of this and other components): real HTTP on a free
-loopback port, real bubblewrap sandboxes."""
+"""A live sandbox service for tests (of the sandbox and other components) and benchmarks:
+real HTTP on a free loopback port, real bubblewrap sandboxes. Lives under tests/, not in
+the installed ``sandbox`` package."""
 
 from __future__ import annotations
 
