@@ -1,20 +1,31 @@
 """Rollouts sampled with plain torch, as real ``TrajectoryChunk``/``Reward`` events.
 
-Tests and the benchmark need trajectories whose behaviour log-probs and kept sets come
-from a real model, without a sampler service: this module does top-p sampling the way
-an engine does (temperature, nucleus, renormalise, draw), records the kept set and the
-behaviour log-prob over it per generated token, optionally splices environment tokens
-(a tool output, loss mask 0) into the middle, and cuts the result into chunks.
+Tests and the trainer benchmark need trajectories whose behaviour log-probs and kept
+sets come from a real model, without a sampler service or a sandbox. Everything that
+decides what goes on the bus is the samplers' own code:
+
+* the behaviour distribution, the draw and the kept set are
+  :func:`sampler.sampling.processed_logprobs` and :func:`sampler.sampling.kept_set_from_row`,
+  exactly as :class:`sampler.torch_engine.TorchEngine` steps (vLLM's top-p rule);
+* the chunks are written by :class:`sampler.recorder.TrajectoryRecorder`, so they are
+  byte for byte what a sampler would publish for the same tokens.
+
+What stays made up: the whole group is decoded as one batch without a KV cache,
+environment tokens (a tool output, loss mask 0) are spliced in at a fixed step, and the
+reward is a stand-in grader (:func:`parity_score`) instead of the sandbox.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Callable, Sequence
+from typing import TYPE_CHECKING, Callable, Coroutine, Sequence
 
 import numpy as np
 
-from schemas import Cost, Reward, TrajectoryChunk, arrays
+from sampler.engine import SampledToken
+from sampler.recorder import TrajectoryIdentity, TrajectoryRecorder
+from sampler.sampling import SamplingParams, kept_set_from_row, processed_logprobs
+from schemas import Cost, Reward, TrajectoryChunk
 
 if TYPE_CHECKING:
     import torch
@@ -22,6 +33,8 @@ if TYPE_CHECKING:
 
 @dataclass
 class SampledTrajectory:
+    """One rollout, token by token (tests edit these fields before encoding)."""
+
     task_id: str
     group_id: str
     sample_index: int
@@ -47,15 +60,6 @@ class SampledTrajectory:
         return [t for t, m in zip(self.token_ids, self.loss_mask) if m]
 
 
-def nucleus(probs: "torch.Tensor", top_p: float) -> "torch.Tensor":
-    """Token ids top-p keeps (descending probability): the smallest prefix reaching top_p."""
-    import torch
-
-    sorted_p, order = torch.sort(probs, descending=True, stable=True)
-    before = torch.cumsum(sorted_p, 0) - sorted_p
-    return order[before < top_p] if top_p < 1.0 else order[sorted_p > 0]
-
-
 def sample_group(
     model: "torch.nn.Module",
     prompt_ids: Sequence[int],
@@ -66,67 +70,93 @@ def sample_group(
     max_new_tokens: int = 12,
     temperature: float = 1.0,
     top_p: float = 0.9,
-    kept_cap: int | None = None,
     version: int = 0,
     seed: int = 0,
     env_tokens: Sequence[int] = (),
     env_after: int | None = None,
-    attempt: str = "a0",
-    sample_indices: Sequence[int] | None = None,
 ) -> list[SampledTrajectory]:
-    """Sample ``group_size`` trajectories (or the given ``sample_indices``) of a task."""
+    """``group_size`` trajectories of a task; ``env_tokens`` spliced in after ``env_after``
+    generated tokens. Each step draws like ``TorchEngine``: the processed log-probs of
+    :mod:`sampler.sampling`, one multinomial draw per row, the exact kept set."""
     import torch
 
+    params = SamplingParams(temperature=temperature, top_p=top_p)
     gen = torch.Generator().manual_seed(seed)
     device = next(model.parameters()).device
-    indices = list(sample_indices if sample_indices is not None else range(group_size))
-    rows = len(indices)
     # Every row has the same length at every step (same prompt, same splice point),
     # so the group is sampled as one batch.
-    tokens = [[int(t) for t in prompt_ids] for _ in range(rows)]
+    tokens = [[int(t) for t in prompt_ids] for _ in range(group_size)]
     n0 = len(tokens[0])
-    mask = [[0] * n0 for _ in range(rows)]
-    lps = [[0.0] * n0 for _ in range(rows)]
-    kept: list[list[list[int]]] = [[[] for _ in range(n0)] for _ in range(rows)]
-    capped = [[0] * n0 for _ in range(rows)]
-    generated = 0
-    env_done = False
-    while generated < max_new_tokens:
-        if env_after is not None and generated == env_after and env_tokens and not env_done:
-            env_done = True
-            for r in range(rows):
+    mask = [[0] * n0 for _ in range(group_size)]
+    lps = [[0.0] * n0 for _ in range(group_size)]
+    kept: list[list[list[int]]] = [[[] for _ in range(n0)] for _ in range(group_size)]
+    for generated in range(max_new_tokens):
+        if generated == env_after:
+            for r in range(group_size):
                 for t in env_tokens:
                     tokens[r].append(int(t)); mask[r].append(0); lps[r].append(0.0); kept[r].append([])
-                    capped[r].append(0)
         with torch.no_grad():
             logits = model(input_ids=torch.tensor(tokens, device=device)).logits[:, -1].float().cpu()
-        for r in range(rows):
-            scaled = logits[r] / temperature
-            keep = nucleus(torch.softmax(scaled, dim=0), top_p)
-            renorm = torch.log_softmax(scaled[keep], dim=0)
-            choice = int(torch.multinomial(renorm.exp(), 1, generator=gen))
-            token = int(keep[choice])
-            ids = keep.tolist()
-            was_capped = 0
-            if kept_cap is not None and len(ids) > kept_cap:
-                was_capped = 1
-                ids = ids[:kept_cap] + ([token] if token not in ids[:kept_cap] else [])
-            tokens[r].append(token); mask[r].append(1); lps[r].append(float(renorm[choice]))
-            kept[r].append(ids); capped[r].append(was_capped)
-        generated += 1
+        lp = processed_logprobs(logits, params)
+        if params.greedy:
+            sampled = logits.argmax(dim=-1)
+        else:
+            sampled = torch.multinomial(lp.exp(), 1, generator=gen).squeeze(-1)
+        chosen = lp.gather(-1, sampled.unsqueeze(-1)).squeeze(-1)
+        for r in range(group_size):
+            tokens[r].append(int(sampled[r])); mask[r].append(1); lps[r].append(float(chosen[r]))
+            kept[r].append(kept_set_from_row(lp[r]).ids.tolist())
+    n = len(tokens[0])
     return [
         SampledTrajectory(
-            task_id=task_id, group_id=group_id, sample_index=index, group_size=group_size,
-            attempt=attempt, token_ids=tokens[r], loss_mask=mask[r], logprobs=lps[r], kept=kept[r],
-            capped=capped[r], versions=[version] * len(tokens[r]), temperature=temperature, top_p=top_p,
+            task_id=task_id, group_id=group_id, sample_index=r, group_size=group_size, attempt="a0",
+            token_ids=tokens[r], loss_mask=mask[r], logprobs=lps[r], kept=kept[r], capped=[0] * n,
+            versions=[version] * n, temperature=temperature, top_p=top_p,
         )
-        for r, index in enumerate(indices)
+        for r in range(group_size)
     ]
 
 
 def parity_score(traj: SampledTrajectory) -> float:
     """A stand-in grader: solved when the generated ids sum to an even number."""
     return 1.0 if sum(traj.generated) % 2 == 0 else 0.0
+
+
+def _run_to_end(coro: Coroutine):
+    """Run a coroutine that never suspends (the recorder with a publish that only
+    collects) without an event loop, so sync and async callers can both use it."""
+    try:
+        coro.send(None)
+    except StopIteration as done:
+        return done.value
+    coro.close()
+    raise RuntimeError("the recorder suspended: its publish must not await anything")
+
+
+async def _record(traj: SampledTrajectory, chunk_tokens: int, replica_id: str) -> list[TrajectoryChunk]:
+    chunks: list[TrajectoryChunk] = []
+
+    async def collect(chunk: TrajectoryChunk) -> None:
+        chunks.append(chunk)
+
+    rec = TrajectoryRecorder(
+        TrajectoryIdentity(
+            trajectory_id=traj.trajectory_id, task_id=traj.task_id, group_id=traj.group_id,
+            sample_index=traj.sample_index, group_size=traj.group_size, attempt=traj.attempt,
+            replica_id=replica_id, temperature=traj.temperature, top_p=traj.top_p,
+        ),
+        collect, chunk_tokens=chunk_tokens,
+    )
+    for i, (tok, m, version) in enumerate(zip(traj.token_ids, traj.loss_mask, traj.versions)):
+        if m:
+            await rec.add_sampled(SampledToken(
+                traj.sample_index, int(tok), float(traj.logprobs[i]), np.asarray(traj.kept[i], dtype=np.int32),
+                bool(traj.capped[i]), int(version)))
+        else:
+            await rec.add_env([int(tok)], int(version))
+    await rec.finish(traj.finish_reason, Cost(generated_tokens=rec.generated_tokens, env_tokens=rec.env_tokens,
+                                              segments=rec.segment_index + 1))
+    return chunks
 
 
 def to_events(
@@ -138,29 +168,9 @@ def to_events(
     replica_id: str = "synthetic",
     score_fn: Callable[[SampledTrajectory], float] = parity_score,
 ) -> tuple[list[TrajectoryChunk], Reward]:
-    """The trajectory as chunk events (``chunk_tokens`` each, last one final) and its reward."""
-    n = len(traj.token_ids)
-    chunks = []
-    starts = list(range(0, n, chunk_tokens))
-    for i, s in enumerate(starts):
-        e = min(s + chunk_tokens, n)
-        offsets, ids = arrays.pack_csr(traj.kept[s:e])
-        vstarts, versions = arrays.pack_spans(traj.versions[s:e])
-        final = i == len(starts) - 1
-        chunks.append(TrajectoryChunk(
-            trajectory_id=traj.trajectory_id, task_id=traj.task_id, group_id=traj.group_id,
-            sample_index=traj.sample_index, group_size=traj.group_size, attempt=traj.attempt,
-            replica_id=replica_id, chunk_index=i,
-            token_ids=arrays.pack(traj.token_ids[s:e], arrays.INT32),
-            logprobs=arrays.pack(traj.logprobs[s:e], arrays.FLOAT32),
-            loss_mask=arrays.pack(traj.loss_mask[s:e], arrays.UINT8),
-            kept_offsets=offsets, kept_ids=ids,
-            kept_capped=arrays.pack(traj.capped[s:e], arrays.UINT8),
-            version_starts=vstarts, versions=versions,
-            temperature=traj.temperature, top_p=traj.top_p,
-            final=final, finish_reason=traj.finish_reason if final else "",
-            cost=Cost(generated_tokens=len(traj.generated), env_tokens=n - len(traj.generated)) if final else None,
-        ))
+    """The trajectory as the chunks a sampler's ``TrajectoryRecorder`` publishes for it
+    (``chunk_tokens`` each, the last one final) and its reward."""
+    chunks = _run_to_end(_record(traj, chunk_tokens, replica_id))
     s = score_fn(traj) if score is None else score
     r = s if reward is None else reward
     rew = Reward(
@@ -223,10 +233,6 @@ def load_tiny(model_path: str):
     hf_logging.disable_progress_bar()
     model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).eval()
     return model, AutoTokenizer.from_pretrained(model_path)
-
-
-def versions_array(traj: SampledTrajectory) -> np.ndarray:
-    return np.asarray(traj.versions, dtype=np.int64)
 
 
 def groups_from_sampled(

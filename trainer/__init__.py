@@ -16,5 +16,7 @@ Modules, in the order data flows through them:
 * ``checkpoint`` -- asynchronous, atomic checkpoints
 * ``publishing`` -- the weight sink interface and the syncer behind it
 * ``service``    -- the trainer process: restore, replay, train live
-* ``synthetic``  -- rollouts sampled with plain torch, for tests and benchmarks
+
+Tests build trajectories with ``tests/synthetic.py``: plain-torch rollouts encoded by the
+samplers' own ``TrajectoryRecorder``.
 """
