@@ -94,10 +94,23 @@ def synthetic_corpus(num_docs: int = 600, seed: int = 0) -> list[str]:
 
 
 def train_tokenizer(corpus: list[str], vocab_size: int):
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+    """A byte-level BPE whose normalizer and pre-tokenizer are exactly Qwen2's.
+
+    Why Qwen2's: the saved folder says ``model_type: qwen2``, so ``AutoTokenizer`` (and
+    with it vLLM and every sampler) loads it as ``Qwen2Tokenizer``, which rebuilds the
+    tokenizer from vocab + merges with *its own* pre-tokenizer (digits one by one, spaces
+    split from the word that follows). Trained with another pre-tokenizer, the tokenizer a
+    model is trained with and the one it is served with disagree (``" 2"`` vs ``" ", "2"``):
+    the warm start learned to copy numbers as tokens the samplers never show it."""
+    from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
+    from transformers.models.qwen2.tokenization_qwen2 import PRETOKENIZE_REGEX
 
     tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.normalizer = normalizers.NFC()
+    tok.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(PRETOKENIZE_REGEX), behavior="isolated", invert=False),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+    ])
     tok.decoder = decoders.ByteLevel()
     tok.post_processor = processors.ByteLevel(trim_offsets=False)
     trainer = trainers.BpeTrainer(

@@ -7,6 +7,8 @@ the task family's *train* split, so RL starts from a partial skill.
    transcripts (:func:`trainer.sft.render_transcript`);
 2. trains a byte-level BPE tokenizer on them (train split only: the held-out split is
    never seen, not even by the tokenizer);
+   The transcripts are tokenized by the tokenizer as samplers load it
+   (:func:`served_tokenizer`), never by the in-process object;
 3. builds a Qwen2 (head_dim 64: vLLM's CPU attention needs >= 32) and runs
    :func:`trainer.sft.train_sft` single-threaded-deterministic;
 4. saves bf16 safetensors + tokenizer + ``rollway_warm_start.json``.
@@ -35,7 +37,8 @@ log = structlog.get_logger(__name__)
 REPO_ROOT = Path(__file__).resolve().parent.parent
 MARKER = "rollway_warm_start.json"
 # Sources whose change must rebuild the model (the cache key hashes them).
-KEY_SOURCES = ("trainer/warm_start.py", "trainer/sft.py", "sampler/tool_format.py", "tasks/spec.py")
+KEY_SOURCES = ("trainer/warm_start.py", "trainer/sft.py", "sampler/tool_format.py", "sampler/tiny_model.py",
+               "tasks/spec.py")
 KEY_SOURCE_DIRS = ("tasks/family",)
 
 
@@ -99,8 +102,6 @@ def build_warm_start(out_dir: str | Path, cfg: WarmStartConfig, *, on_step=None)
     make_deterministic(cfg.seed, cfg.sft.num_threads)
     specs = generate("train", cfg.sft.examples, seed=cfg.seed)
     raw_tok = train_tokenizer([_transcript_text(s) for s in specs], cfg.vocab_size)
-    tokenizer = _hf_tokenizer(raw_tok)
-    examples = [render_transcript(s, tokenizer) for s in specs]
     config = Qwen2Config(
         vocab_size=len(raw_tok.get_vocab()),
         hidden_size=cfg.hidden_size,
@@ -111,11 +112,13 @@ def build_warm_start(out_dir: str | Path, cfg: WarmStartConfig, *, on_step=None)
         head_dim=cfg.hidden_size // cfg.heads,
         max_position_embeddings=cfg.max_position_embeddings,
         tie_word_embeddings=False,
-        eos_token_id=tokenizer.convert_tokens_to_ids("<|im_end|>"),
-        pad_token_id=tokenizer.convert_tokens_to_ids("<|endoftext|>"),
+        eos_token_id=raw_tok.token_to_id("<|im_end|>"),
+        pad_token_id=raw_tok.token_to_id("<|endoftext|>"),
         bos_token_id=None,
         use_cache=False,
     )
+    tokenizer = served_tokenizer(_hf_tokenizer(raw_tok), config, out)
+    examples = [render_transcript(s, tokenizer) for s in specs]
     torch.manual_seed(cfg.seed)
     model = Qwen2ForCausalLM(config).float()
     params = sum(p.numel() for p in model.parameters())
@@ -130,6 +133,18 @@ def build_warm_start(out_dir: str | Path, cfg: WarmStartConfig, *, on_step=None)
     log.info("warm start built", path=str(out), params=params, final_loss=round(summary["final_loss"], 4),
              seconds=info["build_seconds"])
     return out
+
+
+def served_tokenizer(tokenizer, config, out: Path):
+    """The tokenizer as samplers will load it: saved next to the model config and read
+    back with ``AutoTokenizer``, which picks the class from the config's model type (for
+    Qwen2 it rebuilds the pre-tokenizer). SFT renders its transcripts with this one, so
+    the model is trained on exactly the token stream it is served."""
+    from transformers import AutoTokenizer
+
+    config.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    return AutoTokenizer.from_pretrained(out)
 
 
 def save_model(model, tokenizer, out: Path, info: dict) -> None:
