@@ -11,7 +11,10 @@ class FeederConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     tasks_dir: str = "tasks/demo"
     # With tasks_dir = "family:<split>": how many tasks of the split, and their seed.
     family_tasks: int = 2000
-    family_seed: int = 0
+    # Not the warm start's seed (WarmStartConfig.seed = 0): RL draws train instances the
+    # SFT transcripts did not show (overlap measured in docs/results.md), so a group's
+    # outcome reflects the skill, not a memorised instance.
+    family_seed: int = 1
     group_size: int = 4
     # Pace: at most this many groups per second (a steady rate, no bursts).
     groups_per_second: float = 1.0
@@ -41,6 +44,11 @@ class FeederConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     min_attempts_to_retire: int = 16
     retire_at_or_above: float = 1.0
     retire_at_or_below: float = 0.0
+    # Pool solve rates by task kind (metadata "kind", e.g. the family's arith/text/...):
+    # a task's prior is its kind's solve rate over this many recent outcomes, so fresh
+    # instances of kinds the policy always or never solves are drawn less (their groups
+    # carry no gradient). 0 = no pooling.
+    pool_by_kind_window: int = 256
     seed: int = 0
 
     def __post_init__(self) -> None:
@@ -53,6 +61,7 @@ class FeederConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
             (self.family_tasks >= 1, f"feeder.family_tasks must be at least 1, got {self.family_tasks}"),
             (self.prior_successes > 0 and self.prior_failures > 0, "feeder.prior_successes and prior_failures must be positive"),
             (self.solve_rate_window >= 1, "feeder.solve_rate_window must be at least 1"),
+            (self.pool_by_kind_window >= 0, "feeder.pool_by_kind_window must not be negative"),
             (0 <= self.min_attempts_to_retire <= self.solve_rate_window,
              f"feeder.min_attempts_to_retire must be within 0..solve_rate_window ({self.solve_rate_window}), "
              f"got {self.min_attempts_to_retire}"),

@@ -51,7 +51,8 @@ class Feeder:
         self.kafka = kafka
         self.store = store
         self.clock = clock
-        self.selector = TaskSelector.from_config(store.ids(), cfg)
+        kinds = {spec.task_id: spec.metadata["kind"] for spec in store if spec.metadata.get("kind")}
+        self.selector = TaskSelector.from_config(store.ids(), cfg, groups=kinds)
         self.outstanding = OutstandingGroups()
         self.published = 0
         self.published_by_task: dict[str, int] = {}

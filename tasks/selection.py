@@ -11,8 +11,20 @@ Beta(``a``, ``b``) prior::
                                            group is largest when its samples disagree
     P(task) = weight / sum of weights over active tasks
 
-An unseen task has p = a / (a + b) (0.25 weight with the default a = b = 1, the
-maximum), so new tasks are tried early. A task is retired for good once it has at least
+Pooling by kind: with ``groups`` (task id -> kind, e.g. the family's ``arith``), the
+prior's mean is the kind's recent solve rate instead of a / (a + b)::
+
+    m      = (S + a) / (N + a + b)        over the kind's last ``group_window`` outcomes
+    p      = (s + (a + b) m) / (n + a + b)
+
+so a task never tried yet is weighted by how its kind is doing: when every instance is
+fresh (thousands of generated tasks, each drawn about once), per-task counts carry no
+information, and without pooling the draws spread evenly over kinds the policy always
+or never solves, whose groups have no variance. Without groups (or with no outcomes of
+the kind yet) m = a / (a + b) and p is the plain posterior above.
+
+An unseen task of an unpooled (or untried) kind has p = a / (a + b) (0.25 weight with
+the default a = b = 1, the maximum), so new tasks are tried early. A task is retired for good once it has at least
 ``min_attempts_to_retire`` outcomes in its window and its window solve rate ``s / n`` is
 >= ``retire_at_or_above`` (always solved: nothing left to learn) or <=
 ``retire_at_or_below`` (never solved: no signal, only cost). ``min_attempts_to_retire
@@ -23,7 +35,7 @@ from __future__ import annotations
 
 import random
 from collections import deque
-from typing import Iterable
+from typing import Iterable, Mapping
 
 import msgspec
 
@@ -60,7 +72,11 @@ class TaskSelector:
         retire_at_or_above: float = 1.0,
         retire_at_or_below: float = 0.0,
         seed: int = 0,
+        groups: Mapping[str, str] | None = None,
+        group_window: int = 256,
     ) -> None:
+        if group_window < 1:
+            raise ValueError(f"group_window must be at least 1, got {group_window}")
         if not 0 <= min_attempts_to_retire <= window:
             raise ValueError(f"min_attempts_to_retire must be within 0..window ({window}), got {min_attempts_to_retire}")
         self.prior_successes = prior_successes
@@ -78,9 +94,12 @@ class TaskSelector:
             self.stats[task_id] = TaskStats(window=deque(maxlen=window))
         if not self.stats:
             raise ValueError("no tasks to select from")
+        self.groups: dict[str, str] = {t: g for t, g in (groups or {}).items() if t in self.stats}
+        self.group_windows: dict[str, deque] = {g: deque(maxlen=group_window) for g in self.groups.values()}
 
     @classmethod
-    def from_config(cls, task_ids: Iterable[str], cfg: FeederConfig) -> "TaskSelector":
+    def from_config(cls, task_ids: Iterable[str], cfg: FeederConfig,
+                    groups: Mapping[str, str] | None = None) -> "TaskSelector":
         return cls(
             task_ids,
             prior_successes=cfg.prior_successes,
@@ -90,6 +109,8 @@ class TaskSelector:
             retire_at_or_above=cfg.retire_at_or_above,
             retire_at_or_below=cfg.retire_at_or_below,
             seed=cfg.seed,
+            groups=groups if cfg.pool_by_kind_window else None,
+            group_window=max(1, cfg.pool_by_kind_window),
         )
 
     # -- observations ---------------------------------------------------------------
@@ -97,6 +118,8 @@ class TaskSelector:
         """Count one outcome; returns the retirement reason when this outcome retired the task."""
         stats = self.stats[task_id]
         stats.window.append(1 if solved else 0)
+        if task_id in self.groups:
+            self.group_windows[self.groups[task_id]].append(1 if solved else 0)
         stats.attempts += 1
         stats.solved += bool(solved)
         if stats.retired or not self.min_attempts_to_retire or stats.window_attempts < self.min_attempts_to_retire:
@@ -113,7 +136,16 @@ class TaskSelector:
         """Posterior mean solve rate over the task's window."""
         stats = self.stats[task_id]
         a, b = self.prior_successes, self.prior_failures
-        return (stats.window_solved + a) / (stats.window_attempts + a + b)
+        return (stats.window_solved + (a + b) * self.prior_mean(task_id)) / (stats.window_attempts + a + b)
+
+    def prior_mean(self, task_id: str) -> float:
+        """The prior's mean for this task: its kind's posterior solve rate when pooled."""
+        a, b = self.prior_successes, self.prior_failures
+        group = self.groups.get(task_id)
+        if group is None:
+            return a / (a + b)
+        outcomes = self.group_windows[group]
+        return (sum(outcomes) + a) / (len(outcomes) + a + b)
 
     def weight(self, task_id: str) -> float:
         if self.stats[task_id].retired:

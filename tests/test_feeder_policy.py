@@ -43,6 +43,55 @@ def test_weights_are_posterior_variance_exact():
     assert s.probabilities() == {"a": 0.4, "b": 0.3, "c": 0.3}
 
 
+def test_unseen_tasks_take_their_kinds_solve_rate_when_pooled():
+    kinds = {"a1": "easy", "a2": "easy", "b1": "hard", "b2": "hard", "c": "new"}
+    s = TaskSelector(list(kinds), window=8, min_attempts_to_retire=0, seed=0, groups={**kinds, "ghost": "x"},
+                     group_window=4)
+    for _ in range(3):
+        s.record("a1", True)   # easy: 3 of 3 -> kind mean (3 + 1) / (3 + 2) = 0.8
+        s.record("b1", False)  # hard: 0 of 3 -> kind mean 1 / 5 = 0.2
+    # a2 never tried: p is its kind's mean; a1 adds its own outcomes on top of that prior
+    assert s.solve_rate("a2") == pytest.approx(0.8) and s.solve_rate("b2") == pytest.approx(0.2)
+    assert s.solve_rate("a1") == pytest.approx((3 + 2 * 0.8) / (3 + 2))
+    assert s.solve_rate("c") == 0.5  # a kind with no outcomes yet: the plain prior
+    assert s.weight("a2") == pytest.approx(0.16) and s.weight("c") == 0.25
+    # the kind's window slides: two failures of a1 in a 4-outcome window -> 2 of 4 solved
+    s.record("a1", False)
+    s.record("a1", False)
+    assert s.prior_mean("a2") == pytest.approx((2 + 1) / (4 + 2))
+    assert "ghost" not in s.groups  # ids that are not tasks are ignored
+
+
+def test_pooling_by_kind_steers_draws_away_from_kinds_with_no_variance():
+    ids = [f"{k}{i}" for k in ("solved", "mixed", "failed") for i in range(50)]
+    kinds = {t: t.rstrip("0123456789") for t in ids}
+    rates = {"solved": 1.0, "mixed": 0.5, "failed": 0.0}
+
+    def draws(groups):
+        s = TaskSelector(ids, window=8, min_attempts_to_retire=0, seed=3, groups=groups, group_window=64)
+        rng, counts = random.Random(1), Counter()
+        for _ in range(600):
+            task = s.choose()
+            counts[kinds[task]] += 1
+            s.record(task, rng.random() < rates[kinds[task]])
+        return counts
+
+    plain, pooled = draws(None), draws(kinds)
+    assert pooled["mixed"] > 0.6 * 600 and plain["mixed"] < 0.5 * 600
+    assert pooled["mixed"] > plain["mixed"]
+
+
+def test_the_feeder_pools_by_the_tasks_kind_metadata():
+    from tasks.family import generate
+
+    store = TaskStore("family:train", family_count=8, family_seed=0)
+    feeder = Feeder(FeederConfig(tasks_dir="family:train", family_tasks=8), KafkaConfig(), store)
+    assert feeder.selector.groups == {s.task_id: s.metadata["kind"] for s in generate("train", 8, seed=0)}
+    unpooled = Feeder(FeederConfig(tasks_dir="family:train", family_tasks=8, pool_by_kind_window=0), KafkaConfig(),
+                      store)
+    assert unpooled.selector.groups == {}
+
+
 def test_retire_always_and_never_solved_after_enough_attempts():
     s = selector()
     assert [s.record("b", True) for _ in range(4)] == ["", "", "", RETIRED_SOLVED]
