@@ -23,7 +23,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     init.add_argument("--out", help="copy it here (default: print the cached path)")
     init.add_argument("--seed", type=int, default=None, help="model, data and SFT seed (default 0)")
     init.add_argument("--steps", type=int, default=None, help="SFT steps (default: trainer.warm_start default)")
-    init.add_argument("--threads", type=int, default=None, help="torch threads (default 2)")
+    init.add_argument("--threads", type=int, default=None, help="torch threads (default: trainer.sft num_threads, 1: deterministic)")
 
 
 def _copy_out(cached, out_arg: str | None, marker: str) -> int:
