@@ -11,19 +11,19 @@ Each argument is ``LABEL=DIR`` where DIR holds a ``steps.json`` written by
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 from pathlib import Path
 
+import msgspec
 
-def load_steps(folder: Path) -> dict[int, dict[str, float]]:
-    data = json.loads((folder / "steps.json").read_text())
-    return {int(step): values for step, values in sorted(data["steps"].items(), key=lambda kv: int(kv[0]))}
+from rollway.report import RunData, series
 
 
-def column(steps: dict[int, dict[str, float]], key: str) -> tuple[list[int], list[float]]:
-    pairs = [(s, v[key]) for s, v in steps.items() if key in v]
-    return [p[0] for p in pairs], [p[1] for p in pairs]
+def load_run(folder: Path) -> RunData:
+    """The per-step figures (and evals) ``rollway report`` wrote to ``steps.json``."""
+    data = msgspec.json.decode((folder / "steps.json").read_bytes(), type=RunData)
+    data.steps = dict(sorted(data.steps.items()))
+    return data
 
 
 def describe(values: list[float]) -> str:
@@ -42,7 +42,7 @@ def main() -> None:
         label, _, folder = spec.partition("=")
         if not folder:
             parser.error(f"{spec!r}: expected LABEL=DIR")
-        runs.append((label, load_steps(Path(folder))))
+        runs.append((label, load_run(Path(folder))))
 
     import matplotlib
 
@@ -50,9 +50,9 @@ def main() -> None:
     import matplotlib.pyplot as plt
 
     fig, (ax_entropy, ax_mismatch) = plt.subplots(1, 2, figsize=(11, 4), dpi=100)
-    for label, steps in runs:
-        ax_entropy.plot(*column(steps, "entropy_full"), marker=".", label=label)
-        ax_mismatch.plot(*column(steps, "mismatch_kl_k3"), marker=".", label=label)
+    for label, run in runs:
+        ax_entropy.plot(*series(run, "entropy_full"), marker=".", label=label)
+        ax_mismatch.plot(*series(run, "mismatch_kl_k3"), marker=".", label=label)
     ax_entropy.set(title="Policy entropy on trained tokens", xlabel="train step", ylabel="nats per token")
     ax_mismatch.set(title="Trainer–sampler mismatch (KL k3)", xlabel="train step", yscale="log")
     for ax in (ax_entropy, ax_mismatch):
@@ -64,9 +64,9 @@ def main() -> None:
 
     print("| run | train steps | entropy (full) | mismatch KL k3 | reward mean |")
     print("|---|---|---|---|---|")
-    for label, steps in runs:
-        print(f"| {label} | {len(steps)} | {describe(column(steps, 'entropy_full')[1])} | "
-              f"{describe(column(steps, 'mismatch_kl_k3')[1])} | {describe(column(steps, 'reward_mean')[1])} |")
+    for label, run in runs:
+        print(f"| {label} | {len(run.steps)} | {describe(series(run, 'entropy_full')[1])} | "
+              f"{describe(series(run, 'mismatch_kl_k3')[1])} | {describe(series(run, 'reward_mean')[1])} |")
     print(f"figure: {args.out}")
 
 

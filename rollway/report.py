@@ -33,12 +33,15 @@ class Pause(msgspec.Struct, frozen=True):
 
 
 class RunData(msgspec.Struct, kw_only=True):
+    """What a report is drawn from; ``rollway report``'s ``steps.json`` decodes to one
+    with the steps and evals only."""
+
     steps: dict[int, dict[str, float]]  # step -> metrics
-    staleness_hist: list[float]  # tokens per staleness bin; the last bin is "older"
-    rewards: list[Reward]  # one per trajectory, by created_at
-    evals: list[EvalResult]  # by (weight_version, created_at)
-    pauses: list[Pause]  # by time
-    dead_letters: int
+    staleness_hist: list[float] = []  # tokens per staleness bin; the last bin is "older"
+    rewards: list[Reward] = []  # one per trajectory, by created_at
+    evals: list[EvalResult] = []  # by (weight_version, created_at)
+    pauses: list[Pause] = []  # by time
+    dead_letters: int = 0
 
     def empty(self) -> bool:
         return not (self.steps or self.rewards or self.evals or self.pauses)
