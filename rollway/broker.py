@@ -266,14 +266,6 @@ class LocalKafka:
             f"logs: {', '.join(n.log_file for n in self.state.nodes)}"
         )
 
-    def kill_node(self, node_id: int, sig: int = signal.SIGKILL) -> int:
-        node = self._node(node_id)
-        os.kill(node.pid, sig)
-        proc = self._procs.get(node_id)
-        if proc is not None:
-            proc.wait(timeout=30)
-        return node.pid
-
     def restart_node(self, node_id: int, timeout: float = 90.0) -> None:
         node = self._node(node_id)
         if pid_alive(node.pid):
