@@ -96,6 +96,9 @@ _OPS = {
     "isinstance": isinstance, "issubclass": issubclass, "round": round, "basevalue": lambda v: _base_value(v),
 }
 _COMPARISONS = frozenset({"eq", "ne", "lt", "le", "gt", "ge"})
+# Values that are their own encoding (JSON scalars, exact types): the hot paths test this
+# set inline instead of calling encode/decode once per argument.
+_SCALARS = frozenset({type(None), bool, int, float, str})
 
 
 class _Emit:
@@ -282,9 +285,10 @@ class Connection:
         try:
             msg = list(head)
             if args is not None:
-                msg.append([self.encode(a) for a in args])
+                encode = self.encode
+                msg.append([a if type(a) in _SCALARS else encode(a) for a in args])
             if kwargs is not None:
-                msg.append([[k, self.encode(v)] for k, v in kwargs.items()])
+                msg.append([[k, self.encode(v)] for k, v in kwargs.items()] if kwargs else [])
             return self.request(msg)
         finally:
             self._sent = saved
@@ -301,8 +305,10 @@ class Connection:
                 raise BridgeError("the solution process exited during a call") from None
             kind = reply[0]
             if kind == "ok" and len(reply) == 3:
-                self._write_back(reply[2])
-                return self.decode(reply[1])
+                if reply[2] is not None:
+                    self._write_back(reply[2])
+                value = reply[1]
+                return value if type(value) in _SCALARS else self.decode(value)
             if kind == "err" and len(reply) == 3:
                 self._write_back(reply[2])
                 raise self.decode_exception(reply[1])
@@ -323,24 +329,40 @@ class Connection:
         try:
             try:
                 result = self._dispatch(msg)
-                out = ["ok", self.encode(result), None]
+                out = ["ok", result if type(result) in _SCALARS else self.encode(result), None]
             except BaseException as exc:  # noqa: BLE001 - everything goes back to the caller
                 out = ["err", self.encode_exception(exc), None]
-            out[2] = self._collect_writebacks(self._pending)
+            if self._pending:
+                out[2] = self._collect_writebacks(self._pending)
         finally:
             self._pending, self._sent = saved_pending, saved_sent
         self._send(out)
 
     def _dispatch(self, msg):
         kind = msg[0]
-        if kind == "import":
-            if self.guarded:
-                raise BridgeError("the tests' side answers no imports")
-            return importlib.import_module(_text(msg[1]))
+        # Most frequent first: method calls, calls, operations, attributes.
+        if kind == "callm":
+            name = _text(msg[2])
+            self._check_name(name)
+            fn = getattr(self._local(msg[1]), name)
+            return fn(*self._args(msg[3]), **self._kwargs(msg[4]))
+        if kind == "call":
+            fn = self._local(msg[1])
+            return fn(*self._args(msg[2]), **self._kwargs(msg[3]))
+        if kind == "op":
+            name = _text(msg[1])
+            fn = _OPS.get(name)
+            if fn is None:
+                raise BridgeError(f"unknown operation {name!r}")
+            return fn(*self._args(msg[2]))
         if kind == "getattr":
             obj, name = self._local(msg[1]), _text(msg[2])
             self._check_name(name)
             return getattr(obj, name)
+        if kind == "import":
+            if self.guarded:
+                raise BridgeError("the tests' side answers no imports")
+            return importlib.import_module(_text(msg[1]))
         if kind == "setattr":
             if self.guarded:
                 raise BridgeError("test objects are read-only to the solution")
@@ -351,20 +373,6 @@ class Connection:
                 raise BridgeError("test objects are read-only to the solution")
             delattr(self._local(msg[1]), _text(msg[2]))
             return None
-        if kind == "call":
-            fn = self._local(msg[1])
-            return fn(*self._args(msg[2]), **self._kwargs(msg[3]))
-        if kind == "callm":
-            name = _text(msg[2])
-            self._check_name(name)
-            fn = getattr(self._local(msg[1]), name)
-            return fn(*self._args(msg[3]), **self._kwargs(msg[4]))
-        if kind == "op":
-            name = _text(msg[1])
-            fn = _OPS.get(name)
-            if fn is None:
-                raise BridgeError(f"unknown operation {name!r}")
-            return fn(*self._args(msg[2]))
         if kind == "methods":
             cls = self._local(msg[1])
             return sorted(_plain_methods(cls)) if isinstance(cls, type) else []
@@ -381,14 +389,17 @@ class Connection:
         return self._objects[ref]
 
     def _args(self, raw) -> list:
-        if not isinstance(raw, list):
+        if type(raw) is not list:
             raise BridgeError("malformed arguments")
-        return [self.decode(a, track=True) for a in raw]
+        decode = self.decode
+        return [a if type(a) in _SCALARS else decode(a, track=True) for a in raw]
 
     def _kwargs(self, raw) -> dict:
-        if not isinstance(raw, list):
+        if type(raw) is not list:
             raise BridgeError("malformed keyword arguments")
         out = {}
+        if not raw:
+            return out
         for item in raw:
             if not (isinstance(item, list) and len(item) == 2):
                 raise BridgeError("malformed keyword arguments")
