@@ -1,10 +1,12 @@
 """Grading time per submission, before and after the isolated grading path, side by side.
 
-    .venv/bin/python benchmarks/grading_overhead.py [--baseline REV] [--repeat 2] [--tasks a,b,...]
+    .venv/bin/python benchmarks/grading_overhead.py [--baseline REV] [--also REV] [--repeat 2] [--tasks a,b,...]
 
 "Before" is the repository at ``--baseline`` (default: the commit before the isolated
 path landed), exported with ``git archive`` to a temporary folder and run from there with
-the same venv; "after" is this checkout. Each side starts its own live sandbox service
+the same venv; "after" is this checkout. ``--also REV`` times one more revision the same way
+in the same run, as a middle column (e.g. the grading path before a change to it, so both
+are measured under the same load). Each side starts its own live sandbox service
 (real bubblewrap, real HTTP) in a subprocess and grades the reference solution of each
 task ``--repeat`` times, one submission at a time (one command slot), so the numbers are
 latencies, not throughput. The figure per task is the median of the Reward's
@@ -99,6 +101,7 @@ def _cpu() -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--baseline", default=DEFAULT_BASELINE)
+    parser.add_argument("--also", default="", help="another revision, timed in the same run (a middle column)")
     parser.add_argument("--repeat", type=int, default=2)
     parser.add_argument("--tasks", default=DEFAULT_TASKS)
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
@@ -110,23 +113,29 @@ def main() -> None:
         configure_logging("bench", level="warning")
         print(json.dumps(asyncio.run(_worker(tasks, args.repeat))))
         return
-    with tempfile.TemporaryDirectory() as tmp:
-        _export(args.baseline, Path(tmp))
-        before = _run_side(Path(tmp) / "tree", args.tasks, args.repeat)
-    after = _run_side(ROOT, args.tasks, args.repeat)
-    print(f"grading seconds per submission (median of {args.repeat}), reference solutions; {_cpu()}")
-    print(f"{'task':<16}{'before':>10}{'after':>10}{'ratio':>8}")
-    b_all, a_all = [], []
+    sides: list[tuple[str, dict[str, list[float]]]] = []
+    for name, rev in (("before", args.baseline), (args.also, args.also)):
+        if not rev:
+            continue
+        with tempfile.TemporaryDirectory() as tmp:
+            _export(rev, Path(tmp))
+            sides.append((name, _run_side(Path(tmp) / "tree", args.tasks, args.repeat)))
+    sides.append(("after", _run_side(ROOT, args.tasks, args.repeat)))
+    print(f"grading seconds per submission (median of {args.repeat}), reference solutions; {_cpu()}; "
+          f"load average at the end {os.getloadavg()[0]:.1f}")
+    names = [name[:10] for name, _ in sides]
+    ratios = [f"{name[:8]}/b" for name in names[1:]]
+    print(f"{'task':<16}" + "".join(f"{n:>11}" for n in names) + "".join(f"{r:>11}" for r in ratios))
+    columns: list[list[float]] = [[] for _ in sides]
     for task in tasks:
-        b, a = statistics.median(before[task]), statistics.median(after[task])
-        b_all.append(b)
-        a_all.append(a)
-        print(f"{task:<16}{b:>10.3f}{a:>10.3f}{a / b:>8.2f}")
-    b_mean, a_mean = statistics.mean(b_all), statistics.mean(a_all)
-    print(f"{'mean':<16}{b_mean:>10.3f}{a_mean:>10.3f}{a_mean / b_mean:>8.2f}")
-    b_med, a_med = statistics.median(b_all), statistics.median(a_all)
-    print(f"{'median':<16}{b_med:>10.3f}{a_med:>10.3f}{a_med / b_med:>8.2f}")
-    for side, data in (("before", before), ("after", after)):
+        row = [statistics.median(data[task]) for _, data in sides]
+        for col, value in zip(columns, row):
+            col.append(value)
+        print(f"{task:<16}" + "".join(f"{v:>11.3f}" for v in row) + "".join(f"{v / row[0]:>11.2f}" for v in row[1:]))
+    for label, agg in (("mean", statistics.mean), ("median", statistics.median)):
+        row = [agg(col) for col in columns]
+        print(f"{label:<16}" + "".join(f"{v:>11.3f}" for v in row) + "".join(f"{v / row[0]:>11.2f}" for v in row[1:]))
+    for side, data in sides:
         if data["_failures"]:
             print(f"{side}: reference solutions that did not score 1: {', '.join(data['_failures'])}")
 
