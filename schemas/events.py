@@ -209,15 +209,28 @@ class GroupRef(msgspec.Struct, array_like=True):
     group_id: str
 
 
+class GroupDrop(msgspec.Struct, array_like=True):
+    """A group that ended without being trained, and why (compact on the wire:
+    [task_id, group_id, reason]). Reasons: ``zero_variance``, ``stale``, ``invalid``,
+    ``abandoned`` (see docs/contracts.md, "Failure modes: group accounting")."""
+
+    task_id: str
+    group_id: str
+    reason: str
+
+
 class TrainStep(Event, kw_only=True):
     """What step ``step`` trained on, exactly, and the weights it produced.
 
     Schema 2 added ``groups``: the keys of the groups trained, in batch order, so a
-    restarted trainer refuses a group sampled again under a new attempt id (entries of
-    schema 1 decode with ``groups == []``: their groups are not protected that way,
-    their trajectories still are, by id)."""
+    restarted trainer refuses a group sampled again under a new attempt id (a schema-1
+    entry decodes with ``groups == []``; the trainer and ``rollway audit`` derive its
+    keys from its trajectories' reward records, see ``trainer.steplog.group_ends``).
+    Schema 3 added ``dropped``: the groups that ended untrained since the previous step,
+    each once, so the log alone accounts for every group (older entries decode with
+    ``dropped == []``)."""
 
-    SCHEMA_VERSION: ClassVar[int] = 2
+    SCHEMA_VERSION: ClassVar[int] = 3
 
     step: int
     weight_version: int
@@ -227,6 +240,7 @@ class TrainStep(Event, kw_only=True):
     seed: int = 0
     created_at: float = 0.0
     groups: list[GroupRef] = []
+    dropped: list[GroupDrop] = []
 
 
 class Metrics(Event, kw_only=True):

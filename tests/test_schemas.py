@@ -128,3 +128,18 @@ def test_chunk_accessors_and_validation():
     with pytest.raises(ValueError, match="loss_mask has 1 entries for 4 tokens"):
         bad.validate()
     assert isinstance(chunk, TrajectoryChunk)
+
+
+def test_older_train_steps_decode_with_empty_groups_and_drops():
+    # Entries a schema-1 or schema-2 trainer wrote (no `groups`, no `dropped`) stay
+    # readable: the new fields take their defaults.
+    from schemas import GroupRef, TrainStep
+
+    v1 = msgspec.msgpack.encode({"step": 3, "weight_version": 3, "weights_hash": "ab", "trajectories": [],
+                                 "metrics": {}, "seed": 0, "created_at": 1.0})
+    step = codec.decode(v1, [("rollway-type", b"TrainStep"), ("rollway-schema", b"1")])
+    assert step.step == 3 and step.groups == [] and step.dropped == []
+    v2 = msgspec.msgpack.encode({"step": 4, "weight_version": 4, "weights_hash": "ab", "groups": [["t", "g"]]})
+    step = codec.decode(v2, [("rollway-type", b"TrainStep"), ("rollway-schema", b"2")])
+    assert step.groups == [GroupRef("t", "g")] and step.dropped == []
+    assert isinstance(step, TrainStep)
