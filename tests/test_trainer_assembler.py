@@ -11,7 +11,7 @@ import msgspec
 import pytest
 
 from bus import Envelope
-from schemas import TrajectoryChunk
+from schemas import GroupDrop, TrajectoryChunk
 from tests.synthetic import SampledTrajectory, load_tiny, make_task_groups, to_events
 from tests.trainer_helpers import one_thread  # noqa: F401  autouse fixture
 from trainer.assembler import Assembler
@@ -140,7 +140,13 @@ def test_zero_variance_group_is_dropped_and_counted(sampled):
         feed(asm, e)
     assert asm.take_batch(0, 0) is None
     assert asm.counters["dropped_zero_variance"] == 1
-    assert len(asm.released()) == sum(len(e) for e in all_envs)
+    assert asm.counters["groups_dropped_zero_variance"] == 1
+    # The drop goes into the next step's log entry; its records are acked with it.
+    assert asm.released() == []
+    drops, held = asm.take_drops()
+    assert drops == [GroupDrop("task-2", "g2", "zero_variance")]
+    assert sorted(x.offset for x in held) == sorted(x.offset for e in all_envs for x in e)
+    assert asm.take_drops() == ([], [])
 
 
 @pytest.mark.parametrize("policy", ["drop_group", "mask_tokens"])
@@ -156,7 +162,9 @@ def test_stale_groups_are_dropped_and_counted(sampled, policy):
         # Training version 4: tokens of version 1 are 3 > 2 behind.
         assert asm.take_batch(4, 4) is None
         assert asm.counters["dropped_stale"] == 1
-        assert len(asm.released()) == sum(len(envs(t)) for t in sampled[0])
+        drops, held = asm.take_drops()
+        assert drops == [GroupDrop("task-0", "g0", "stale")]
+        assert len(held) == sum(len(envs(t)) for t in sampled[0]) and asm.released() == []
     else:
         # mask_tokens keeps the group while any token is fresh enough.
         assert asm.take_batch(4, 4) is not None
@@ -180,9 +188,14 @@ def test_unfinished_stale_trajectories_are_evicted(sampled):
     assert not asm.partial and not asm.open_groups
     assert asm.counters["trajectories_dropped_stale"] == 2  # the unfinished one and the complete one
     assert asm.counters["unfinished_dropped_stale"] == 1
-    assert asm.counters["groups_abandoned_stale"] == 1  # nothing of the group is held any more
+    # Nothing of the group is held any more: dropped (abandoned), once, key closed.
+    assert asm.counters["groups_dropped_abandoned"] == 1
     assert asm.counters["dropped_stale"] == 0  # no complete group was dropped
-    assert {x.offset for x in asm.released()} == {x.offset for x in e[:2] + done}
+    assert asm.released() == []
+    drops, held = asm.take_drops()
+    assert drops == [GroupDrop("task-0", "g0", "abandoned")]
+    assert {x.offset for x in held} == {x.offset for x in e[:2] + done}
+    assert asm.closed[("task-0", "g0")] == "abandoned"
     # The dead attempt's last chunks arriving later are released at once.
     feed(asm, e[2:])
     assert {x.offset for x in asm.released()} == {x.offset for x in e[2:]}
@@ -192,23 +205,93 @@ def test_unfinished_stale_trajectories_are_evicted(sampled):
 @pytest.mark.parametrize("leftover", ["unfinished", "complete"])
 def test_a_retry_after_a_stale_leftover_of_a_killed_attempt_is_trained(sampled, leftover):
     # Issue 13: attempt a0 of a group was killed; what it left (an unfinished
-    # trajectory, or one complete sample) goes stale. The group key stays open: the
-    # retry a1, sampled at the current version, completes the group and is trained.
+    # trajectory, or one complete sample) goes stale while the retry a1 streams. The
+    # leftover alone is evicted, the key stays open, the retry completes the group and
+    # it is trained.
     asm = Assembler(cfg(max_staleness=1))
     n = len(sampled[0][0].token_ids)
     dead = envs(with_versions(sampled[0][0], [0] * n), chunk_tokens=8)
     feed(asm, dead[:2] if leftover == "unfinished" else dead)
+    retry = [envs(dataclasses.replace(t, attempt="a1", versions=[2] * n)) for t in sampled[0]]
+    feed(asm, retry[0][:1])  # the retry's first chunk
     assert asm.take_batch(2, 2) is None  # the leftover is 2 > 1 versions behind: evicted
     assert asm.counters["trajectories_dropped_stale"] == 1
-    assert asm.counters["groups_abandoned_stale"] == 1
+    assert asm.take_drops() == ([], [])  # the group is not dropped: the retry holds it
     assert ("task-0", "g0") not in asm.closed
-    retry = [dataclasses.replace(t, attempt="a1", versions=[2] * n) for t in sampled[0]]
-    for t in retry:
-        feed(asm, envs(t))
+    assert {x.offset for x in asm.released()} == {x.offset for x in (dead[:2] if leftover == "unfinished" else dead)}
+    feed(asm, retry[0][1:])
+    for e in retry[1:]:
+        feed(asm, e)
     (g,) = asm.take_batch(2, 2)
     assert g.key == ("task-0", "g0")
-    assert [t.trajectory_id for t in g.members] == [t.trajectory_id for t in retry]
+    assert [t.attempt for t in g.members] == ["a1"] * 4
     assert asm.counters["dropped_late"] == 0 and asm.counters["dropped_duplicate"] == 0
+
+
+def test_an_abandoned_group_is_final_a_later_retry_is_late(sampled):
+    # Issue 13: every trajectory of attempt a0 went stale before anything of a retry
+    # arrived: the group is dropped (abandoned) once. A retry arriving after that is
+    # late: the group is never both dropped and trained.
+    asm = Assembler(cfg(max_staleness=1))
+    n = len(sampled[0][0].token_ids)
+    dead = envs(with_versions(sampled[0][0], [0] * n), chunk_tokens=8)
+    feed(asm, dead[:2])
+    assert asm.take_batch(2, 2) is None
+    drops, _ = asm.take_drops()
+    assert drops == [GroupDrop("task-0", "g0", "abandoned")]
+    retry = [envs(dataclasses.replace(t, attempt="a1", versions=[2] * n)) for t in sampled[0]]
+    for e in retry:
+        feed(asm, e)
+    assert asm.take_batch(2, 2) is None and not asm.ready and not asm.open_groups and not asm.partial
+    assert asm.counters["dropped_late"] == 4
+    assert {x.offset for x in asm.released()} == {x.offset for e in retry for x in e}
+    assert asm.take_drops() == ([], [])  # not dropped a second time
+    assert asm.counters["groups_dropped_abandoned"] == 1
+
+
+def test_a_stale_leftover_of_a_trained_group_does_not_drop_it(sampled):
+    # An attempt that started before the group completed (and was trained) goes stale
+    # later: only its records go, the trained group is not also dropped.
+    asm = Assembler(cfg(max_staleness=1))
+    n = len(sampled[0][0].token_ids)
+    other = envs(dataclasses.replace(sampled[0][0], attempt="a1", versions=[0] * n), chunk_tokens=8)
+    feed(asm, other[:1])
+    for t in sampled[0]:
+        feed(asm, envs(with_versions(t, [0] * n)))
+    (g,) = asm.take_batch(0, 0)
+    asm.mark_trained([g])
+    assert asm.take_batch(3, 3) is None
+    assert asm.counters["trajectories_dropped_stale"] == 1
+    assert asm.take_drops() == ([], []) and asm.closed[g.key] == "trained"
+    assert [x.offset for x in asm.released()] == [other[0].offset]
+
+
+def test_a_drop_not_yet_logged_is_undone_by_a_revoke_and_decided_once_again(sampled):
+    # Partitions revoked before the next step logged the drop: none of its records was
+    # acknowledged, they come again, and the group is dropped once (not twice).
+    asm = Assembler(cfg())
+    all_envs = [envs(t, reward=0.5) for t in sampled[2]]
+    for e in all_envs:
+        feed(asm, e)
+    asm.forget_unfinished()
+    assert ("task-2", "g2") not in asm.closed
+    for e in all_envs:
+        feed(asm, e)
+    drops, held = asm.take_drops()
+    assert drops == [GroupDrop("task-2", "g2", "zero_variance")]
+    assert len(held) == sum(len(e) for e in all_envs)
+
+
+def test_groups_dropped_before_a_restart_are_not_dropped_again(sampled):
+    # TrainStep.dropped of earlier steps: the restarted assembler closes those keys;
+    # their records re-read (the commit had not passed them) are released as late.
+    asm = Assembler(cfg(), dropped_groups=[(("task-2", "g2"), "zero_variance")])
+    again = [envs(t, reward=0.5) for t in sampled[2]]
+    for e in again:
+        feed(asm, e)
+    assert asm.take_drops() == ([], [])
+    assert asm.counters["dropped_late"] == 4 and asm.counters["groups_dropped_zero_variance"] == 0
+    assert len(asm.released()) == sum(len(e) for e in again)
 
 
 def test_a_fresher_attempt_replaces_an_older_sample_in_its_slot(sampled):
@@ -284,6 +367,8 @@ def test_invalid_chunk_is_dead_lettered_and_its_group_closed(sampled):
         feed(asm, envs(t))
     assert asm.take_batch(0, 0) is None  # the group lost a member for good
     assert asm.counters["dropped_late"] == 3
+    drops, _ = asm.take_drops()
+    assert drops == [GroupDrop("task-0", "g0", "invalid")]
 
 
 def test_generated_token_outside_its_kept_set_is_refused(sampled):

@@ -105,11 +105,17 @@ async def test_trainer_trains_from_the_log_and_drops_what_it_must(kafka_config, 
     assert final.weight_version == 3
     assert final.metrics["count_dropped_duplicate"] == 1
     assert final.metrics["count_dropped_zero_variance"] == 1
-    # The stale group's 4 trajectories: dropped with the group when it completed before
-    # the next eviction, else one by one (the key stays open for a retry); which one
-    # depends on how the records were batched.
+    # The stale group ends once: dropped as a whole (stale) when it completed before the
+    # next eviction, else its first trajectory is evicted alone, the group is left with
+    # nothing (abandoned, key closed) and the other three are late; which one depends on
+    # how the records were batched.
+    assert final.metrics.get("count_groups_dropped_stale", 0) + final.metrics.get(
+        "count_groups_dropped_abandoned", 0) == 1
     assert 4 * final.metrics.get("count_dropped_stale", 0) + final.metrics.get(
-        "count_trajectories_dropped_stale", 0) == 4
+        "count_trajectories_dropped_stale", 0) + final.metrics.get("count_dropped_late", 0) == 4
+    ends = {d.task_id: d.reason for s in (1, 2, 3) for d in steps[s].event.dropped}
+    assert ends == {"task-2": "zero_variance", "task-3": ends.get("task-3"), "broken": "invalid"}
+    assert ends["task-3"] in ("stale", "abandoned")
     assert final.metrics["count_dropped_invalid"] == 1
     (letter,) = await read_events(kafka_config, "dlq", 1)
     assert letter.error_kind == "invalid" and "logprobs" in letter.error

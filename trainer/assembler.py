@@ -21,15 +21,21 @@ Rules (each drop is counted in :attr:`Assembler.counters`):
   are masked later and the group is dropped only when every token is stale. Unfinished
   trajectories and members of incomplete groups are evicted one by one by the same rule
   (``trajectories_dropped_stale``), so a dead sampler cannot hold records (and the
-  committed offsets) forever. Eviction never closes the group key: a retry under a new
-  attempt id can still complete and train the group. An incomplete group left with no
-  trajectory at all is counted (once) and logged (``groups_abandoned_stale``); it is
-  still trained if a retry completes it later. A complete group that is too old is
-  dropped and its key closed (``dropped_stale``): it was sampled in full, no retry of
-  it is coming.
-* Every group ends trained (``mark_trained``) or dropped with a reason that is counted
-  (``groups_dropped_<reason>``: ``zero_variance``, ``stale``, ``invalid``) and logged
-  (``group dropped``), or abandoned as above.
+  committed offsets) forever. Evicting a trajectory does not close the group key while
+  anything of the group is still held: a retry already streaming its samples completes
+  and trains the group. An incomplete group left with no trajectory at all is dropped
+  (``abandoned``) and its key closed: a retry arriving after that is late
+  (``dropped_late``), so the group ends once, never dropped and later trained. A
+  complete group that is too old is dropped and its key closed (``dropped_stale``): it
+  was sampled in full, no retry of it is coming.
+* Every group ends exactly once: trained (``mark_trained``) or dropped with a reason
+  (``zero_variance``, ``stale``, ``invalid``, ``abandoned``) that is counted
+  (``groups_dropped_<reason>``), logged (``group dropped``) and handed to the step log
+  (:meth:`Assembler.take_drops`: ``TrainStep.dropped`` of the next step). A dropped
+  group's records are released only with that step (in its transaction), so a crash
+  before it re-reads them and decides the group again: a drop is never acknowledged
+  without being in the log. Keys the log says ended (trained or dropped, also in an
+  earlier process) are closed at start.
 * Buffer policy: a group is filed under its newest token version. Groups from a
   version older than the newest published one fill at most
   ``max(1, floor(max_version_fraction * groups_per_step))`` slots of a batch; the rest
@@ -50,7 +56,7 @@ from typing import Any, Iterable
 
 import structlog
 
-from schemas import Reward, TrajectoryChunk
+from schemas import GroupDrop, Reward, TrajectoryChunk
 from trainer.config import TrainerConfig
 from trainer.loss import has_reward_variance
 from trainer.trajectory import Group, InvalidTrajectory, Trajectory, assemble, chunks_complete
@@ -102,6 +108,15 @@ class _Pending:
 
 
 @dataclass
+class _PendingDrop:
+    """A group dropped in this process, not yet in the step log."""
+
+    drop: GroupDrop
+    trajectory_ids: list[str]
+    envelopes: list[Any]
+
+
+@dataclass
 class _OpenGroup:
     size: int
     members: dict[int, Trajectory] = field(default_factory=dict)
@@ -113,7 +128,8 @@ def _ref(env: Any):
 
 class Assembler:
     def __init__(self, cfg: TrainerConfig, trained_ids: Iterable[str] = (),
-                 trained_groups: Iterable[GroupKey] = ()) -> None:
+                 trained_groups: Iterable[GroupKey] = (),
+                 dropped_groups: Iterable[tuple[GroupKey, str]] = ()) -> None:
         self.cfg = cfg
         self.trained_ids: set[str] = set(trained_ids)
         self.finished_ids: set[str] = set()  # dropped in this process
@@ -121,7 +137,7 @@ class Assembler:
         self.open_groups: dict[GroupKey, _OpenGroup] = {}
         self.ready: list[Group] = []
         self.closed: OrderedDict[GroupKey, str] = OrderedDict()
-        self.abandoned: OrderedDict[GroupKey, None] = OrderedDict()  # counted once each
+        self.drops: list[_PendingDrop] = []  # dropped since the last take_drops, in order
         self.counters: Counter[str] = Counter()
         self.invalid: list[tuple[Any, str]] = []  # (envelope, error) to dead-letter
         self.training: dict[str, GroupKey] = {}  # trajectories of batches taken, not yet logged
@@ -131,6 +147,10 @@ class Assembler:
         # under a new attempt id must not be trained a second time.
         for key in trained_groups:
             self._mark_closed(tuple(key), "trained")
+        # Groups the log says were dropped: their end is final too (a retry is late, and
+        # records re-read after a restart do not drop the group a second time).
+        for key, reason in dropped_groups:
+            self._mark_closed(tuple(key), reason)
 
     # -- input ----------------------------------------------------------------------------
     def add(self, env: Any) -> None:
@@ -194,6 +214,14 @@ class Assembler:
         self.ready.clear()
         for key in [k for k, reason in self.closed.items() if reason == "ready"]:
             del self.closed[key]
+        # Drops not yet logged are undone: none of their records was acknowledged, so
+        # they are delivered again and the group is decided again (and logged once).
+        for pending in self.drops:
+            key = (pending.drop.task_id, pending.drop.group_id)
+            if self.closed.get(key) == pending.drop.reason:
+                del self.closed[key]
+            self.finished_ids.difference_update(pending.trajectory_ids)
+        self.drops.clear()
         self._released.clear()
         self.invalid.clear()
 
@@ -243,8 +271,8 @@ class Assembler:
 
         if not has_reward_variance(torch.tensor(complete.rewards(), dtype=torch.float64)):
             self.counters["dropped_zero_variance"] += 1
-            self._close(key, "zero_variance", complete.members)
-            self._dropped(key, "zero_variance", members=len(complete.members))
+            self._end_untrained(key, "zero_variance", [(t.trajectory_id, t.envelopes) for t in complete.members],
+                                members=len(complete.members))
             return
         self._mark_closed(key, "ready")
         self.ready.append(complete)
@@ -260,17 +288,29 @@ class Assembler:
         log.warning("invalid trajectory dropped", trajectory_id=tid, error=error)
         pending = self.partial.pop(tid, None)
         others = envelopes if envelopes is not None else (pending.envelopes() if pending else [])
+        others = [e for e in others if e is not env]
         if env is not None:
             self.invalid.append((env, error))
-        self._finish(tid, [e for e in others if e is not env])
-        if pending is not None and pending.group is not None:
+        if pending is not None and pending.group is not None and pending.group not in self.closed:
             # A group missing a member can never be trained (a sampler that produced one
-            # invalid trajectory of a task would produce it again on a retry).
-            self._close_group(pending.group, "invalid")
-            self._dropped(pending.group, "invalid", trajectory_id=tid, error=error)
+            # invalid trajectory of a task would produce it again on a retry). A group
+            # that already ended (or is being trained) keeps its end.
+            self._close_group(pending.group, "invalid", [(tid, others)], trajectory_id=tid, error=error)
+        else:
+            self._finish(tid, others)
 
-    def _dropped(self, key: GroupKey, reason: str, **why: Any) -> None:
-        """Count and log a group that ends without being trained."""
+    def _end_untrained(self, key: GroupKey, reason: str, trajectories: Iterable[tuple[str, list[Any]]],
+                       **why: Any) -> None:
+        """End a group without training it: close its key (final), count and log the
+        drop, and hold its records until the drop is in the step log (take_drops)."""
+        self._mark_closed(key, reason)
+        tids: list[str] = []
+        held: list[Any] = []
+        for tid, envelopes in trajectories:
+            self.finished_ids.add(tid)
+            tids.append(tid)
+            held.extend(envelopes)
+        self.drops.append(_PendingDrop(GroupDrop(key[0], key[1], reason), tids, held))
         self.counters[f"groups_dropped_{reason}"] += 1
         log.warning("group dropped", task_id=key[0], group_id=key[1], reason=reason, **why)
 
@@ -284,20 +324,18 @@ class Assembler:
         while len(self.closed) > CLOSED_MEMORY:
             self.closed.popitem(last=False)
 
-    def _close(self, key: GroupKey, reason: str, members: Iterable[Trajectory]) -> None:
-        self._mark_closed(key, reason)
-        for t in members:
-            self._finish(t.trajectory_id, t.envelopes)
-
-    def _close_group(self, key: GroupKey, reason: str) -> None:
-        """Close a group that is not complete: its members and unfinished trajectories go."""
+    def _close_group(self, key: GroupKey, reason: str, extra: list[tuple[str, list[Any]]], **why: Any) -> None:
+        """Drop a group that is not complete: its members and unfinished trajectories go
+        with it (and ``extra``, the trajectory that caused it)."""
         group = self.open_groups.pop(key, None)
-        self._close(key, reason, group.members.values() if group else [])
+        trajectories = list(extra)
+        trajectories += [(t.trajectory_id, t.envelopes) for t in (group.members.values() if group else [])]
         for tid, pending in list(self.partial.items()):
             if pending.group == key:
                 del self.partial[tid]
                 self.counters[f"unfinished_dropped_{reason}"] += 1
-                self._finish(tid, pending.envelopes())
+                trajectories.append((tid, pending.envelopes()))
+        self._end_untrained(key, reason, trajectories, **why)
 
     # -- output ----------------------------------------------------------------------------
     def released(self) -> list[Any]:
@@ -309,32 +347,37 @@ class Assembler:
         out, self.invalid = self.invalid, []
         return out
 
+    def take_drops(self) -> tuple[list[GroupDrop], list[Any]]:
+        """Groups dropped since the last call (for ``TrainStep.dropped``) and their
+        records, to acknowledge in the transaction that logs them; drained."""
+        drops, self.drops = self.drops, []
+        return [d.drop for d in drops], [e for d in drops for e in d.envelopes]
+
     def _too_old(self, oldest: int, newest: int, current: int) -> bool:
         bound = current - self.cfg.max_staleness
         return (oldest if self.cfg.stale_policy == "drop_group" else newest) < bound
 
     def evict_stale(self, current: int) -> None:
         """Drop ready groups that are too old, and every unfinished trajectory or member
-        of an incomplete group that is too old on its own. Only a ready (complete)
-        group closes its key: an incomplete one stays open for a retry's samples."""
+        of an incomplete group that is too old on its own. A ready (complete) group
+        closes its key; an incomplete one only when nothing of it is left (abandoned)."""
         keep: list[Group] = []
         for g in self.ready:
             if self._too_old(g.oldest_version, g.newest_version, current):
                 self.counters["dropped_stale"] += 1
-                self._close(g.key, "stale", g.members)
-                self._dropped(g.key, "stale", oldest_version=g.oldest_version, newest_version=g.newest_version,
-                              current=current)
+                self._end_untrained(g.key, "stale", [(t.trajectory_id, t.envelopes) for t in g.members],
+                                    oldest_version=g.oldest_version, newest_version=g.newest_version,
+                                    current=current)
             else:
                 keep.append(g)
         self.ready = keep
-        touched: set[GroupKey] = set()
+        evicted: dict[GroupKey, list[tuple[str, list[Any]]]] = {}
         for key, group in self.open_groups.items():
             for index, t in list(group.members.items()):
                 if self._too_old(t.oldest_version, t.newest_version, current):
                     del group.members[index]
                     self.counters["trajectories_dropped_stale"] += 1
-                    self._finish(t.trajectory_id, t.envelopes)
-                    touched.add(key)
+                    evicted.setdefault(key, []).append((t.trajectory_id, t.envelopes))
         for tid, pending in list(self.partial.items()):
             versions = pending.versions()
             if versions is None or not self._too_old(*versions, current):
@@ -342,29 +385,30 @@ class Assembler:
             del self.partial[tid]
             self.counters["trajectories_dropped_stale"] += 1
             self.counters["unfinished_dropped_stale"] += 1
-            self._finish(tid, pending.envelopes())
-            if pending.group is not None:
-                touched.add(pending.group)
-        if touched:
-            self._abandon_empty(touched, current)
+            evicted.setdefault(pending.group or ("", ""), []).append((tid, pending.envelopes()))
+        if evicted:
+            self._abandon_empty(evicted, current)
 
-    def _abandon_empty(self, keys: set[GroupKey], current: int) -> None:
-        """Incomplete groups whose every trajectory went stale: nothing of them is held
-        any more. Counted and logged; the key stays open (a retry may still come)."""
+    def _abandon_empty(self, evicted: dict[GroupKey, list[tuple[str, list[Any]]]], current: int) -> None:
+        """Release the evicted trajectories; a group left with nothing held (every
+        trajectory went stale, no retry streaming) is dropped as ``abandoned`` with the
+        trajectories evicted last, whose records then wait for the step log (earlier
+        evictions were released: after a crash the group is decided again from the
+        records not yet acknowledged)."""
         live = {p.group for p in self.partial.values()}
-        for key in sorted(keys):
+        for key in sorted(evicted):
+            trajectories = evicted[key]
             group = self.open_groups.get(key)
-            if (group is not None and group.members) or key in live:
+            if (group is not None and group.members) or key in live or key in self.closed or key == ("", ""):
+                # Still alive, or it already ended (a leftover of another attempt of a
+                # group trained or dropped before): only the trajectories go.
+                for tid, envelopes in trajectories:
+                    self._finish(tid, envelopes)
                 continue
             self.open_groups.pop(key, None)
-            if key in self.abandoned:  # emptied again (late members of it went stale too)
-                continue
-            self.abandoned[key] = None
-            while len(self.abandoned) > CLOSED_MEMORY:
-                self.abandoned.popitem(last=False)
-            self.counters["groups_abandoned_stale"] += 1
-            log.warning("group abandoned: every trajectory of it went stale", task_id=key[0], group_id=key[1],
-                        current=current, max_staleness=self.cfg.max_staleness)
+            self._end_untrained(key, "abandoned", trajectories, current=current,
+                                max_staleness=self.cfg.max_staleness,
+                                why="every trajectory of it went stale, no retry streaming")
 
     def take_batch(self, current: int, published: int) -> list[Group] | None:
         """``groups_per_step`` groups for the step that trains version ``current``, or

@@ -41,8 +41,7 @@ from trainer.assembler import Assembler
 from trainer.checkpoint import AsyncCheckpointer
 from trainer.publishing import BackgroundPublisher, WeightSink
 from trainer.replay import ReplayMismatch, replay_steps, restore_newest_loadable
-from trainer.steplog import (StepLogWatch, last_contiguous_step, read_step_log, step_event, trained_groups,
-                             trained_ids)
+from trainer.steplog import StepLogWatch, group_ends, last_contiguous_step, read_step_log, step_event, trained_ids
 from trainer.trajectory import Group
 
 if TYPE_CHECKING:
@@ -125,8 +124,11 @@ class Trainer:
         mismatches = [r.step for r in self.replayed if not r.match]
         log.info("replay done", replayed=len(self.replayed), first=self.replayed[0].step if self.replayed else None,
                  last=last, mismatches=mismatches)
-        # Trained trajectories and groups from the log: neither is trained again after a restart.
-        self.assembler = Assembler(self.tcfg, trained_ids(steps), trained_groups(steps))
+        # Trained trajectories and the groups that ended (trained or dropped) from the
+        # log: none is trained or dropped again after a restart.
+        ends = await group_ends(self.cfg.kafka, steps)
+        self.assembler = Assembler(self.tcfg, trained_ids(steps), [k for _, k in ends.trained],
+                                   [(k, reason) for _, k, reason in ends.dropped])
         return last
 
     # -- live ------------------------------------------------------------------------------------
@@ -292,7 +294,11 @@ class Trainer:
         metrics.update({f"buffered_{k}": float(v) for k, v in self.assembler.buffered().items()})
         metrics["published_version"] = float(self.published_version())
         released = list(self.assembler.mark_trained(groups))
-        event = step_event(result.step, result.weights_hash, groups, metrics, self.tcfg.seed)
+        # Groups dropped since the last step go into this entry, and their records are
+        # acknowledged in its transaction: a drop is never acked without being logged.
+        drops, drop_envelopes = self.assembler.take_drops()
+        released.extend(drop_envelopes)
+        event = step_event(result.step, result.weights_hash, groups, metrics, self.tcfg.seed, drops)
         await self._log_step(event, released, result, metrics, consumer, producer)
         log.info("train step", step=result.step, weights_hash=result.weights_hash[:16],
                  groups=len(groups), staleness_hist=result.histograms.get("staleness"),

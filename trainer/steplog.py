@@ -19,7 +19,8 @@ from bus.config import KafkaConfig
 from bus.connect import start_client
 from bus.consumer import envelope_of
 from bus.topics import topic_spec
-from schemas import DeadLetter, GroupRef, RecordRef, Reward, TrainedTrajectory, TrainStep, TrajectoryChunk, now
+from schemas import (DeadLetter, GroupDrop, GroupRef, RecordRef, Reward, TrainedTrajectory, TrainStep,
+                     TrajectoryChunk, now)
 from trainer.trajectory import Group, InvalidTrajectory, assemble, groups_from_trajectories
 
 log = structlog.get_logger(__name__)
@@ -40,7 +41,8 @@ class LoggedStep:
     ref: RecordRef
 
 
-def step_event(step: int, weights_hash: str, groups: Sequence[Group], metrics: dict[str, float], seed: int) -> TrainStep:
+def step_event(step: int, weights_hash: str, groups: Sequence[Group], metrics: dict[str, float], seed: int,
+               dropped: Sequence[GroupDrop] = ()) -> TrainStep:
     return TrainStep(
         step=step,
         weight_version=step,
@@ -54,6 +56,7 @@ def step_event(step: int, weights_hash: str, groups: Sequence[Group], metrics: d
         seed=seed,
         created_at=now(),
         groups=[GroupRef(g.task_id, g.group_id) for g in groups],
+        dropped=list(dropped),
     )
 
 
@@ -241,8 +244,64 @@ def trained_ids(steps: dict[int, LoggedStep]) -> set[str]:
 
 def trained_groups(steps: dict[int, LoggedStep]) -> list[tuple[str, str]]:
     """Keys of the groups the log says were trained, in step order (entries written
-    before ``TrainStep.groups`` existed contribute none)."""
+    before ``TrainStep.groups`` existed contribute none: see ``group_ends``)."""
     return [(g.task_id, g.group_id) for _, s in sorted(steps.items()) for g in s.event.groups]
+
+
+def is_legacy(event: TrainStep) -> bool:
+    """A schema-1 entry: it trained trajectories but names no group (schema 2 on always
+    names the groups of the trajectories it lists)."""
+    return bool(event.trajectories) and not event.groups
+
+
+@dataclass
+class GroupEnds:
+    """How the log says groups ended: ``trained`` (step, key) in step order, a key
+    listed twice if it was trained twice; ``dropped`` (step, key, reason);
+    ``unknown_steps``: schema-1 steps whose group keys could not be derived."""
+
+    trained: list[tuple[int, tuple[str, str]]]
+    dropped: list[tuple[int, tuple[str, str], str]]
+    unknown_steps: list[int]
+
+
+async def group_ends(cfg: KafkaConfig, steps: dict[int, LoggedStep]) -> GroupEnds:
+    """Every group end the log records. Schema-1 entries (no ``groups``) get their keys
+    from their trajectories' reward records (a ``Reward`` names its task and group);
+    when those records are gone (retention) or unreadable, the entries' groups are
+    unknown: one warning, and the caller sees them in ``unknown_steps`` (a restarted
+    trainer still refuses their trajectories by id, not a retry of their groups)."""
+    legacy = {s: logged.event for s, logged in steps.items() if is_legacy(logged.event)}
+    derived: dict[int, list[tuple[str, str]]] = {}
+    unknown: list[int] = []
+    if legacy:
+        refs = [t.reward for s in sorted(legacy) for t in legacy[s].trajectories]
+        try:
+            envelopes = await fetch_records(cfg, refs)
+        except (RecordMissing, codec.DecodeFailure) as exc:
+            unknown = sorted(legacy)
+            log.warning("schema-1 train steps: their group keys cannot be derived (reward records unreadable); "
+                        "a group they trained could be trained again under a new attempt id, their trajectories "
+                        "cannot", steps=len(unknown), first=unknown[0], last=unknown[-1], error=str(exc))
+        else:
+            i = 0
+            for s in sorted(legacy):
+                keys: list[tuple[str, str]] = []
+                for _ in legacy[s].trajectories:
+                    reward = envelopes[i].event
+                    i += 1
+                    key = (reward.task_id, reward.group_id) if isinstance(reward, Reward) else None
+                    if key is not None and key not in keys:
+                        keys.append(key)
+                derived[s] = keys
+            log.info("schema-1 train steps: group keys derived from their reward records", steps=len(derived))
+    trained: list[tuple[int, tuple[str, str]]] = []
+    dropped: list[tuple[int, tuple[str, str], str]] = []
+    for s, logged in sorted(steps.items()):
+        keys = derived.get(s) or [(g.task_id, g.group_id) for g in logged.event.groups]
+        trained.extend((s, k) for k in keys)
+        dropped.extend((s, (d.task_id, d.group_id), d.reason) for d in logged.event.dropped)
+    return GroupEnds(trained, dropped, unknown)
 
 
 async def fetch_step_groups(cfg: KafkaConfig, event: TrainStep) -> list[Group]:
