@@ -23,6 +23,7 @@ COMMANDS: list[tuple[str, str, str]] = [
     ("feeder", "rollway.commands.feeder", "publish task groups, favouring tasks the policy sometimes solves"),
     ("trainer", "rollway.commands.trainer", "train from trajectories and rewards; restore and replay after a crash"),
     ("replay", "rollway.commands.replay", "re-execute logged train steps and verify their weights hashes"),
+    ("audit", "rollway.commands.audit", "does every issued group end trained or dropped exactly once? (from the log)"),
     ("weights", "rollway.commands.weights", "list, verify, export and prune weight versions in the store"),
     ("eval", "rollway.commands.eval", "held-out pass@1 of a weight version (table or --json; EvalResult on rollway.evals)"),
     ("evaluator", "rollway.commands.evaluator", "evaluate every N-th weight version while training runs"),
