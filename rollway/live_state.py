@@ -7,9 +7,12 @@ feeds it every event it reads from ``metrics``, ``health``, ``rewards``, ``evals
 Where the figures come from:
   * trainer ``Metrics`` (source ``trainer.metrics_source``): step, published version,
     per-step reward / solve rate, entropy, mismatch, staleness, training tokens/s,
-    groups trained (sum of ``groups`` over distinct steps) and dropped by reason
-    (``count_dropped_*`` counters of each trainer process, summed over processes: a
-    restarted trainer counts from zero again, told apart by ``process_started_at``);
+    groups trained (sum of ``groups`` over distinct steps), groups dropped by reason
+    (``count_groups_dropped_<reason>``: zero_variance, stale, invalid, abandoned) and
+    trajectories dropped by reason (``count_dropped_duplicate`` / ``_late`` /
+    ``_invalid``, ``count_trajectories_dropped_stale``), the counters of each trainer
+    process summed over processes (a restarted trainer counts from zero again, told
+    apart by ``process_started_at``);
   * sampler ``Heartbeat``: weight version, status, tokens/s, last weight-apply pause
     per replica (any role that heartbeats is listed);
   * ``Reward``: rolling reward mean and solve rate over the last ``window`` rewards;
@@ -65,7 +68,8 @@ class ViewModel(msgspec.Struct, kw_only=True):
     sampling_tokens_per_s: float  # sum over live samplers
     training_tokens_per_s: float | None
     groups_trained: int
-    dropped: dict[str, int]  # reason -> groups/trajectories dropped, summed over trainer processes
+    groups_dropped: dict[str, int]  # reason -> groups dropped, summed over trainer processes
+    trajectories_dropped: dict[str, int]  # reason -> trajectories dropped alone (their group lives on)
     groups_published: int | None
     step_reward_mean: float | None
     rewards_seen: int
@@ -89,7 +93,12 @@ class ViewModel(msgspec.Struct, kw_only=True):
     notices: list[str]
 
 
-DROP_PREFIXES = ("count_dropped_", "count_unfinished_dropped_")
+# Trainer counters the view sums over processes: groups dropped (one per group, by
+# reason) and trajectories dropped on their own (label -> counter).
+GROUP_DROP_PREFIX = "count_groups_dropped_"
+TRAJECTORY_DROPS = {"duplicate": "count_dropped_duplicate", "late": "count_dropped_late",
+                    "invalid": "count_dropped_invalid", "stale": "count_trajectories_dropped_stale"}
+_COUNTED = frozenset(TRAJECTORY_DROPS.values())
 # Heartbeats older than this many seconds do not count towards the live tokens/s.
 LIVE_BEAT_S = 15.0
 
@@ -153,7 +162,7 @@ class LiveState:
         process = m.values.get("process_started_at", 0.0)
         counters = self._counters.setdefault(process, {})
         for key, value in m.values.items():
-            if key.startswith(DROP_PREFIXES):
+            if key.startswith(GROUP_DROP_PREFIX) or key in _COUNTED:
                 # Counters only grow within one process; keep the largest seen.
                 counters[key] = max(counters.get(key, 0.0), value)
 
@@ -168,11 +177,16 @@ class LiveState:
         def tv(key: str) -> float | None:
             return t.get(key) if self.trainer is not None and key in t else None
 
-        dropped: dict[str, int] = {}
+        groups_dropped: dict[str, int] = {}
+        trajectories_dropped: dict[str, int] = {}
         for counters in self._counters.values():
             for key, value in counters.items():
-                reason = key.removeprefix("count_").replace("dropped_", "")  # stale, unfinished_stale, ...
-                dropped[reason] = dropped.get(reason, 0) + int(value)
+                if key.startswith(GROUP_DROP_PREFIX):
+                    reason = key.removeprefix(GROUP_DROP_PREFIX)
+                    groups_dropped[reason] = groups_dropped.get(reason, 0) + int(value)
+            for label, key in TRAJECTORY_DROPS.items():
+                if key in counters:
+                    trajectories_dropped[label] = trajectories_dropped.get(label, 0) + int(counters[key])
         window = list(self.window)
         replicas = sorted(
             (ReplicaRow(replica_id=b.replica_id, role=b.role, status=b.status, weight_version=b.weight_version,
@@ -197,7 +211,8 @@ class LiveState:
             sampling_tokens_per_s=sum(r.tokens_per_s for r in live),
             training_tokens_per_s=tv("tokens_per_s"),
             groups_trained=int(sum(self._step_groups.values())),
-            dropped=dict(sorted(dropped.items())),
+            groups_dropped=dict(sorted(groups_dropped.items())),
+            trajectories_dropped=dict(sorted(trajectories_dropped.items())),
             groups_published=int(self.feeder.values.get("published_groups", 0)) if self.feeder else None,
             step_reward_mean=tv("reward_mean"),
             rewards_seen=self.rewards_seen,

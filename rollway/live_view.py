@@ -20,8 +20,9 @@ def clock(seconds: float) -> str:
 
 def figures(m: ViewModel) -> list[tuple[str, str]]:
     """The headline figures as (label, value) rows, in display order."""
-    dropped = sum(m.dropped.values())
-    reasons = ", ".join(f"{k} {v}" for k, v in m.dropped.items() if v)
+    dropped = sum(m.groups_dropped.values())
+    reasons = ", ".join(f"{k} {v}" for k, v in m.groups_dropped.items() if v)
+    lone = ", ".join(f"{k} {v}" for k, v in m.trajectories_dropped.items() if v) or "none"
     if m.eval_latest is None:
         held_out = "no evaluation yet"
     else:
@@ -38,6 +39,7 @@ def figures(m: ViewModel) -> list[tuple[str, str]]:
         ("tokens/s", f"sampling {m.sampling_tokens_per_s:.1f}  training {num(m.training_tokens_per_s, 1)}"),
         ("groups", f"trained {m.groups_trained}  dropped {dropped}" + (f" ({reasons})" if reasons else "")
          + ("" if m.groups_published is None else f"  published {m.groups_published}")),
+        ("trajectories dropped", lone),
         ("reward mean", f"{num(m.reward_mean)} (last {m.window_rewards} of {m.rewards_seen} rewards)"
          f"  last step {num(m.step_reward_mean)}"),
         ("solve rate", f"{num(m.solve_rate)} (last {m.window_rewards} rewards)"),
@@ -65,7 +67,8 @@ def status_line(m: ViewModel) -> str:
         f"step {DASH if m.train_step is None else m.train_step}",
         f"weights {versions or DASH}",
         f"tok/s {m.sampling_tokens_per_s:.0f}",
-        f"groups {m.groups_trained} trained/{sum(m.dropped.values())} dropped",
+        f"groups {m.groups_trained} trained/{sum(m.groups_dropped.values())} dropped"
+        + "".join(f" {k}={v}" for k, v in m.groups_dropped.items() if v),
         f"reward {num(m.reward_mean)}",
         f"solve {num(m.solve_rate)}",
         f"pass@1 {DASH if m.eval_latest is None else f'{m.eval_latest.pass_at_1:.3f}@v{m.eval_latest.weight_version}'}",

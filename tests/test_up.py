@@ -175,13 +175,16 @@ def beat(replica: str, status: str, version: int, tps: float, pause: float, upda
 async def test_view_state_from_real_events_read_back_from_kafka(kafka_config):
     now = 5000.0
     metrics = [
-        trainer_metrics(1, 100.0, groups=2, count_dropped_stale=1, count_dropped_zero_variance=2),
-        trainer_metrics(2, 100.0, groups=2, count_dropped_stale=3, count_dropped_zero_variance=2),
+        trainer_metrics(1, 100.0, groups=2, count_groups_dropped_stale=1, count_groups_dropped_zero_variance=2,
+                        count_dropped_duplicate=1),
+        trainer_metrics(2, 100.0, groups=2, count_groups_dropped_stale=3, count_groups_dropped_zero_variance=2,
+                        count_dropped_duplicate=2, count_trajectories_dropped_stale=3),
         # The trainer restarted: its counters start from zero again.
-        trainer_metrics(3, 200.0, groups=1, count_dropped_stale=1, reward_mean=0.5, entropy_full=2.0,
+        trainer_metrics(3, 200.0, groups=1, count_groups_dropped_stale=1, count_groups_dropped_abandoned=1,
+                        count_dropped_late=3, reward_mean=0.5, entropy_full=2.0,
                         entropy_kept=1.5, mismatch_kl_k3=0.0012, staleness_mean=0.75, staleness_max=2.0,
                         tokens_per_s=1000.0, published_version=2.0),
-        trainer_metrics(3, 200.0, groups=1, count_dropped_stale=1),  # step 3 again: counted once
+        trainer_metrics(3, 200.0, groups=1, count_groups_dropped_stale=1),  # step 3 again: counted once
         Metrics(source="feeder", values={"published_groups": 10.0}, created_at=1001.0),
     ]
     beats = [
@@ -225,7 +228,8 @@ async def test_view_state_from_real_events_read_back_from_kafka(kafka_config):
 
     assert m.train_step == 3 and m.published_version == 2
     assert m.groups_trained == 5
-    assert m.dropped == {"stale": 4, "zero_variance": 2}
+    assert m.groups_dropped == {"abandoned": 1, "stale": 4, "zero_variance": 2}
+    assert m.trajectories_dropped == {"duplicate": 2, "late": 3, "stale": 3}
     assert m.groups_published == 10
     assert m.sampling_tokens_per_s == 80.0 and m.training_tokens_per_s == 1000.0
     assert [(r.replica_id, r.weight_version) for r in m.replicas] == [("sampler-0", 2), ("sampler-1", 1),
@@ -245,7 +249,7 @@ async def test_view_state_from_real_events_read_back_from_kafka(kafka_config):
 
     line = status_line(m)
     for part in ("[0:01:05]", "step 3", "weights sampler-0=v2 sampler-1=v1 sampler-2=v2", "tok/s 80",
-                 "groups 5 trained/6 dropped", "reward 0.175", "solve 0.250", "pass@1 0.350@v4",
+                 "groups 5 trained/7 dropped abandoned=1 stale=4 zero_variance=2", "reward 0.175", "solve 0.250", "pass@1 0.350@v4",
                  "entropy 1.500", "mismatch 0.00120", "stale 0.75", "pause 40ms", "dlq 1",
                  "| feeder:running(1restart) trainer:restarting(2restarts)"):
         assert part in line, (part, line)
@@ -255,9 +259,9 @@ async def test_view_state_from_real_events_read_back_from_kafka(kafka_config):
     console = Console(record=True, width=220, color_system=None)
     console.print(render(m))
     text = console.export_text()
-    for part in ("0.350 @ v4 (family:heldout, 100 tasks x 1)  first 0.150 @ v0", "trained 5  dropped 6 (stale 4, "
-                 "zero_variance 2)  published 10", "feeder restarted (restart 1, pid 123)", "killed by SIGKILL",
-                 "var/logs/trainer.log", "1 undecodable records skipped by the view"):
+    for part in ("0.350 @ v4 (family:heldout, 100 tasks x 1)  first 0.150 @ v0", "trained 5  dropped 7 (abandoned 1, "
+                 "stale 4, zero_variance 2)  published 10", "duplicate 2, late 3, stale 3",
+                 "feeder restarted (restart 1, pid 123)", "killed by SIGKILL", "var/logs/trainer.log", "1 undecodable records skipped by the view"):
         assert part in text, (part, text)
 
 
