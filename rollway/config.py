@@ -6,18 +6,24 @@ Resolution order (later wins):
      when it exists;
   3. environment: ``ROLLWAY_<SECTION>__<FIELD>=value`` (nested with ``__``), e.g.
      ``ROLLWAY_TRAINER__LEARNING_RATE=1e-6``; and ``KAFKA_BOOTSTRAP_SERVERS``, which
-     sets ``kafka.bootstrap_servers``.
+     sets ``kafka.bootstrap_servers``;
+  4. a command's flags (``overrides``, ``{section: {field: value}}``).
 
-Values from the environment are strings; msgspec converts them to the field's type
-(``strict=False``) and a bad value is an error naming the field.
+All of them are merged as plain data and converted once (``msgspec.convert``, with
+``strict=False``: environment values are strings), so every source is validated the
+same way. A bad value is a :class:`ConfigError` of one line naming the key, e.g.
+``trainer.stale_policy = 'drop'; expected one of drop_group, mask_tokens``. Allowed
+values are ``Literal`` types on the Structs; other rules live in their ``__post_init__``.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import tomllib
+import typing
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Literal, Mapping
 
 import msgspec
 
@@ -172,10 +178,55 @@ def _coerce_env_strings(tree: Any, template: Any) -> Any:
     return tree
 
 
+def _field_type(root: Any, path: str) -> Any:
+    """The annotation of the dotted ``path`` (``trainer.device``) under the Struct ``root``, or None."""
+    kind = root
+    for part in path.split("."):
+        if not _is_struct(kind):
+            return None
+        kind = typing.get_type_hints(kind).get(part)
+    return kind
+
+
+def _is_struct(kind: Any) -> bool:
+    return isinstance(kind, type) and issubclass(kind, msgspec.Struct)
+
+
+_AT = re.compile(r"^(?P<what>.*) - at `\$(?P<path>[^`]*)`$", re.S)
+
+
+def describe(exc: msgspec.ValidationError, root: Any = None) -> str:
+    """One line naming the key for a ``msgspec.convert(..., root)`` error.
+
+    Errors of ``__post_init__`` already name their keys (``eval.samples must be ...``)
+    and are kept; others get the dotted path: ``trainer.device = 'gpu'; expected one of
+    auto, cpu, cuda``, ``trainer.groups_per_step: Expected `int`, got `str```, ``unknown
+    key trainer.no_such_field``."""
+    root = RollwayConfig if root is None else root
+    text = str(exc)
+    match = _AT.match(text)
+    if match is None:
+        return text
+    what, path = match["what"], match["path"].lstrip(".")
+    unknown = re.fullmatch(r"Object contains unknown field `(.*)`", what)
+    if unknown:
+        return f"unknown key {path + '.' if path else ''}{unknown[1]}"
+    enum = re.fullmatch(r"Invalid enum value (.*)", what)
+    kind = _field_type(root, path) if path else None
+    if enum and typing.get_origin(kind) is Literal:
+        return f"{path} = {enum[1]}; expected one of {', '.join(map(str, typing.get_args(kind)))}"
+    if _is_struct(kind) or not path:
+        return what  # raised by __post_init__, which names its keys
+    return f"{path}: {what}"
+
+
 def load_config(
     path: str | os.PathLike[str] | None = None,
     environ: Mapping[str, str] | None = None,
+    overrides: Mapping[str, Any] | None = None,
 ) -> RollwayConfig:
+    """File, then environment, then ``overrides`` (a command's flags, nested like the
+    file), merged and converted once."""
     environ = os.environ if environ is None else environ
     data: dict[str, Any] = {}
     file = find_config_file(path)
@@ -187,10 +238,12 @@ def load_config(
         except tomllib.TOMLDecodeError as exc:
             raise ConfigError(f"config file {file} is not valid TOML: {exc}") from exc
     defaults = msgspec.to_builtins(RollwayConfig())
-    overrides = _coerce_env_strings(env_overrides(environ), defaults)
-    merged = _merge(data, overrides)
+    from_env = _coerce_env_strings(env_overrides(environ), defaults)
+    merged = _merge(_merge(data, from_env), overrides or {})
     try:
         return msgspec.convert(merged, RollwayConfig, strict=False)
     except msgspec.ValidationError as exc:
-        source = f"{file} + environment" if file else "environment"
-        raise ConfigError(f"invalid configuration ({source}): {exc}") from exc
+        sources = [f"config file {file}"] if file else []
+        sources += ["environment"] if from_env else []
+        sources += ["command line"] if overrides else []
+        raise ConfigError(f"{describe(exc)} ({' + '.join(sources) or 'defaults'})") from exc

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 import msgspec
 
 
 class SamplerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     model_path: str = "var/models/tiny"
-    engine: str = "vllm"  # vllm | torch
+    engine: Literal["vllm", "torch"] = "vllm"
     group_id: str = "rollway-samplers"
     sandbox_url: str = "http://127.0.0.1:8300"
     # Sampling distribution (recorded on every chunk).
@@ -22,7 +24,7 @@ class SamplerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     gpu_memory_utilization: float = 0.1
     # Where kept sets come from: "auto" (native sampling mask when the installed vLLM
     # supports it on this platform, else processed logprobs), "native", "logprobs".
-    kept_set_source: str = "auto"
+    kept_set_source: Literal["auto", "native", "logprobs"] = "auto"
     # Kept sets are read from the top (cap + 1) processed log-probs; larger sets are
     # cut to the cap and flagged per token (TrajectoryChunk.kept_capped).
     kept_set_cap: int = 64
@@ -62,12 +64,6 @@ class SamplerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     sandbox_request_timeout_s: float = 60.0
 
     def __post_init__(self) -> None:
-        if self.engine not in ("vllm", "torch"):
-            raise ValueError(f"sampler.engine must be 'vllm' or 'torch', not {self.engine!r}")
-        if self.kept_set_source not in ("auto", "native", "logprobs"):
-            raise ValueError(
-                f"sampler.kept_set_source must be auto|native|logprobs, not {self.kept_set_source!r}"
-            )
         if not 0.0 < self.top_p <= 1.0:
             raise ValueError(f"sampler.top_p must be in (0, 1], not {self.top_p}")
         if self.temperature < 0:

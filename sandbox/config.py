@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 import msgspec
 
 
@@ -36,7 +38,7 @@ class SandboxConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     uid_base: int = 60000
     # Per-command cgroup (pids.max, memory limit for the whole tree): auto = when this
     # process may create cgroups, off, or required (fail at start without).
-    cgroups: str = "auto"
+    cgroups: Literal["auto", "off", "required"] = "auto"
     # Python inside the sandbox: this venv (and the interpreter it points to) is bound
     # read-only at the same paths. Empty = the venv the service itself runs from.
     python_venv: str = ""
@@ -58,7 +60,7 @@ class SandboxConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     # a tmpfs of that size mounted on it (sandbox/quota.py), so a full workspace is
     # ENOSPC inside the sandbox and nothing outside it. auto = when the service runs as
     # root (mounting needs it), off, or required (fail at start without).
-    disk_quota: str = "auto"
+    disk_quota: Literal["auto", "off", "required"] = "auto"
     workspace_bytes: int = 256 * 1024 * 1024
     workspace_inodes: int = 65536
     # The seccomp filter of sandbox/seccomp.py on every command (no namespaces, mounts,
@@ -70,10 +72,6 @@ class SandboxConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     grading_solution_uid_offset: int = 20000
 
     def __post_init__(self) -> None:
-        if self.cgroups not in ("auto", "off", "required"):
-            raise ValueError(f"sandbox.cgroups must be auto, off or required, not {self.cgroups!r}")
-        if self.disk_quota not in ("auto", "off", "required"):
-            raise ValueError(f"sandbox.disk_quota must be auto, off or required, not {self.disk_quota!r}")
         if self.workspace_bytes <= 0 or self.workspace_inodes <= 0:
             raise ValueError("sandbox.workspace_bytes and sandbox.workspace_inodes must be positive")
         if self.grading_solution_uid_offset <= 0:
@@ -97,7 +95,7 @@ class RewardConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     solve_reward: float = 1.0
     # How the grader turns test results into the score (the grader reads this):
     # all: score 1 only when every hidden test passes; fraction: passed / total.
-    scoring: str = "all"
+    scoring: Literal["all", "fraction"] = "all"
     # Linear length penalty, per generated token; charged in budget phases, and in
     # unconstrained phases too only when length_penalty_in_unconstrained is set.
     length_penalty_per_token: float = 0.0
@@ -107,7 +105,7 @@ class RewardConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     # phase_cycle = false, the last phase lasts forever). Empty: always unconstrained.
     phase_schedule: list[tuple[str, int]] = msgspec.field(default_factory=list)
     # What a position counts: trainer "step" or "version" (weight version of the rollout).
-    phase_unit: str = "step"
+    phase_unit: Literal["step", "version"] = "step"
     phase_cycle: bool = True
     # Budget phases: penalty = budget_penalty_per_unit * max(0, weighted_cost - budget), with
     # weighted_cost = w_tokens * generated + w_env_tokens * env + w_turns * turns + w_s * tool_seconds.
@@ -127,10 +125,6 @@ class RewardConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
         if not self.cheat_margin > 0:
             raise ValueError(f"reward.cheat_margin must be positive (a cheat must earn strictly less "
                              f"than any honest attempt), got {self.cheat_margin}")
-        if self.scoring not in ("all", "fraction"):
-            raise ValueError(f"reward.scoring must be 'all' or 'fraction', not {self.scoring!r}")
-        if self.phase_unit not in ("step", "version"):
-            raise ValueError(f"reward.phase_unit must be 'step' or 'version', not {self.phase_unit!r}")
         for i, (phase, length) in enumerate(self.phase_schedule):
             if phase not in PHASES:
                 raise ValueError(f"reward.phase_schedule[{i}]: unknown phase {phase!r} (known: {', '.join(PHASES)})")

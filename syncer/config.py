@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 import msgspec
 import structlog
 
@@ -36,13 +38,13 @@ class SyncerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     zstd_threads: int = 2
     # auto: per tensor, keep whichever of interleaved / byte planes compresses smaller
     # on a sample; always / never force one layout.
-    byte_planes: str = "auto"
+    byte_planes: Literal["auto", "always", "never"] = "auto"
     # Concurrent object-store requests (uploads, downloads, deletes).
     max_concurrency: int = 8
     # Subscriber: how the vLLM applier writes weights: auto | direct | reload.
     # direct = copy_ into the existing parameters (GPU); reload = vLLM's layerwise
     # reload, needed where the backend repacked weights into kernel formats (CPU).
-    vllm_apply_mode: str = "auto"
+    vllm_apply_mode: Literal["auto", "direct", "reload"] = "auto"
     # Subscriber: seconds between retries after a failed update.
     retry_delay_s: float = 2.0
     # Publisher (with a Kafka producer): follow sampler heartbeats and make the next
@@ -56,10 +58,6 @@ class SyncerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     orphan_grace_s: float = 3600.0
 
     def __post_init__(self) -> None:
-        if self.byte_planes not in ("auto", "always", "never"):
-            raise ValueError(f"syncer.byte_planes must be auto|always|never, not {self.byte_planes!r}")
-        if self.vllm_apply_mode not in ("auto", "direct", "reload"):
-            raise ValueError(f"syncer.vllm_apply_mode must be auto|direct|reload, not {self.vllm_apply_mode!r}")
         if self.keyframe_every < 1:
             raise ValueError("syncer.keyframe_every must be >= 1")
         if self.keep_keyframes < 1:

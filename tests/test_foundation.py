@@ -50,6 +50,29 @@ def test_config_errors_name_the_problem(tmp_path):
         load_config(tmp_path / "missing.toml", environ={})
 
 
+def test_config_sources_merge_before_one_validation(tmp_path):
+    """File, environment and a command's flags are merged as data and validated once:
+    a flag is checked like a file value, and every error is one line naming the key."""
+    toml = tmp_path / "r.toml"
+    toml.write_text('[trainer]\ndevice = "cpu"\n[feeder]\ngroup_size = 3\n')
+    cfg = load_config(toml, environ={"ROLLWAY_FEEDER__GROUP_SIZE": "5"}, overrides={"feeder": {"seed": 7}})
+    assert (cfg.trainer.device, cfg.feeder.group_size, cfg.feeder.seed) == ("cpu", 5, 7)
+    cfg = load_config(toml, environ={"ROLLWAY_FEEDER__GROUP_SIZE": "5"}, overrides={"feeder": {"group_size": 9}})
+    assert cfg.feeder.group_size == 9  # the command line wins
+    cases = [
+        ({"ROLLWAY_TRAINER__STALE_POLICY": "drop"}, None,
+         "trainer.stale_policy = 'drop'; expected one of drop_group, mask_tokens (config file"),
+        ({}, {"sandbox": {"port": "http"}}, "sandbox.port: Expected `int`, got `str` (config file"),
+        ({}, {"sandbox": {"cgroups": "on"}}, "sandbox.cgroups = 'on'; expected one of auto, off, required"),
+        ({}, {"up": {"nope": 1}}, "unknown key up.nope"),
+        ({}, {"feeder": {"groups_per_second": 0}}, "feeder.groups_per_second must be positive, got 0"),
+    ]
+    for environ, overrides, message in cases:
+        with pytest.raises(ConfigError) as info:
+            load_config(toml, environ=environ, overrides=overrides)
+        assert str(info.value).startswith(message) and "\n" not in str(info.value), str(info.value)
+
+
 def run_cli(*args: str, env: dict | None = None, timeout: float = 60) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "rollway.cli", *args], capture_output=True, text=True,
                           env={**os.environ, **(env or {})}, timeout=timeout, cwd=REPO)

@@ -176,8 +176,8 @@ def test_checkpoints_are_atomic_and_pruned(tmp_path):
 
 
 def test_config_rejects_bad_values():
-    with pytest.raises(ValueError, match="advantage_norm"):
-        TrainerConfig(advantage_norm="zscore")
+    with pytest.raises(msgspec.ValidationError, match="advantage_norm"):
+        msgspec.convert({"advantage_norm": "zscore"}, TrainerConfig)
     with pytest.raises(ValueError, match="max_version_fraction"):
         TrainerConfig(max_version_fraction=0.0)
     with pytest.raises(msgspec.ValidationError, match="importance_sampling"):

@@ -38,21 +38,14 @@ def parse_version(text: str) -> int | None:
     return int(text)
 
 
-def configured(args: argparse.Namespace, cfg):
-    """``cfg`` with the command line's overrides applied (and checked: ValueError)."""
-    import msgspec
+def overrides(args: argparse.Namespace) -> dict:
+    """The config keys the command line sets (``eval`` and ``sampler`` sections)."""
+    from rollway.commands import given
 
-    ecfg = {k: v for k, v in (("split", args.split), ("samples", args.samples), ("max_tasks", args.max_tasks),
-                              ("temperature", args.temperature), ("seed", args.seed),
-                              ("sandbox_url", args.sandbox_url)) if v is not None}
-    if args.tasks is not None:
-        ecfg["split"] = f"dir:{args.tasks}"
-    scfg = {k: v for k, v in (("engine", args.engine), ("model_path", args.model)) if v is not None}
-    cfg = msgspec.structs.replace(cfg, eval=msgspec.structs.replace(cfg.eval, **ecfg),
-                                  sampler=msgspec.structs.replace(cfg.sampler, **scfg))
-    cfg.eval.__post_init__()
-    cfg.sampler.__post_init__()
-    return cfg
+    split = f"dir:{args.tasks}" if args.tasks is not None else args.split
+    return {"eval": given(split=split, samples=args.samples, max_tasks=args.max_tasks, temperature=args.temperature,
+                          seed=args.seed, sandbox_url=args.sandbox_url),
+            "sampler": given(engine=args.engine, model_path=args.model)}
 
 
 def run(args: argparse.Namespace) -> int:
@@ -66,18 +59,17 @@ def run(args: argparse.Namespace) -> int:
     # stdout is for the table or the JSON document: vLLM logs to stdout unless told not to.
     os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
-    cfg = load_config_or_exit(args, "eval")
+    if args.split is not None and args.tasks is not None:
+        print("rollway eval: give --split or --tasks, not both", file=sys.stderr)
+        return 2
+    cfg = load_config_or_exit(args, "eval", overrides(args))
     configure_logging("eval", "cli", level="warning")
     # A broker that cannot be reached is reported in our one line; aiokafka's own
     # connection errors would only repeat it.
     import logging
 
     logging.getLogger("aiokafka").setLevel(logging.CRITICAL)
-    if args.split is not None and args.tasks is not None:
-        print("rollway eval: give --split or --tasks, not both", file=sys.stderr)
-        return 2
     try:
-        cfg = configured(args, cfg)
         version = parse_version(args.version)
     except ValueError as exc:
         print(f"rollway eval: {exc}", file=sys.stderr)

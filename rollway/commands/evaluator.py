@@ -22,21 +22,12 @@ def run(args: argparse.Namespace) -> int:
 
     import msgspec
 
-    from rollway.commands import load_config_or_exit
+    from rollway.commands import given, load_config_or_exit
     from rollway.logging import configure_logging, default_replica_id
 
-    cfg = load_config_or_exit(args, "evaluator")
-    try:
-        ecfg = {k: v for k, v in (("split", args.split), ("every_n_versions", args.every),
-                                  ("sandbox_url", args.sandbox_url)) if v is not None}
-        scfg = {k: v for k, v in (("engine", args.engine), ("model_path", args.model)) if v is not None}
-        cfg = msgspec.structs.replace(cfg, eval=msgspec.structs.replace(cfg.eval, **ecfg),
-                                      sampler=msgspec.structs.replace(cfg.sampler, **scfg))
-        cfg.eval.__post_init__()
-        cfg.sampler.__post_init__()
-    except ValueError as exc:
-        print(f"rollway evaluator: {exc}", file=sys.stderr)
-        return 2
+    cfg = load_config_or_exit(args, "evaluator", {
+        "eval": given(split=args.split, every_n_versions=args.every, sandbox_url=args.sandbox_url),
+        "sampler": given(engine=args.engine, model_path=args.model)})
     replica_id = args.replica_id or default_replica_id("evaluator")
     configure_logging("evaluator", replica_id, level=cfg.logging.level)
 

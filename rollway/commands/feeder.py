@@ -20,25 +20,13 @@ def run(args: argparse.Namespace) -> int:
     import signal
     import sys
 
-    import msgspec
-
-    from rollway.config import ConfigError, load_config
+    from rollway.commands import given, load_config_or_exit
     from rollway.logging import configure_logging
 
-    try:
-        cfg = load_config(args.config)
-        overrides = {
-            field: value
-            for field, value in (
-                ("tasks_dir", args.tasks_dir), ("group_size", args.group_size), ("groups_per_second", args.rate),
-                ("max_outstanding_groups", args.max_outstanding), ("max_groups", args.max_groups), ("seed", args.seed),
-            )
-            if value is not None
-        }
-        feeder_cfg = msgspec.convert({**msgspec.to_builtins(cfg.feeder), **overrides}, type(cfg.feeder))
-    except (ConfigError, msgspec.ValidationError) as exc:
-        print(f"rollway feeder: {exc}", file=sys.stderr)
-        return 2
+    cfg = load_config_or_exit(args, "feeder", {"feeder": given(
+        tasks_dir=args.tasks_dir, group_size=args.group_size, groups_per_second=args.rate,
+        max_outstanding_groups=args.max_outstanding, max_groups=args.max_groups, seed=args.seed)})
+    feeder_cfg = cfg.feeder
     configure_logging("feeder", level=cfg.logging.level)
 
     from tasks.feeder import Feeder

@@ -26,12 +26,10 @@ def run(args: argparse.Namespace) -> int:
     import json
     import sys
 
-    import msgspec
-
-    from rollway.commands import load_config_or_exit
+    from rollway.commands import given, load_config_or_exit
     from rollway.logging import configure_logging
 
-    cfg = load_config_or_exit(args, "replay")
+    cfg = load_config_or_exit(args, "replay", {"trainer": given(checkpoint_dir=args.checkpoint_dir)})
     configure_logging("replay", level="warning" if args.json else cfg.logging.level)
 
     from trainer.core import TrainCore
@@ -41,8 +39,6 @@ def run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     tcfg = cfg.trainer
-    if args.checkpoint_dir:
-        tcfg = msgspec.structs.replace(tcfg, checkpoint_dir=args.checkpoint_dir)
     if not args.no_checkpoint and not Path(tcfg.checkpoint_dir).is_dir():
         # Silently starting from the initial model would re-execute far more than asked
         # and hide a typo; say so instead.

@@ -17,22 +17,12 @@ def run(args: argparse.Namespace) -> int:
     import asyncio
     import sys
 
-    import msgspec
-
-    from rollway.config import ConfigError, load_config
+    from rollway.commands import given, load_config_or_exit
     from rollway.logging import configure_logging, default_replica_id
 
-    try:
-        cfg = load_config(args.config)
-        overrides = {k: v for k, v in (("engine", args.engine), ("model_path", args.model),
-                                       ("sandbox_url", args.sandbox_url)) if v is not None}
-        if args.no_weights:
-            overrides["follow_weights"] = False
-        cfg = msgspec.structs.replace(cfg, sampler=msgspec.structs.replace(cfg.sampler, **overrides))
-        cfg.sampler.__post_init__()
-    except (ConfigError, ValueError) as exc:
-        print(f"rollway sampler: {exc}", file=sys.stderr)
-        return 2
+    cfg = load_config_or_exit(args, "sampler", {"sampler": given(
+        engine=args.engine, model_path=args.model, sandbox_url=args.sandbox_url,
+        follow_weights=False if args.no_weights else None)})
     replica_id = args.replica_id or default_replica_id("sampler")
     configure_logging("sampler", replica_id, level=cfg.logging.level)
 

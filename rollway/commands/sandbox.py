@@ -18,15 +18,13 @@ def run(args: argparse.Namespace) -> int:
     import signal
     import sys
 
-    import msgspec
-
-    from rollway.commands import load_config_or_exit
+    from rollway.commands import given, load_config_or_exit
     from rollway.logging import configure_logging
 
-    cfg = load_config_or_exit(args, "sandbox")
+    cfg = load_config_or_exit(args, "sandbox", {"sandbox": given(
+        host=args.host, port=args.port, tasks_dir=args.tasks_dir)})
     configure_logging("sandbox", level=cfg.logging.level)
-    overrides = {k: v for k, v in (("host", args.host), ("port", args.port), ("tasks_dir", args.tasks_dir)) if v is not None}
-    sandbox_cfg = msgspec.structs.replace(cfg.sandbox, **overrides)
+    sandbox_cfg = cfg.sandbox
     publish = sandbox_cfg.publish_rewards and not args.no_publish
 
     async def main() -> int:

@@ -58,12 +58,12 @@ def run(args: argparse.Namespace) -> int:
     import sys
 
     from bus.tail import TailError, TailOptions, run_tail
-    from rollway.config import ConfigError, load_config
+    from rollway.commands import load_config_or_exit
     from rollway.logging import configure_logging
 
     configure_logging("tail", level="warning")
+    cfg = load_config_or_exit(args, "tail")
     try:
-        cfg = load_config(args.config)
         opts = TailOptions(
             topic=args.topic, format=args.format, from_beginning=args.from_beginning, offsets=args.offset,
             since=args.since, last=args.last, follow=args.follow, limit=args.limit, key=args.key,
@@ -71,7 +71,7 @@ def run(args: argparse.Namespace) -> int:
             skip_undecodable=args.skip_undecodable, max_width=args.max_width,
         )
         run_tail(cfg.kafka, opts, sys.stdout, sys.stderr)
-    except (TailError, ConfigError) as exc:
+    except TailError as exc:
         print(f"rollway tail: {exc}", file=sys.stderr)
         return 2
     except BrokenPipeError:  # `rollway tail ... | head`: the reader has what it wanted

@@ -133,19 +133,12 @@ def run(args: argparse.Namespace) -> int:
     import sys
     from pathlib import Path
 
-    import msgspec
-
-    from rollway.commands import load_config_or_exit
+    from rollway.commands import given, load_config_or_exit
     from rollway.logging import configure_logging
 
-    cfg = load_config_or_exit(args, "up")
-    overrides = {k: v for k, v in (("samplers", args.samplers), ("log_dir", args.log_dir),
-                                   ("kafka_dir", args.kafka_dir), ("grace_s", args.grace)) if v is not None}
-    try:
-        upcfg = msgspec.convert({**msgspec.to_builtins(cfg.up), **overrides}, type(cfg.up))
-    except msgspec.ValidationError as exc:
-        print(f"rollway up: {exc}", file=sys.stderr)
-        return 2
+    cfg = load_config_or_exit(args, "up", {"up": given(
+        samplers=args.samplers, log_dir=args.log_dir, kafka_dir=args.kafka_dir, grace_s=args.grace)})
+    upcfg = cfg.up
     if args.steps is not None and (args.steps < 1 or "trainer" in args.without):
         print("rollway up: --steps needs a positive number and the trainer", file=sys.stderr)
         return 2

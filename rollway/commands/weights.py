@@ -25,11 +25,13 @@ def run(args: argparse.Namespace) -> int:
     import asyncio
     import sys
 
-    from rollway.commands import load_config_or_exit
+    from rollway.commands import given, load_config_or_exit
     from rollway.logging import configure_logging
 
     configure_logging("weights", level="warning")
-    cfg = load_config_or_exit(args, "weights")
+    cfg = load_config_or_exit(args, "weights", {"model_name": args.model, "syncer": given(
+        store_url=args.store, keep_keyframes=getattr(args, "keep", None),
+        orphan_grace_s=getattr(args, "grace_s", None))})
     try:
         return asyncio.run(_run(args, cfg))
     except (LookupError, ValueError, OSError) as exc:
@@ -41,16 +43,16 @@ async def _run(args: argparse.Namespace, cfg) -> int:
     from syncer import catalog as cat
     from syncer.store import open_store
 
-    model = args.model or cfg.model_name
-    async with open_store(args.store or cfg.syncer.store_url, cfg.syncer) as store:
+    model = cfg.model_name
+    async with open_store(cfg.syncer.store_url, cfg.syncer) as store:
         if args.action == "ls":
             return await _ls(store, model)
         if args.action == "prune":
             catalog = await cat.load_catalog(store, model)
-            doomed = cat.versions_to_delete(catalog, args.keep or cfg.syncer.keep_keyframes)
+            doomed = cat.versions_to_delete(catalog, cfg.syncer.keep_keyframes)
             objects = await cat.delete_versions(store, model, catalog, doomed)
             print(f"deleted {len(doomed)} versions ({objects} objects): {doomed}")
-            grace = cfg.syncer.orphan_grace_s if args.grace_s is None else args.grace_s
+            grace = cfg.syncer.orphan_grace_s
             garbage = await cat.collect_garbage(store, model, grace)
             print(f"deleted {len(garbage.chunks)} unreferenced chunks and {len(garbage.leftovers)} "
                   f"incomplete writes older than {grace:g} s")
