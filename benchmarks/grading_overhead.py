@@ -8,8 +8,9 @@ the same venv; "after" is this checkout. ``--also REV`` times one more revision 
 in the same run, as a middle column (e.g. the grading path before a change to it, so both
 are measured under the same load). Each side starts its own live sandbox service
 (real bubblewrap, real HTTP) in a subprocess and grades the reference solution of each
-task ``--repeat`` times, one submission at a time (one command slot), so the numbers are
-latencies, not throughput. The figure per task is the median of the Reward's
+task once per round, one submission at a time (one command slot), so the numbers are
+latencies, not throughput; ``--repeat`` rounds, the sides taking turns in each (the load of
+a shared machine drifts). The figure per task is the median of the Reward's
 ``grading_seconds`` (snapshot + checks + hidden run + report); the table ends with the
 mean over tasks and the ratio after / before. Prints the CPU it ran on.
 """
@@ -113,14 +114,22 @@ def main() -> None:
         configure_logging("bench", level="warning")
         print(json.dumps(asyncio.run(_worker(tasks, args.repeat))))
         return
-    sides: list[tuple[str, dict[str, list[float]]]] = []
-    for name, rev in (("before", args.baseline), (args.also, args.also)):
-        if not rev:
-            continue
-        with tempfile.TemporaryDirectory() as tmp:
-            _export(rev, Path(tmp))
-            sides.append((name, _run_side(Path(tmp) / "tree", args.tasks, args.repeat)))
-    sides.append(("after", _run_side(ROOT, args.tasks, args.repeat)))
+    with tempfile.TemporaryDirectory() as tmp:
+        trees: list[tuple[str, Path]] = []
+        for i, (name, rev) in enumerate((("before", args.baseline), (args.also, args.also))):
+            if rev:
+                folder = Path(tmp) / str(i)
+                folder.mkdir()
+                _export(rev, folder)
+                trees.append((name, folder / "tree"))
+        trees.append(("after", ROOT))
+        # Round by round, each side once per round: on a shared machine the load drifts,
+        # and sides run one after the other would each meet a different load.
+        sides: list[tuple[str, dict[str, list[float]]]] = [(name, {"_failures": []}) for name, _ in trees]
+        for _ in range(args.repeat):
+            for (_, tree), (_, data) in zip(trees, sides):
+                for key, values in _run_side(tree, args.tasks, 1).items():
+                    data.setdefault(key, []).extend(values)
     print(f"grading seconds per submission (median of {args.repeat}), reference solutions; {_cpu()}; "
           f"load average at the end {os.getloadavg()[0]:.1f}")
     names = [name[:10] for name, _ in sides]
