@@ -19,4 +19,5 @@ sys.path.remove(here)
 # Last on sys.path, as in a plain run: the workspace cannot shadow the standard library.
 sys.path.append(config["workspace"])
 os.chdir(config["workspace"])
-bridge.connect(config["fd"], "solution").serve_forever()
+connection = bridge.connect(config["fd"], "solution", cpu=config.get("cpu"), pin_after=config.get("pin_after", 0))
+connection.serve_forever()

@@ -16,7 +16,7 @@ sys.path.insert(0, here)
 import _rollway_bridge as bridge  # noqa: E402
 
 sys.path.remove(here)
-connection = bridge.connect(config["fd"], "tests")
+connection = bridge.connect(config["fd"], "tests", cpu=config.get("cpu"), pin_after=config.get("pin_after", 0))
 sys.meta_path.append(
     bridge.SolutionFinder(connection, set(config["modules"]), config["workspace"], config["sources"])
 )

@@ -118,6 +118,7 @@ class Grader:
         self.publisher = publisher
         self.quota = quota
         self.root = Path(cfg.workspace_root or tempfile.gettempdir())
+        self._bridge_runs = 0
 
     async def grade(self, request: SubmitRequest, *, snapshot: Snapshot | None, calls: list[ToolCall], uid: int,
                     snapshot_error: str = "") -> Reward:
@@ -235,7 +236,8 @@ class Grader:
         finally:
             left.close()
             right.close()
-        config = {"workspace": WORKSPACE, "sources": SOURCES_DIR, "modules": sorted(_top_level_modules(code))}
+        config = {"workspace": WORKSPACE, "sources": SOURCES_DIR, "modules": sorted(_top_level_modules(code)),
+                  "cpu": self._bridge_cpu(), "pin_after": self.cfg.grading_bridge_pin_after}
         _write_ro(sol_dir / "bridge.json", json.dumps({**config, "fd": sol_fd}).encode())
         _write_ro(tests_dir / "bridge.json", json.dumps({**config, "fd": tests_fd}).encode())
         limits = self._limits()
@@ -272,6 +274,21 @@ class Grader:
         except WorkspaceError:
             report = None
         return self._judge(result, report, True, solution_result)
+
+    def _bridge_cpu(self) -> int | None:
+        """The CPU both ends of this grading's bridge pin themselves to once it gets busy
+        (``grading_bridge_pin_after``): round robin over this process's CPUs, so
+        concurrent gradings spread. None = no pinning (off, or one CPU)."""
+        if self.cfg.grading_bridge_pin_after <= 0:
+            return None
+        try:
+            cpus = sorted(os.sched_getaffinity(0))
+        except (AttributeError, OSError):
+            return None
+        if len(cpus) < 2:
+            return None
+        self._bridge_runs += 1
+        return cpus[self._bridge_runs % len(cpus)]
 
     async def _run_plain(self, spec: TaskSpec, snapshot: Snapshot, base: Path, *, uid: int) -> Verdict:
         """A task whose test command is not pytest: it runs as written in one sandbox over

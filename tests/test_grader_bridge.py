@@ -139,3 +139,31 @@ def test_messages_are_ascii():
     data = bridge._dumps(["ok", "naïve ☃ \ud800", [math.nan, -math.inf, 2**100]])
     data.decode("ascii")
     assert bridge._loads(data)[1] == "naïve ☃ \ud800"
+
+
+def test_busy_bridge_pins_to_one_cpu():
+    """After ``pin_after`` messages an end pins itself to the grader's CPU (both ends do,
+    so a busy ping-pong stays on one CPU); before that it runs where the kernel puts it."""
+    import os
+
+    saved = os.sched_getaffinity(0)
+    if len(saved) < 2:
+        pytest.skip("one CPU: nothing to pin to")
+    cpu = max(saved)
+    a, b = socket.socketpair()
+    tests = Connection(a, "tests", cpu=cpu, pin_after=20)
+    thread = threading.Thread(target=Connection(b, "solution").serve_forever, daemon=True)
+    thread.start()
+    try:
+        operator = tests.rpc("import", "operator")
+        for i in range(3):
+            assert operator.add(i, 1) == i + 1
+        assert os.sched_getaffinity(0) == saved  # 7 messages sent so far (import, getattr + call)
+        for i in range(10):
+            assert operator.add(i, 1) == i + 1
+        assert os.sched_getaffinity(0) == {cpu}
+    finally:
+        os.sched_setaffinity(0, saved)  # this is pytest's own thread
+        a.close()
+        thread.join(timeout=10)
+        b.close()
