@@ -2,7 +2,8 @@
 
 A typed function; the annotation picks (and the bus decodes) the event type::
 
-    from bus.analytics import consumer, run_consumers
+    from bus.analytics import consumer
+    from rollway.consumers import run_consumers
     from schemas import Reward
 
     @consumer("rewards")
@@ -15,8 +16,9 @@ A typed function; the annotation picks (and the bus decodes) the event type::
 ``on_reward`` stays a plain async function for tests; :class:`bus.testing.ConsumerHarness`
 feeds it events without a broker. A class (:class:`Analytics`) suits a consumer with
 state and hooks. Errors follow the consumer's :class:`ErrorPolicy` (:mod:`bus.policy`),
-windows by record time are in :mod:`bus.windows`, and ``run_consumers`` logs JSON lines
-through Rollway's structlog setup to stderr, so stdout is the consumer's own.
+windows by record time are in :mod:`bus.windows`. ``run_consumers`` (in the CLI package,
+:mod:`rollway.consumers`: it reads the configuration) runs them in a script and logs JSON
+lines to stderr, so stdout is the consumer's own; :class:`ConsumerApp` is what it runs.
 
 Without a ``group`` a consumer reads its topics from the beginning on every start: state
 in memory is rebuilt from the log, then the consumer goes live (``on_caught_up`` marks the
@@ -38,7 +40,7 @@ from bus.policy import ConsumerFailed, ConsumerStats, Dispatcher, ErrorPolicy, R
 
 __all__ = [
     "Analytics", "ConsumerApp", "ConsumerError", "ConsumerFailed", "ConsumerStats", "Envelope", "ErrorPolicy",
-    "FunctionConsumer", "InvalidEvent", "Retryable", "consumer", "run_consumers",
+    "FunctionConsumer", "InvalidEvent", "Retryable", "consumer",
 ]
 
 log = structlog.get_logger(__name__)
@@ -157,33 +159,3 @@ class ConsumerApp:
 def _counts(dispatcher: Dispatcher, events: EventConsumer) -> dict[str, int]:
     dispatcher.stats.undecodable = events.undecodable
     return {f: getattr(dispatcher.stats, f) for f in dispatcher.stats.__struct_fields__}
-
-
-def run_consumers(apps: Sequence[Analytics], cfg: KafkaConfig | None = None, *, until_end: bool | None = None,
-                  log_level: str | None = None, argv: Sequence[str] | None = None) -> None:
-    """Blocking entry point for a script: config from ``rollway.toml``/environment, JSON
-    logs on stderr. The script accepts ``--until-end`` (stop once caught up: a one-shot
-    report) and ``--log-level``; arguments given here win. Exits 1 when a consumer
-    failed, 2 when one is declared wrong."""
-    import argparse
-    import sys
-
-    from rollway.logging import configure_logging
-
-    parser = argparse.ArgumentParser(description="Rollway consumers: " + ", ".join(a.name for a in apps))
-    parser.add_argument("--until-end", action="store_true", help="stop once the topics are read to their end")
-    parser.add_argument("--log-level", default="info", help="debug, info, warning, error")
-    args, _ = parser.parse_known_args(sys.argv[1:] if argv is None else list(argv))
-    configure_logging("consumer", level=log_level or args.log_level)
-    if cfg is None:
-        from rollway.config import load_config
-
-        cfg = load_config().kafka
-    try:
-        asyncio.run(ConsumerApp(cfg, apps, until_end=args.until_end if until_end is None else until_end).run())
-    except ConsumerError as exc:
-        log.error("consumer declared wrong", error=str(exc))
-        raise SystemExit(2) from None
-    except ConsumerFailed as exc:
-        log.error("consumer failed", error=str(exc), exc_info=exc.__cause__)
-        raise SystemExit(1) from None

@@ -29,7 +29,7 @@ import msgspec
 
 from bus.config import KafkaConfig
 from rollway.supervisor import RestartPolicy
-from sampler.config import SamplerConfig
+from sampler.config import EvalConfig, SamplerConfig
 from sandbox.config import RewardConfig, SandboxConfig
 from syncer.config import SyncerConfig
 from tasks.config import FeederConfig
@@ -38,45 +38,6 @@ from trainer.config import TrainerConfig
 
 class LoggingConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     level: str = "info"
-
-
-class EvalConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
-    """``rollway eval`` and the evaluator component (:mod:`sampler.evaluation`)."""
-
-    # What to evaluate: "family:heldout" / "family:train" (also "heldout", "train"), or
-    # "dir:PATH", a folder in the task format (what ``rollway eval --tasks DIR`` sets).
-    split: str = "family:heldout"
-    samples: int = 1  # samples per task; pass@1 = mean over tasks of the solved fraction
-    # Tasks drawn from a family split; the first max_tasks (by id) of a folder, 0 = all.
-    max_tasks: int = 100
-    # Sampling temperature; negative = the sampler's (TOML has no null). top_p and the
-    # agent's budgets are always the sampler's.
-    temperature: float = -1.0
-    # Seeds the family split's instances and the engine's sampling.
-    seed: int = 0
-    # Rollouts at once.
-    concurrency: int = 4
-    # Empty = sampler.sandbox_url.
-    sandbox_url: str = ""
-    # --- the evaluator component (``rollway evaluator``) ---
-    # Evaluate every version v with v % every_n_versions == 0 (the newest due one when
-    # several arrived during an evaluation).
-    every_n_versions: int = 10
-    # Evaluate the base model (version 0) first when the evals log has no result for it.
-    evaluate_base: bool = True
-    group_id: str = "rollway-evaluator"
-    heartbeat_interval_s: float = 5.0
-
-    def __post_init__(self) -> None:
-        checks = [
-            (self.samples >= 1, f"eval.samples must be at least 1, got {self.samples}"),
-            (self.max_tasks >= 0, f"eval.max_tasks must not be negative, got {self.max_tasks}"),
-            (self.concurrency >= 1, f"eval.concurrency must be at least 1, got {self.concurrency}"),
-            (self.every_n_versions >= 1, f"eval.every_n_versions must be at least 1, got {self.every_n_versions}"),
-        ]
-        for ok, message in checks:
-            if not ok:
-                raise ValueError(message)
 
 
 class UpConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):

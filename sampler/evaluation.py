@@ -33,8 +33,7 @@ from schemas import EvalResult, RecordRef, TrajectoryChunk
 from tasks.spec import TaskSpec
 
 if TYPE_CHECKING:
-    from rollway.config import EvalConfig, RollwayConfig
-    from sampler.config import SamplerConfig
+    from sampler.config import EvalConfig, SamplerConfig
     from sampler.engine import Engine
 
 log = structlog.get_logger(__name__)
@@ -89,15 +88,14 @@ def load_tasks(split: str, *, max_tasks: int, seed: int) -> tuple[str, list[Task
     return label, specs
 
 
-def eval_sampler_config(cfg: "RollwayConfig") -> "SamplerConfig":
-    """The sampler's settings with the evaluation's temperature and seed."""
-    ecfg = cfg.eval
-    temperature = ecfg.temperature if ecfg.temperature >= 0 else cfg.sampler.temperature
-    return msgspec.structs.replace(cfg.sampler, temperature=temperature, seed=ecfg.seed, follow_weights=False)
+def eval_sampler_config(ecfg: "EvalConfig", scfg: "SamplerConfig") -> "SamplerConfig":
+    """The sampler's settings ``scfg`` with the evaluation's temperature and seed."""
+    temperature = ecfg.temperature if ecfg.temperature >= 0 else scfg.temperature
+    return msgspec.structs.replace(scfg, temperature=temperature, seed=ecfg.seed, follow_weights=False)
 
 
 # -- which weights --------------------------------------------------------------------------
-async def resolve_version(cfg: "RollwayConfig", store, requested: int | None) -> int:
+async def resolve_version(store, requested: int | None, *, model_name: str, store_url: str) -> int:
     """``requested`` (None = latest) checked against the store. Version 0 is the base
     model (``sampler.model_path``) and needs no store; latest on an empty store is 0."""
     from syncer import catalog as cat
@@ -105,15 +103,15 @@ async def resolve_version(cfg: "RollwayConfig", store, requested: int | None) ->
     if requested == 0:
         return 0
     try:
-        catalog = await cat.load_catalog(store, cfg.model_name)
+        catalog = await cat.load_catalog(store, model_name)
     except Exception as exc:  # an unreachable S3 endpoint, a bad URL
-        raise EvalError(f"cannot read the weight store {cfg.syncer.store_url}: {exc}") from None
+        raise EvalError(f"cannot read the weight store {store_url}: {exc}") from None
     if requested is None:
         return max(catalog.latest, 0)
     if requested < 0 or requested not in catalog.kinds:
         known = catalog.versions
         listing = f"stored versions: {known[0]}..{known[-1]} ({len(known)})" if known else "the store is empty"
-        raise EvalError(f"{cfg.model_name} v{requested} is not in {cfg.syncer.store_url}; {listing}")
+        raise EvalError(f"{model_name} v{requested} is not in {store_url}; {listing}")
     return requested
 
 

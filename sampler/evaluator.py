@@ -33,18 +33,25 @@ from sandbox.client import SandboxClient
 from schemas import EvalResult, Heartbeat, WeightVersion, now
 
 if TYPE_CHECKING:
-    from rollway.config import RollwayConfig
+    from bus.config import KafkaConfig
+    from sampler.config import EvalConfig, SamplerConfig
     from sampler.engine import Engine
+    from syncer.config import SyncerConfig
 
 log = structlog.get_logger(__name__)
 
 
 class Evaluator:
-    def __init__(self, cfg: "RollwayConfig", engine: "Engine", *, replica_id: str, split: str, specs: list) -> None:
-        """``split``, ``specs``: what :func:`sampler.evaluation.load_tasks` gave for ``cfg.eval``."""
-        self.cfg = cfg
-        self.ecfg = cfg.eval
-        self.scfg = eval_sampler_config(cfg)
+    def __init__(self, ecfg: "EvalConfig", scfg: "SamplerConfig", engine: "Engine", *, kafka: "KafkaConfig",
+                 syncer: "SyncerConfig", model_name: str, replica_id: str, split: str, specs: list) -> None:
+        """``scfg``: the sampler's settings (the evaluation's temperature and seed are
+        applied here); ``split``, ``specs``: what :func:`sampler.evaluation.load_tasks`
+        gave for ``ecfg``."""
+        self.ecfg = ecfg
+        self.scfg = eval_sampler_config(ecfg, scfg)
+        self.kafka = kafka
+        self.syncer = syncer
+        self.model_name = model_name
         self.engine = engine
         self.replica_id = replica_id
         self.status = "starting"
@@ -64,7 +71,6 @@ class Evaluator:
             self._current.cancel()
 
     async def run(self, install_signals: bool = True) -> None:
-        cfg = self.cfg
         if install_signals:
             from bus.connect import add_stop_handler
 
@@ -74,12 +80,12 @@ class Evaluator:
         from syncer.store import open_store
         from syncer.subscriber import WeightSubscriber
 
-        store = open_store(cfg.syncer.store_url, cfg.syncer)
+        store = open_store(self.syncer.store_url, self.syncer)
         await store.start()
-        subscriber = WeightSubscriber(cfg.syncer, cfg.model_name, store, self.engine)
-        client_id = f"{cfg.kafka.client_id}-{self.replica_id}"
+        subscriber = WeightSubscriber(self.syncer, self.model_name, store, self.engine)
+        client_id = f"{self.kafka.client_id}-{self.replica_id}"
         try:
-            async with EventProducer(cfg.kafka, client_id=client_id) as producer, \
+            async with EventProducer(self.kafka, client_id=client_id) as producer, \
                     SandboxClient(self.ecfg.sandbox_url or self.scfg.sandbox_url,
                                   timeout_s=self.scfg.sandbox_request_timeout_s, publish_rewards=False) as sandbox:
                 self._producer = producer
@@ -95,7 +101,7 @@ class Evaluator:
         log.info("evaluator stopped", evaluated=sorted(self.evaluated))
 
     async def _serve(self, sandbox: SandboxClient, subscriber) -> None:
-        cfg, ecfg = self.cfg, self.ecfg
+        kafka, ecfg = self.kafka, self.ecfg
         # The sandbox may come up after us (``rollway up`` starts everything at once).
         while not self._stop.is_set():
             try:
@@ -113,9 +119,9 @@ class Evaluator:
             if not await self._evaluate_current(sandbox):
                 return
         consumer = EventConsumer(
-            cfg.kafka, ["weights"], group_id=ecfg.group_id, client_id=f"{cfg.kafka.client_id}-{self.replica_id}",
+            kafka, ["weights"], group_id=ecfg.group_id, client_id=f"{kafka.client_id}-{self.replica_id}",
             # An evaluation holds the poll loop for minutes; Kafka must not drop us for it.
-            max_poll_interval_ms=cfg.sampler.consumer_max_poll_interval_ms,
+            max_poll_interval_ms=self.scfg.consumer_max_poll_interval_ms,
         )
         async with consumer:
             while not self._stop.is_set():
@@ -123,7 +129,7 @@ class Evaluator:
                 envs = await consumer.getmany(timeout_ms=500)
                 due = sorted({
                     e.event.version for e in envs
-                    if isinstance(e.event, WeightVersion) and e.event.model == cfg.model_name
+                    if isinstance(e.event, WeightVersion) and e.event.model == self.model_name
                     and e.event.version % ecfg.every_n_versions == 0
                     and e.event.version > subscriber.version and e.event.version not in self.evaluated
                 })
@@ -139,13 +145,13 @@ class Evaluator:
     async def _already_evaluated(self) -> set[int]:
         """Versions with a comparable result in the evals log (same split, model, sizes)."""
         try:
-            envs = await read_topic(self.cfg.kafka, "evals")
+            envs = await read_topic(self.kafka, "evals")
         except Exception as exc:  # a garbage record must not stop the evaluator: re-evaluating is harmless
             log.warning("cannot read the evals log; evaluating as if it were empty", error=str(exc))
             return set()
         return {
             e.event.weight_version for e in envs
-            if isinstance(e.event, EvalResult) and e.event.split == self.split and e.event.model == self.cfg.model_name
+            if isinstance(e.event, EvalResult) and e.event.split == self.split and e.event.model == self.model_name
             and e.event.tasks == len(self.specs) and e.event.samples == self.ecfg.samples and not e.event.errors
         }
 
@@ -166,7 +172,7 @@ class Evaluator:
         await self._beat()
         self._current = asyncio.create_task(evaluate(
             self.engine, sandbox, self.scfg, self.ecfg, self.specs, split=self.split,
-            model=self.cfg.model_name, evaluator=self.replica_id,
+            model=self.model_name, evaluator=self.replica_id,
         ))
         try:
             report = await self._current

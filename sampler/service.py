@@ -35,7 +35,9 @@ from schemas import Heartbeat, Metrics, Task, now
 
 if TYPE_CHECKING:
     from bus import Envelope
-    from rollway.config import RollwayConfig
+    from bus.config import KafkaConfig
+    from sampler.config import SamplerConfig
+    from syncer.config import SyncerConfig
 
 log = structlog.get_logger(__name__)
 
@@ -53,13 +55,12 @@ async def stop_heartbeats(loop: asyncio.Task, beat: Callable[[], Awaitable[None]
         log.warning("final heartbeat failed", error=str(exc))
 
 
-def make_engine(cfg: "RollwayConfig") -> Engine:
-    """The configured engine (not started)."""
-    scfg = cfg.sampler
+def make_engine(scfg: "SamplerConfig", syncer: "SyncerConfig") -> Engine:
+    """The configured engine (not started); vLLM applies weights as ``syncer.vllm_apply_mode`` says."""
     if scfg.engine == "vllm":
         from sampler.vllm_engine import VLLMEngine
 
-        return VLLMEngine.from_config(scfg, apply_mode=cfg.syncer.vllm_apply_mode)
+        return VLLMEngine.from_config(scfg, apply_mode=syncer.vllm_apply_mode)
     from sampler.torch_engine import TorchEngine
 
     return TorchEngine.from_config(scfg)
@@ -70,9 +71,13 @@ def new_attempt(replica_id: str) -> str:
 
 
 class SamplerService:
-    def __init__(self, cfg: "RollwayConfig", engine: Engine, *, replica_id: str) -> None:
-        self.cfg = cfg
-        self.scfg = cfg.sampler
+    def __init__(self, scfg: "SamplerConfig", engine: Engine, *, kafka: "KafkaConfig", syncer: "SyncerConfig",
+                 model_name: str, replica_id: str) -> None:
+        """``syncer`` and ``model_name``: which weights to follow (``scfg.follow_weights``)."""
+        self.scfg = scfg
+        self.kafka = kafka
+        self.syncer = syncer
+        self.model_name = model_name
         self.engine = engine
         self.replica_id = replica_id
         self.status = "starting"
@@ -98,22 +103,22 @@ class SamplerService:
 
     # -- main -----------------------------------------------------------------------------
     async def run(self, install_signals: bool = True) -> None:
-        cfg, scfg = self.cfg, self.scfg
+        kafka, scfg = self.kafka, self.scfg
         if install_signals:
             from bus.connect import add_stop_handler
 
             loop = asyncio.get_running_loop()
             for sig in (signal.SIGTERM, signal.SIGINT):
                 add_stop_handler(loop, sig, self.request_stop)
-        async with EventProducer(cfg.kafka, client_id=f"{cfg.kafka.client_id}-{self.replica_id}") as producer, \
+        async with EventProducer(kafka, client_id=f"{kafka.client_id}-{self.replica_id}") as producer, \
                 SandboxClient(scfg.sandbox_url, timeout_s=scfg.sandbox_request_timeout_s) as sandbox:
             self._producer = producer
             self.agent = AgentLoop(self.engine, sandbox, scfg, producer.publish, replica_id=self.replica_id)
             heartbeats = asyncio.create_task(self._heartbeats(), name="heartbeats")
             weights = await self._start_weights()
             self._consumer = EventConsumer(
-                cfg.kafka, ["tasks"], group_id=scfg.group_id,
-                client_id=f"{cfg.kafka.client_id}-{self.replica_id}",
+                kafka, ["tasks"], group_id=scfg.group_id,
+                client_id=f"{kafka.client_id}-{self.replica_id}",
                 session_timeout_ms=scfg.consumer_session_timeout_ms,
                 heartbeat_interval_ms=max(500, scfg.consumer_session_timeout_ms // 5),
                 max_poll_interval_ms=scfg.consumer_max_poll_interval_ms,
@@ -143,10 +148,10 @@ class SamplerService:
         from syncer.store import open_store
         from syncer.subscriber import WeightSubscriber
 
-        store = open_store(self.cfg.syncer.store_url, self.cfg.syncer)
+        store = open_store(self.syncer.store_url, self.syncer)
         await store.start()
-        self.subscriber = WeightSubscriber(self.cfg.syncer, self.cfg.model_name, store, self.engine,
-                                           kafka_cfg=self.cfg.kafka)
+        self.subscriber = WeightSubscriber(self.syncer, self.model_name, store, self.engine,
+                                           kafka_cfg=self.kafka)
         return asyncio.create_task(self.subscriber.run(), name="weights")
 
     # -- tasks ------------------------------------------------------------------------------

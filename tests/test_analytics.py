@@ -150,7 +150,8 @@ async def test_state_is_rebuilt_on_every_start_and_until_end_stops(kafka_config,
 
 SCRIPT = textwrap.dedent("""
     import sys
-    from bus.analytics import consumer, run_consumers
+    from bus.analytics import consumer
+    from rollway.consumers import run_consumers
     from schemas import Reward
 
     @consumer("rewards")

@@ -60,7 +60,7 @@ async def test_every_issued_group_ends_once_in_the_log_and_the_audit_says_so(kaf
         await producer.publish_raw(prefix + "tasks", b"\xffgarbage", key=b"x")
 
     cfg = RollwayConfig(kafka=kafka_config, trainer=trainer_config(tmp_path, tiny_model_path, max_staleness=1))
-    run = asyncio.create_task(Trainer(cfg, sink=RecordingSink()).run(max_steps=3))
+    run = asyncio.create_task(Trainer(cfg.trainer, cfg.kafka, sink=RecordingSink()).run(max_steps=3))
     await publish_trajectories(kafka_config, a + b)
     await publish_trajectories(kafka_config, zero, score=1.0)  # equal rewards: dropped
     # A sampler died after the first chunk of task-3: it goes stale at version 2 with
@@ -82,7 +82,7 @@ async def test_every_issued_group_ends_once_in_the_log_and_the_audit_says_so(kaf
     # own) before another group. Its end is final: it is late, the other is trained.
     await publish_trajectories(kafka_config, fresh(abandoned, 3, attempt="a1"))
     await publish_trajectories(kafka_config, fresh(d, 3))
-    restarted = Trainer(cfg, sink=RecordingSink())
+    restarted = Trainer(cfg.trainer, cfg.kafka, sink=RecordingSink())
     assert await asyncio.wait_for(restarted.run(max_steps=4), 120) == 4
     steps = await read_step_log(kafka_config)
     assert steps[4].event.groups == [GroupRef("task-5", "g5")] and steps[4].event.dropped == []

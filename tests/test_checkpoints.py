@@ -191,14 +191,14 @@ async def test_trainer_restarts_past_a_truncated_newest_checkpoint(kafka_config,
 
     cfg = RollwayConfig(kafka=kafka_config, trainer=tcfg(tmp_path, tiny_model_path))
     await publish_trajectories(kafka_config, [t for g in sampled[:2] + sampled[3:5] for t in g])
-    first = Trainer(cfg, sink=RecordingSink())
+    first = Trainer(cfg.trainer, cfg.kafka, sink=RecordingSink())
     assert await first.run(max_steps=4) == 4
     ckpt = tmp_path / "ckpt"
     assert [c.step for c in list_checkpoints(ckpt)] == [2, 4]
     state = ckpt / "step-00000004" / "state.pt"
     state.write_bytes(state.read_bytes()[:1000])
 
-    second = Trainer(cfg, sink=RecordingSink())
+    second = Trainer(cfg.trainer, cfg.kafka, sink=RecordingSink())
     try:
         assert await second.restore() == 4
     finally:
@@ -206,7 +206,7 @@ async def test_trainer_restarts_past_a_truncated_newest_checkpoint(kafka_config,
     assert [r.step for r in second.replayed] == [3, 4] and all(r.match for r in second.replayed)
     assert second.core.step == 4
     # the damaged checkpoint was rewritten by the replay and now loads
-    third = Trainer(cfg, sink=RecordingSink())
+    third = Trainer(cfg.trainer, cfg.kafka, sink=RecordingSink())
     try:
         assert await third.restore() == 4
     finally:
@@ -223,7 +223,7 @@ async def test_trainer_stops_when_checkpoints_cannot_be_written(kafka_config, ti
     cfg = RollwayConfig(kafka=kafka_config, trainer=tcfg(tmp_path, tiny_model_path, checkpoint_every=1,
                                                          checkpoint_dir=str(blocker / "ckpt")))
     await publish_trajectories(kafka_config, [t for g in sampled[:2] + sampled[3:5] for t in g])
-    trainer = Trainer(cfg, sink=RecordingSink())
+    trainer = Trainer(cfg.trainer, cfg.kafka, sink=RecordingSink())
     with pytest.raises(CheckpointError, match="not-a-folder"):
         await trainer.run(max_steps=4)
     assert 1 <= trainer.core.step <= 2  # stopped at the next step or checkpoint, not at the end

@@ -73,6 +73,32 @@ def test_config_sources_merge_before_one_validation(tmp_path):
         assert str(info.value).startswith(message) and "\n" not in str(info.value), str(info.value)
 
 
+def test_components_do_not_import_the_cli_package():
+    """Components get their own sub-configs from the CLI; only a script's entry point
+    (``if __name__ == "__main__":``) may reach for ``rollway``."""
+    import ast
+
+    def is_main_guard(node: ast.AST) -> bool:
+        return isinstance(node, ast.If) and "__main__" in ast.unparse(node.test)
+
+    def imports(node: ast.AST):
+        for child in ast.iter_child_nodes(node):
+            if is_main_guard(child):
+                continue
+            if isinstance(child, ast.Import):
+                yield from (a.name for a in child.names)
+            elif isinstance(child, ast.ImportFrom) and child.level == 0:
+                yield child.module
+            yield from imports(child)
+
+    found = [f"{path.relative_to(REPO)}: {name}"
+             for package in ("bus", "sampler", "sandbox", "schemas", "syncer", "tasks", "trainer")
+             for path in sorted((REPO / package).rglob("*.py"))
+             for name in imports(ast.parse(path.read_text()))
+             if name == "rollway" or name.startswith("rollway.")]
+    assert found == []
+
+
 def run_cli(*args: str, env: dict | None = None, timeout: float = 60) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "rollway.cli", *args], capture_output=True, text=True,
                           env={**os.environ, **(env or {})}, timeout=timeout, cwd=REPO)

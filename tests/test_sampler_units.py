@@ -248,13 +248,16 @@ async def test_recorder_attaches_routed_experts_reported_at_sample_end():
 async def test_service_dead_letters_tasks_it_can_never_run(change, match):
     """InvalidEvent sends the record straight to the DLQ (no retries) in bus.EventConsumer."""
     from bus import Envelope, InvalidEvent
-    from rollway.config import RollwayConfig
+    from bus.config import KafkaConfig
+    from sampler.config import SamplerConfig
     from sampler.service import SamplerService
+    from syncer.config import SyncerConfig
     from schemas import Task
 
     fields = dict(task_id="t1", group_id="t1/g", group_size=2, instruction="x")
     fields.update(change)
-    service = SamplerService(RollwayConfig(), engine=None, replica_id="r")
+    service = SamplerService(SamplerConfig(), engine=None, kafka=KafkaConfig(), syncer=SyncerConfig(),
+                             model_name="m", replica_id="r")
     env = Envelope(Task(**fields), "rollway.tasks", 0, 7, 0, b"t1", ())
     with pytest.raises(InvalidEvent, match=match):
         await service._handle(env)

@@ -118,7 +118,7 @@ def assert_replay_matches(config: Path, steps: dict) -> None:
 async def test_second_trainer_fences_the_first_and_its_open_step_is_aborted(
         kafka_config, tiny_model_path, tmp_path, sampled, monkeypatch):
     cfg = RollwayConfig(kafka=kafka_config, trainer=trainer_config(tmp_path, tiny_model_path))
-    first = Trainer(cfg, sink=RecordingSink())
+    first = Trainer(cfg.trainer, cfg.kafka, sink=RecordingSink())
     # Hold the first trainer inside step 2's transaction, after its TrainStep and offsets
     # were sent but before the commit: the moment a hung trainer is replaced.
     held, release = asyncio.Event(), asyncio.Event()
@@ -140,7 +140,7 @@ async def test_second_trainer_fences_the_first_and_its_open_step_is_aborted(
     assert [s.step for s in await every_train_step_record(kafka_config)] == [1, 2]
     assert sorted(await logged_steps(kafka_config)) == [1]
 
-    second = Trainer(cfg, sink=RecordingSink())
+    second = Trainer(cfg.trainer, cfg.kafka, sink=RecordingSink())
     second_task = asyncio.create_task(second.run())
     # The second trainer's producer start fences the first and aborts its transaction.
     await wait_until_async(lambda: second.producer is not None and second.producer.epoch > first.producer.epoch,
@@ -189,7 +189,7 @@ async def test_weight_conflict_stops_the_trainer(kafka_config, tiny_model_path, 
     await store.close()
 
     await publish(kafka_config, sampled[2:3])
-    trainer = Trainer(cfg)  # the real syncer sink
+    trainer = Trainer(cfg.trainer, cfg.kafka, syncer=cfg.syncer, model_name=cfg.model_name)  # the real syncer sink
     with pytest.raises(WeightConflict, match="already stored with weights hash"):
         await asyncio.wait_for(trainer.run(), 180)
     assert sorted(await logged_steps(kafka_config)) == [1]

@@ -32,14 +32,14 @@ async def test_a_group_trained_before_a_restart_is_not_trained_again(kafka_confi
     first, other = sampled
     cfg = RollwayConfig(kafka=kafka_config, trainer=trainer_config(tmp_path, tiny_model_path, max_staleness=4))
     await publish_trajectories(kafka_config, first)
-    assert await asyncio.wait_for(Trainer(cfg, sink=RecordingSink()).run(max_steps=1), 120) == 1
+    assert await asyncio.wait_for(Trainer(cfg.trainer, cfg.kafka, sink=RecordingSink()).run(max_steps=1), 120) == 1
 
     # A sampler delivered the task again (its ack was lost): the same group under a new
     # attempt id, new trajectory ids. Then a group never trained.
     again = [dataclasses.replace(t, attempt="again") for t in first]
     await publish_trajectories(kafka_config, again)
     await publish_trajectories(kafka_config, other)
-    restarted = Trainer(cfg, sink=RecordingSink())
+    restarted = Trainer(cfg.trainer, cfg.kafka, sink=RecordingSink())
     assert await asyncio.wait_for(restarted.run(max_steps=2), 120) == 2
 
     steps = await read_step_log(kafka_config)

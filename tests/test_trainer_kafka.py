@@ -67,7 +67,7 @@ async def test_trainer_trains_from_the_log_and_drops_what_it_must(kafka_config, 
     a, b, zero, stale, fresh = sampled
     cfg = RollwayConfig(kafka=kafka_config, trainer=trainer_config(tmp_path, tiny_model_path))
     sink = RecordingSink()
-    trainer = Trainer(cfg, sink=sink)
+    trainer = Trainer(cfg.trainer, cfg.kafka, sink=sink)
     task = asyncio.create_task(trainer.run(max_steps=3))
 
     # Phase 1: two fresh groups (version 0), a zero-variance group, and a second,
@@ -176,7 +176,7 @@ async def test_weights_go_out_through_the_syncer_every_k_steps(kafka_config, tin
     )
     a, b, _, d, e = sampled
     await publish_trajectories(kafka_config, a + b + d + e)
-    trainer = Trainer(cfg)  # the real syncer publisher
+    trainer = Trainer(cfg.trainer, cfg.kafka, syncer=cfg.syncer, model_name=cfg.model_name)  # the real syncer publisher
     assert await asyncio.wait_for(trainer.run(max_steps=4), 120) == 4
     expected = publishable_state(trainer.core.model, "bfloat16")
 
@@ -193,7 +193,7 @@ async def test_weights_go_out_through_the_syncer_every_k_steps(kafka_config, tin
     assert announced[1].weights_hash == state_dict_hash(expected)
 
     # A restart replays step 4 from checkpoint 3 and re-announces version 4 (same bytes).
-    again = Trainer(cfg)
+    again = Trainer(cfg.trainer, cfg.kafka, syncer=cfg.syncer, model_name=cfg.model_name)
     assert await asyncio.wait_for(again.run(max_steps=4), 120) == 4
     assert [r.step for r in again.replayed] == [4]
     everything: list[WeightVersion] = await read_events(kafka_config, "weights", 3)
@@ -205,7 +205,7 @@ async def test_weights_go_out_through_the_syncer_every_k_steps(kafka_config, tin
     from trainer.checkpoint import write_checkpoint
 
     write_checkpoint(cfg.trainer.checkpoint_dir, again.core.snapshot(), again.core.weights_hash())
-    third = Trainer(cfg)
+    third = Trainer(cfg.trainer, cfg.kafka, syncer=cfg.syncer, model_name=cfg.model_name)
     assert await asyncio.wait_for(third.run(max_steps=4), 120) == 4
     assert third.replayed == []
     everything = await read_events(kafka_config, "weights", 4)

@@ -24,7 +24,7 @@ if TYPE_CHECKING:
     import torch
 
     from bus import EventProducer
-    from rollway.config import RollwayConfig
+    from syncer.config import SyncerConfig
 
 log = structlog.get_logger(__name__)
 
@@ -54,13 +54,13 @@ class RecordingSink:
 class SyncerSink:
     """The real thing: ``syncer.publisher.WeightPublisher`` over the configured store."""
 
-    def __init__(self, cfg: "RollwayConfig", producer: "EventProducer | None") -> None:
+    def __init__(self, cfg: "SyncerConfig", model_name: str, producer: "EventProducer | None") -> None:
         from syncer.publisher import WeightPublisher
         from syncer.store import open_store
 
-        self._store = open_store(cfg.syncer.store_url, cfg.syncer)
+        self._store = open_store(cfg.store_url, cfg)
         writer = f"e{producer.epoch}" if producer is not None and producer.epoch >= 0 else ""
-        self._publisher = WeightPublisher(cfg.syncer, cfg.model_name, self._store, producer, writer=writer)
+        self._publisher = WeightPublisher(cfg, model_name, self._store, producer, writer=writer)
         self._started = False
 
     async def publish(self, version: int, state_dict: dict[str, "torch.Tensor"], trainer_step: int) -> None:

@@ -35,7 +35,6 @@ from typing import TYPE_CHECKING, Any, Iterable
 
 import structlog
 
-from rollway.config import RollwayConfig
 from schemas import Metrics, now
 from trainer.assembler import Assembler
 from trainer.checkpoint import AsyncCheckpointer
@@ -46,6 +45,9 @@ from trainer.trajectory import Group
 
 if TYPE_CHECKING:
     from bus import EventConsumer, EventProducer
+    from bus.config import KafkaConfig
+    from syncer.config import SyncerConfig
+    from trainer.config import TrainerConfig
     from trainer.core import StepResult, TrainCore
 
 log = structlog.get_logger(__name__)
@@ -57,9 +59,15 @@ LOGGED_METRICS = ("loss", "reward_mean", "solve_rate", "entropy_full", "entropy_
 
 
 class Trainer:
-    def __init__(self, cfg: RollwayConfig, sink: WeightSink | None = None, core: "TrainCore | None" = None) -> None:
-        self.cfg = cfg
-        self.tcfg = cfg.trainer
+    def __init__(self, tcfg: "TrainerConfig", kafka: "KafkaConfig", *, syncer: "SyncerConfig | None" = None,
+                 model_name: str = "", sink: WeightSink | None = None, core: "TrainCore | None" = None) -> None:
+        """Weights go to ``sink``, else through the syncer (``syncer``, ``model_name``)."""
+        if sink is None and (syncer is None or not model_name):
+            raise ValueError("Trainer: give a sink, or the syncer config and model name to publish through")
+        self.tcfg = tcfg
+        self.kafka = kafka
+        self.syncer = syncer
+        self.model_name = model_name
         self._core = core
         self._sink = sink
         self.assembler: Assembler | None = None
@@ -89,7 +97,7 @@ class Trainer:
 
     @property
     def transactional_id(self) -> str:
-        return self.tcfg.transactional_id or f"{self.cfg.kafka.topic_prefix}{self.tcfg.group_id}"
+        return self.tcfg.transactional_id or f"{self.kafka.topic_prefix}{self.tcfg.group_id}"
 
     def published_version(self) -> int:
         """Newest version the samplers can have: the last publish step (0 = initial)."""
@@ -101,8 +109,8 @@ class Trainer:
         """Checkpoint + replay of the logged steps after it. Returns the last logged step."""
         from bus import ensure_topics
 
-        await ensure_topics(self.cfg.kafka)
-        steps = await read_step_log(self.cfg.kafka, dead_letter=True)
+        await ensure_topics(self.kafka)
+        steps = await read_step_log(self.kafka, dead_letter=True)
         last = last_contiguous_step(steps)
         core = self.core
         self.checkpointer.adopt_log({s: e.event.weights_hash for s, e in steps.items()})
@@ -115,7 +123,7 @@ class Trainer:
 
         try:
             self.replayed = await replay_steps(
-                self.cfg.kafka, core, steps, last, on_step=after_replayed,
+                self.kafka, core, steps, last, on_step=after_replayed,
                 fail_on_mismatch=self.tcfg.on_replay_mismatch == "fail",
             )
         except ReplayMismatch:
@@ -126,7 +134,7 @@ class Trainer:
                  last=last, mismatches=mismatches)
         # Trained trajectories and the groups that ended (trained or dropped) from the
         # log: none is trained or dropped again after a restart.
-        ends = await group_ends(self.cfg.kafka, steps)
+        ends = await group_ends(self.kafka, steps)
         self.assembler = Assembler(self.tcfg, trained_ids(steps), [k for _, k in ends.trained],
                                    [(k, reason) for _, k, reason in ends.dropped])
         return last
@@ -138,12 +146,12 @@ class Trainer:
         from bus import EventConsumer, EventProducer, ensure_topics
 
         try:
-            await ensure_topics(self.cfg.kafka)
+            await ensure_topics(self.kafka)
             # Fence first, then read the log: no older trainer can append after this.
-            async with EventProducer(self.cfg.kafka, transactional_id=self.transactional_id) as producer:
+            async with EventProducer(self.kafka, transactional_id=self.transactional_id) as producer:
                 self.producer = producer
                 await self.restore()
-                self.watch = StepLogWatch(self.cfg.kafka)
+                self.watch = StepLogWatch(self.kafka)
                 await self.watch.start()
                 try:
                     await self._run_live(producer, max_steps, exit_when_idle_s)
@@ -172,7 +180,7 @@ class Trainer:
                 await producer.send_offsets(offsets, group_id)
 
             consumer = EventConsumer(
-                self.cfg.kafka, ["trajectories", "rewards"], group_id=group_id,
+                self.kafka, ["trajectories", "rewards"], group_id=group_id,
                 max_poll_interval_ms=600_000, session_timeout_ms=self.tcfg.session_timeout_ms,
                 heartbeat_interval_ms=max(500, self.tcfg.session_timeout_ms // 5),
                 on_assign=self._on_assign, on_revoke=self._on_revoke, commit_offsets=commit_offsets,
@@ -226,14 +234,12 @@ class Trainer:
     def _make_sink(self, producer: "EventProducer") -> WeightSink:
         if self._sink is not None:
             return self._sink
-        import msgspec
-
         from syncer.config import keyframe_cadence
         from trainer.publishing import SyncerSink
 
         # Keyframes often enough that one bad delta cannot outlast max_staleness.
-        syncer_cfg = keyframe_cadence(self.cfg.syncer, self.tcfg.max_staleness, self.tcfg.publish_every)
-        return SyncerSink(msgspec.structs.replace(self.cfg, syncer=syncer_cfg), producer)
+        syncer_cfg = keyframe_cadence(self.syncer, self.tcfg.max_staleness, self.tcfg.publish_every)
+        return SyncerSink(syncer_cfg, self.model_name, producer)
 
     async def _live(self, consumer: "EventConsumer", producer: "EventProducer", max_steps: int | None,
                     exit_when_idle_s: float | None) -> None:
@@ -346,7 +352,7 @@ class Trainer:
             except BROKER_AWAY as exc:
                 attempt += 1
                 delay = backoff_s(attempt)
-                log.warning(f"cannot reach Kafka at {self.cfg.kafka.bootstrap_servers}; logging step {event.step} "
+                log.warning(f"cannot reach Kafka at {self.kafka.bootstrap_servers}; logging step {event.step} "
                             f"retried in {delay:g} s", error=type(exc).__name__, attempt=attempt)
                 await asyncio.sleep(delay)
 

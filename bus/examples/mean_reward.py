@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 
-from bus.analytics import Envelope, consumer, run_consumers
+from bus.analytics import Envelope, consumer
 from schemas import Reward
 
 totals: dict[int, list[float]] = defaultdict(lambda: [0.0, 0])  # version -> [sum, count]
@@ -32,4 +32,6 @@ def report() -> None:
 
 
 if __name__ == "__main__":
+    from rollway.consumers import run_consumers  # the script's entry: reads the config, JSON logs
+
     run_consumers([mean_reward])

@@ -17,9 +17,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from bus.analytics import run_consumers
     from bus.examples.solve_rate import SolveRate
     from rollway.commands import load_config_or_exit
+    from rollway.consumers import run_consumers
 
     cfg = load_config_or_exit(args, "analytics")
     app = SolveRate(window=args.window, print_every=args.print_every, json_path=args.json_path)

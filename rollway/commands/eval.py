@@ -101,8 +101,6 @@ def run(args: argparse.Namespace) -> int:
 async def _run(cfg, version: int | None, *, publish: bool):
     from pathlib import Path
 
-    import msgspec
-
     from bus import EventProducer
     from bus.admin import ensure_topics
     from bus.topics import topic_spec
@@ -123,8 +121,8 @@ async def _run(cfg, version: int | None, *, publish: bool):
     except Exception as exc:
         raise EvalError(f"cannot open the weight store {cfg.syncer.store_url}: {exc}") from None
     try:
-        version = await resolve_version(cfg, store, version)
-        scfg = eval_sampler_config(cfg)
+        version = await resolve_version(store, version, model_name=cfg.model_name, store_url=cfg.syncer.store_url)
+        scfg = eval_sampler_config(ecfg, cfg.sampler)
         async with SandboxClient(ecfg.sandbox_url or scfg.sandbox_url, timeout_s=scfg.sandbox_request_timeout_s,
                                  publish_rewards=False) as sandbox:
             await check_sandbox(sandbox, specs)
@@ -140,7 +138,7 @@ async def _run(cfg, version: int | None, *, publish: bool):
                     raise EvalError(f"cannot publish to Kafka at {cfg.kafka.bootstrap_servers}: {exc} "
                                     "(--no-publish evaluates without it)") from None
             try:
-                engine = make_engine(msgspec.structs.replace(cfg, sampler=scfg))
+                engine = make_engine(scfg, cfg.syncer)
                 await engine.start()
                 try:
                     if version > 0:

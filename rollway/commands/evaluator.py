@@ -20,8 +20,6 @@ def run(args: argparse.Namespace) -> int:
     import sys
     from pathlib import Path
 
-    import msgspec
-
     from rollway.commands import given, load_config_or_exit
     from rollway.logging import configure_logging, default_replica_id
 
@@ -48,10 +46,11 @@ def run(args: argparse.Namespace) -> int:
                   "`rollway model` builds one)", file=sys.stderr)
             return 2
         await ensure_topics(cfg.kafka, [topic_spec(t) for t in ("weights", "evals", "health")])
-        engine = make_engine(msgspec.structs.replace(cfg, sampler=eval_sampler_config(cfg)))
+        engine = make_engine(eval_sampler_config(cfg.eval, cfg.sampler), cfg.syncer)
         await engine.start()
         try:
-            await Evaluator(cfg, engine, replica_id=replica_id, split=split, specs=specs).run()
+            await Evaluator(cfg.eval, cfg.sampler, engine, kafka=cfg.kafka, syncer=cfg.syncer, model_name=cfg.model_name,
+                            replica_id=replica_id, split=split, specs=specs).run()
         except EvalError as exc:  # e.g. the sandbox refuses a task: not worth a restart loop
             print(f"rollway evaluator: {exc}", file=sys.stderr)
             return 2

@@ -35,10 +35,11 @@ def run(args: argparse.Namespace) -> int:
             print(f"rollway sampler: no model at {cfg.sampler.model_path} (set sampler.model_path; "
                   "`rollway model` builds the tiny one)", file=sys.stderr)
             return 2
-        engine = make_engine(cfg)
+        engine = make_engine(cfg.sampler, cfg.syncer)
         await engine.start()
         try:
-            await SamplerService(cfg, engine, replica_id=replica_id).run()
+            await SamplerService(cfg.sampler, engine, kafka=cfg.kafka, syncer=cfg.syncer, model_name=cfg.model_name,
+                                 replica_id=replica_id).run()
         finally:
             await engine.close()
         return 0

@@ -35,7 +35,8 @@ def run(args: argparse.Namespace) -> int:
     from trainer.service import Trainer
     from trainer.steplog import StepAlreadyLogged, StepLogError
 
-    trainer = Trainer(cfg, sink=RecordingSink() if args.no_publish else None)
+    trainer = Trainer(cfg.trainer, cfg.kafka, syncer=cfg.syncer, model_name=cfg.model_name,
+                      sink=RecordingSink() if args.no_publish else None)
 
     async def main() -> int:
         from bus.connect import add_stop_handler
