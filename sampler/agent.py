@@ -131,8 +131,14 @@ class AgentLoop:
         )
 
     # -- one rollout --------------------------------------------------------------------------
-    async def run(self, task: Task, sample_index: int, attempt: str) -> RolloutResult:
+    async def run(self, task: Task, sample_index: int, attempt: str, *, phase_step: int | None = None) -> RolloutResult:
+        """One rollout. ``phase_step``: the trainer step whose reward phase grades it, the
+        same for every sample of the group (the service passes the version it served when
+        it took the group); None: the version served as this rollout starts (a lone rollout
+        is its own group)."""
         cfg = self.cfg
+        if phase_step is None:
+            phase_step = self.engine.weight_version
         tid = trajectory_id(task, sample_index, attempt)
         base = self.sampling(1, [], ())
         effective = self.engine.effective_params(base)
@@ -162,12 +168,14 @@ class AgentLoop:
             version = rec.newest_generated_version
             if version < 0:
                 version = self.engine.weight_version
-            # Weight version s is the trainer's weights after step s, so the newest version
-            # that produced a token is also the trainer step the reward phase is read at.
+            # weight_version: the newest version that produced a token (staleness).
+            # trainer_step: the group's phase step, not this trajectory's newest version:
+            # per-trajectory phases let one group straddle a phase boundary, and identical
+            # solves got 1.0 and 0.9, i.e. advantages of +-1 for the same behaviour.
             reward = await self.sandbox.submit(
                 session, trajectory_id=tid, task_id=task.task_id, group_id=task.group_id,
                 sample_index=sample_index, attempt=attempt, cost=cost,
-                weight_version=version, trainer_step=version,
+                weight_version=version, trainer_step=phase_step,
             )
             submitted = True
             logger.info("rollout done", reason=reason, turns=state.turns, tokens=rec.generated_tokens,

@@ -166,20 +166,24 @@ class SamplerService:
         attempt = new_attempt(self.replica_id)
         logger = log.bind(task_id=task.task_id, group_id=task.group_id, attempt=attempt,
                           partition=env.partition, offset=env.offset)
-        logger.info("task started", group_size=task.group_size)
+        # One reward phase per group: every sample is graded at the step this replica
+        # served when it took the group, however long the group runs (docs/contracts.md,
+        # "Reward phase"); samples waiting for a slot would otherwise start at newer versions.
+        phase_step = self.engine.weight_version
+        logger.info("task started", group_size=task.group_size, phase_step=phase_step)
         t0 = time.perf_counter()
         async with asyncio.TaskGroup() as group:
-            runs = [group.create_task(self._rollout(task, i, attempt)) for i in range(task.group_size)]
+            runs = [group.create_task(self._rollout(task, i, attempt, phase_step)) for i in range(task.group_size)]
         results: list[RolloutResult] = [r.result() for r in runs]
         self.tasks_done += 1
         logger.info("task done", seconds=round(time.perf_counter() - t0, 3),
                     reasons=[r.finish_reason for r in results], scores=[r.reward.score if r.reward else None for r in results])
 
-    async def _rollout(self, task: Task, sample_index: int, attempt: str) -> RolloutResult:
+    async def _rollout(self, task: Task, sample_index: int, attempt: str, phase_step: int) -> RolloutResult:
         async with self._slots:
             self.in_flight += 1
             try:
-                result = await self.agent.run(task, sample_index, attempt)
+                result = await self.agent.run(task, sample_index, attempt, phase_step=phase_step)
                 self.rollouts_done += 1
                 return result
             finally:

@@ -99,7 +99,8 @@ async def test_multi_turn_rollout_masks_tool_output_compacts_and_records_weight_
 
         sandbox_cfg = SandboxConfig(tasks_dir=str(tasks_dir), workspace_root=str(tmp_path / "ws"))
         # Phases by trainer step: only step start_version + 1 is a budget step, so the
-        # reward's phase tells which step the sampler submitted (none sent counts as 0).
+        # reward's phase tells which step the sampler submitted (none sent counts as 0):
+        # the step served when the rollout (a group of one) started, not its newest.
         reward_cfg = RewardConfig(phase_unit="step", phase_cycle=False, phase_schedule=[
             ("unconstrained", start_version + 1), ("budget", 1), ("unconstrained", 1)])
         async with live_sandbox(sandbox_cfg, reward_cfg, publisher=producer) as sb, SandboxClient(sb.url) as client:
@@ -172,11 +173,12 @@ async def test_multi_turn_rollout_masks_tool_output_compacts_and_records_weight_
     # Graded after the final chunk: the reward is on its topic too.
     assert isinstance(result.reward, Reward) and result.reward.trajectory_id == tid
     assert result.reward.weight_version == start_version + 1
-    # trainer_step = the newest weight version of its tokens (version s = weights after step s).
-    assert result.reward.phase == "budget"
+    # trainer_step = the group's phase step: the version served when it started (one phase
+    # per group, docs/contracts.md), although its newest tokens are from start_version + 1.
+    assert result.reward.phase == "unconstrained"
     rewards = await read_topic(kafka_config, "rewards", lambda evs: any(e.trajectory_id == tid for e in evs))
     assert [(r.cost.generated_tokens, r.phase) for r in rewards if r.trajectory_id == tid] == [
-        (cost.generated_tokens, "budget")]
+        (cost.generated_tokens, "unconstrained")]
 
 
 async def collect_publish():

@@ -386,3 +386,20 @@ def msgspec_replace(event: TrajectoryChunk, **changes) -> TrajectoryChunk:
     import msgspec
 
     return msgspec.structs.replace(event, **changes)
+
+
+def test_group_with_rewards_of_two_phases_is_dropped_invalid(sampled):
+    """Attempts of a retried group graded on either side of a phase boundary: their
+    rewards are not comparable, so the group is never trained (issue #14 item 3)."""
+    asm = Assembler(cfg())
+    all_envs = [envs(t, reward=float(t.sample_index)) for t in sampled[1]]
+    last = all_envs[3][-1]
+    budget = msgspec.structs.replace(last.event, phase="budget")
+    all_envs[3][-1] = Envelope(budget, last.topic, last.partition, last.offset, 0, None, ())
+    for e in all_envs:
+        feed(asm, e)
+    assert asm.take_batch(0, 0) is None
+    assert asm.counters["dropped_mixed_phase"] == 1 and asm.counters["groups_dropped_invalid"] == 1
+    drops, held = asm.take_drops()
+    assert drops == [GroupDrop("task-1", "g1", "invalid")]
+    assert sorted(x.offset for x in held) == sorted(x.offset for e in all_envs for x in e)

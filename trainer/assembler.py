@@ -14,7 +14,9 @@ Rules (each drop is counted in :attr:`Assembler.counters`):
   group was trained (also in an earlier process: the step log records its key, see
   ``trained_groups``) every trajectory of it is a duplicate.
 * A complete group whose rewards are all equal carries no signal: dropped
-  (``dropped_zero_variance``).
+  (``dropped_zero_variance``). A complete group whose rewards name more than one phase
+  (attempts of a retried group graded on either side of a phase boundary) is dropped
+  ``invalid`` (``dropped_mixed_phase``): its advantages would rank phases, not behaviour.
 * Staleness, against the version the next step trains (``current``): with
   ``drop_group`` a group whose oldest generated token is more than ``max_staleness``
   versions old is dropped (``dropped_stale``); with ``mask_tokens`` its stale tokens
@@ -267,6 +269,15 @@ class Assembler:
             return
         del self.open_groups[key]
         complete = Group(traj.task_id, traj.group_id, [group.members[i] for i in sorted(group.members)])
+        phases = sorted({t.reward.phase for t in complete.members})
+        if len(phases) > 1:
+            # Rewards of two phases are not comparable: advantages would reward the phase,
+            # not the behaviour. Samplers grade a group in one phase, but attempts of a
+            # retried group (or graders with reward.phase_unit = "version") may not agree.
+            self.counters["dropped_mixed_phase"] += 1
+            self._end_untrained(key, "invalid", [(t.trajectory_id, t.envelopes) for t in complete.members],
+                                error=f"mixed reward phases {phases}")
+            return
         import torch
 
         if not has_reward_variance(torch.tensor(complete.rewards(), dtype=torch.float64)):
