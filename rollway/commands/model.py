@@ -55,12 +55,22 @@ def run(args: argparse.Namespace) -> int:
         cached = tiny_model_dir(seed=args.seed, train_steps=args.train_steps)
         return _copy_out(cached, args.out, "rollway_tiny.json")
 
+    import sys
+
     import msgspec
 
+    from rollway.commands import given
+    from rollway.config import describe
     from trainer.warm_start import MARKER, WarmStartConfig, warm_start_dir
 
-    cfg = WarmStartConfig()
-    sft = msgspec.structs.replace(cfg.sft, **{k: v for k, v in (
-        ("steps", args.steps), ("seed", args.seed), ("num_threads", args.threads)) if v is not None})
-    cfg = msgspec.structs.replace(cfg, sft=sft, **({"seed": args.seed} if args.seed is not None else {}))
+    # The warm start's own config (not rollway.toml's): its defaults and the flags,
+    # converted and validated once like every command's.
+    data = msgspec.to_builtins(WarmStartConfig())
+    data.update(given(seed=args.seed))
+    data["sft"].update(given(steps=args.steps, seed=args.seed, num_threads=args.threads))
+    try:
+        cfg = msgspec.convert(data, WarmStartConfig)
+    except msgspec.ValidationError as exc:
+        print(f"rollway model: {describe(exc, WarmStartConfig)}", file=sys.stderr)
+        return 2
     return _copy_out(warm_start_dir(cfg), args.out, MARKER)
