@@ -46,7 +46,8 @@ class TrainCore:
         self._base = getattr(self.model, self.model.base_model_prefix)
         self._head = self.model.get_output_embeddings()
         log.info("trainer core ready", device=str(self.device), model_path=model_path or cfg.model_path,
-                 muon_params=len(self.optimizer.muon_names), adamw_params=len(self.optimizer.adamw_names))
+                 muon_params=len(self.optimizer.muon_names), muon_expert_params=len(self.optimizer.expert_names),
+                 adamw_params=len(self.optimizer.adamw_names))
 
     # -- the step --------------------------------------------------------------------------
     def train_step(self, groups: Sequence[Group], seed: int | None = None) -> StepResult:
