@@ -44,6 +44,15 @@ class SampledToken:
     routed_experts: np.ndarray | None = None  # [layers, top_k] for MoE models
     # Behaviour log-probs of kept_ids (same order) where the engine knows them.
     kept_logprobs: np.ndarray | None = None
+    # Size of the whole kept set (kept_ids may hold only part of it when capped);
+    # None: len(kept_ids) when not capped, unknown (-1) when capped.
+    kept_size: int | None = None
+
+    @property
+    def recorded_kept_size(self) -> int:
+        if self.kept_size is not None:
+            return int(self.kept_size)
+        return -1 if self.kept_capped else int(self.kept_ids.size)
 
 
 @dataclass(slots=True)

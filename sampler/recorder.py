@@ -26,8 +26,8 @@ from schemas import Cost, RecordRef, TrajectoryChunk, arrays, now
 
 Publish = Callable[[TrajectoryChunk], Awaitable[RecordRef | None]]
 
-# Fixed bytes per token: id, logprob, kept offset (int32 each), mask and capped (uint8).
-_BYTES_PER_TOKEN = 4 + 4 + 4 + 1 + 1
+# Fixed bytes per token: id, logprob, kept offset, kept size (int32 each), mask and capped (uint8).
+_BYTES_PER_TOKEN = 4 + 4 + 4 + 4 + 1 + 1
 _BYTES_PER_SPAN = 4 + 8
 _HEADER_ALLOWANCE = 2048  # ids, strings and msgpack framing of one chunk
 
@@ -82,6 +82,7 @@ class TrajectoryRecorder:
         self._mask: list[int] = []
         self._kept: list[np.ndarray] = []
         self._capped: list[int] = []
+        self._sizes: list[int] = []
         self._versions: list[int] = []
         self._routed: list[np.ndarray | None] = []
         self._bytes = _HEADER_ALLOWANCE
@@ -112,7 +113,7 @@ class TrajectoryRecorder:
         empty = np.zeros(0, dtype=np.int32)
         for tok in token_ids:
             await self._make_room(_BYTES_PER_TOKEN, version)
-            self._append(int(tok), 0.0, 0, empty, 0, version, None)
+            self._append(int(tok), 0.0, 0, empty, 0, 0, version, None)
         self.env_tokens += len(token_ids)
 
     async def add_sampled(self, token: SampledToken) -> None:
@@ -120,17 +121,18 @@ class TrajectoryRecorder:
         size = self._token_bytes(token.kept_ids.size, token.routed_experts)
         await self._make_room(size, token.weight_version)
         self._append(token.token_id, token.logprob, 1, token.kept_ids, int(token.kept_capped),
-                     token.weight_version, token.routed_experts)
+                     token.recorded_kept_size, token.weight_version, token.routed_experts)
         self.generated_tokens += 1
         self.generated_versions.add(token.weight_version)
 
-    def _append(self, tok, logprob, mask, kept, capped, version, routed) -> None:
+    def _append(self, tok, logprob, mask, kept, capped, size, version, routed) -> None:
         new_span = not self._versions or self._versions[-1] != version
         self._ids.append(tok)
         self._logprobs.append(logprob)
         self._mask.append(mask)
         self._kept.append(kept)
         self._capped.append(capped)
+        self._sizes.append(size)
         self._versions.append(version)
         self._routed.append(routed)
         self._bytes += self._token_bytes(kept.size, routed) + (_BYTES_PER_SPAN if new_span else 0)
@@ -166,6 +168,7 @@ class TrajectoryRecorder:
             kept_offsets=offsets,
             kept_ids=ids,
             kept_capped=arrays.pack(self._capped, arrays.UINT8),
+            kept_sizes=arrays.pack(self._sizes, arrays.INT32),
             version_starts=starts,
             versions=versions,
             routed_experts=routed,

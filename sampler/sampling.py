@@ -88,11 +88,20 @@ def processed_logprobs(logits: "torch.Tensor", params: SamplingParams) -> "torch
 
 @dataclass(slots=True)
 class KeptSet:
-    """One position's kept set: token ids (most likely first), and whether a cap cut it."""
+    """One position's kept set: token ids (most likely first), and whether a cap cut it.
+
+    ``size`` is the whole set's size, also when ``ids`` holds only part of it (capped):
+    the trainer rebuilds a capped set as its own top-``size``; -1 = not known (the
+    engine saw only its top ``cap + 1`` entries). None: ``len(ids)`` (a complete set)."""
 
     ids: np.ndarray  # int32
     capped: bool = False
     logprobs: np.ndarray | None = field(default=None, repr=False)  # float32, same order
+    size: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.size is None:
+            self.size = -1 if self.capped else int(self.ids.size)
 
 
 def kept_set_from_row(row_logprobs: "torch.Tensor", cap: int | None = None, must_include: int | None = None) -> KeptSet:
@@ -108,14 +117,15 @@ def kept_set_from_row(row_logprobs: "torch.Tensor", cap: int | None = None, must
     lps = row_logprobs[ids]
     order = torch.argsort(lps, descending=True, stable=True)
     ids, lps = ids[order], lps[order]
-    capped = cap is not None and ids.numel() > cap
+    size = int(ids.numel())
+    capped = cap is not None and size > cap
     if capped:
         head_ids, head_lps = ids[:cap], lps[:cap]
         if must_include is not None and not bool((head_ids == must_include).any()):
             head_ids = torch.cat([head_ids, torch.tensor([must_include])])
             head_lps = torch.cat([head_lps, row_logprobs[must_include].reshape(1)])
         ids, lps = head_ids, head_lps
-    return KeptSet(ids.to(torch.int32).numpy(), capped, lps.to(torch.float32).numpy())
+    return KeptSet(ids.to(torch.int32).numpy(), capped, lps.to(torch.float32).numpy(), size)
 
 
 def kept_set_from_topk(
@@ -125,7 +135,8 @@ def kept_set_from_topk(
 
     The entries with a finite log-prob are exactly the kept set when there are at most
     ``cap`` of them; more means the set may continue beyond what was returned, so it is
-    cut to the ``cap`` most likely (plus the sampled token) and flagged as capped.
+    cut to the ``cap`` most likely (plus the sampled token), flagged as capped, and its
+    size is unknown (-1).
     """
     # vLLM lists the sampled token first and again among the top-k: dedupe by id.
     finite = {t: lp for t, lp in zip(token_ids, logprobs) if lp != float("-inf") and lp == lp}

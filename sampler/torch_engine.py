@@ -43,9 +43,13 @@ class TorchEngine(InProcessEngine):
         dtype: str = "bfloat16",
         seed: int = 0,
         weight_version: int = 0,
+        kept_set_cap: int | None = None,
     ) -> None:
         super().__init__(model_path, max_model_len=max_model_len, dtype=dtype, seed=seed,
                          weight_version=weight_version)
+        # None: record every kept set whole. A cap records the ``cap`` most likely ids
+        # (plus the sampled token) and the set's exact size, flagged capped.
+        self.kept_set_cap = kept_set_cap
         self.model = None
         self._eos_ids: set[int] = set()
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="torch-engine")
@@ -141,8 +145,8 @@ class TorchEngine(InProcessEngine):
                     tokens[i] += 1
                     completions[i].append(tok)
                     self.tokens_generated += 1
-                    yield SampledToken(i, tok, float(lps[i]), kept[i].ids, False, version,
-                                       kept_logprobs=kept[i].logprobs)
+                    yield SampledToken(i, tok, float(lps[i]), kept[i].ids, kept[i].capped, version,
+                                       kept_logprobs=kept[i].logprobs, kept_size=kept[i].size)
                     reason = stop_reason = None
                     if tok in stop_ids:
                         reason, stop_reason = "stop", (tok if tok in params.stop_token_ids else None)
@@ -173,7 +177,7 @@ class TorchEngine(InProcessEngine):
         else:
             sampled = torch.multinomial(lp.exp(), 1, generator=gen).squeeze(-1)
         state["next"] = sampled.unsqueeze(-1)
-        kept = [kept_set_from_row(lp[i]) for i in range(lp.shape[0])]
+        kept = [kept_set_from_row(lp[i], self.kept_set_cap, int(sampled[i])) for i in range(lp.shape[0])]
         chosen = lp.gather(-1, sampled.unsqueeze(-1)).squeeze(-1)
         return sampled.tolist(), chosen.tolist(), kept
 

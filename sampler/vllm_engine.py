@@ -458,7 +458,7 @@ class VLLMEngine(InProcessEngine):
             kept_sets = self._kept_sets(comp, new_ids, req.greedy)
             for tok, (lp, kept) in zip(new_ids, kept_sets):
                 events.append(SampledToken(idx, int(tok), lp, kept.ids, kept.capped, version,
-                                           kept_logprobs=kept.logprobs))
+                                           kept_logprobs=kept.logprobs, kept_size=kept.size))
             req.tokens[idx] += len(new_ids)
             self.tokens_generated += len(new_ids)
             if comp.finish_reason is not None:
@@ -491,13 +491,21 @@ class VLLMEngine(InProcessEngine):
                 raise RuntimeError("vLLM returned no sampling mask for a token")
             for i, tok in enumerate(new_ids):
                 ids, vals = _position(lps, i)
-                out.append((float(vals[ids.index(tok)]), KeptSet(np.asarray(masks[i], dtype=np.int32))))
+                mask = np.asarray(masks[i], dtype=np.int32)
+                if mask.size > self.kept_set_cap:
+                    # The mask has no order by probability to keep the top of: record its
+                    # size and the sampled token; the trainer rebuilds its own top-size.
+                    kept_set = KeptSet(np.asarray([tok], dtype=np.int32), True, None, int(mask.size))
+                else:
+                    kept_set = KeptSet(mask)
+                out.append((float(vals[ids.index(tok)]), kept_set))
             return out
         for i, tok in enumerate(new_ids):
             ids, vals = _position(lps, i)
             kept = kept_set_from_topk(ids, vals, tok, self.kept_set_cap)
             if len(ids) >= self.vocab_size:
                 kept.capped = False
+                kept.size = int(kept.ids.size)
             # The sampled token's processed log-prob is the same in every entry it has.
             out.append((float(vals[ids.index(tok)]), kept))
         return out

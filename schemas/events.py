@@ -60,7 +60,16 @@ class TrajectoryChunk(Event, kw_only=True):
     token sequence: prompt and tool output (``loss_mask`` 0) and generated tokens
     (``loss_mask`` 1). A new segment starts after self-compaction. The last chunk of
     the trajectory has ``final=True``, the finish reason and the cost.
+
+    Schema 2 added ``kept_sizes``: the size of each token's kept set as the sampler drew
+    from it, also where ``kept_ids`` holds only part of it (``kept_capped``: the ids did
+    not fit the engine's cap), so the trainer can rebuild a capped set as its own top-k
+    of that size; -1 = not known (an engine that cannot count past its cap). A chunk
+    without it (schema 1) decodes with ``kept_sizes == b""``: every uncapped set is
+    complete, every capped one of unknown size.
     """
+
+    SCHEMA_VERSION: ClassVar[int] = 2
 
     trajectory_id: str
     task_id: str
@@ -89,6 +98,7 @@ class TrajectoryChunk(Event, kw_only=True):
     finish_reason: str = ""
     cost: Cost | None = None
     created_at: float = 0.0
+    kept_sizes: bytes = b""  # int32 per token (schema 2); 0 for masked tokens, -1 unknown
 
     @property
     def num_tokens(self) -> int:
@@ -113,6 +123,17 @@ class TrajectoryChunk(Event, kw_only=True):
             return np.zeros(self.num_tokens, dtype=np.uint8)
         return arrays.unpack(self.kept_capped, arrays.UINT8)
 
+    def kept_size_array(self):
+        """Each token's kept-set size: recorded (schema 2), else derived: the recorded
+        ids' count where the set is complete, -1 (unknown) where it was capped."""
+        import numpy as np
+
+        if self.kept_sizes:
+            return arrays.unpack(self.kept_sizes, arrays.INT32)
+        off, _ = arrays.unpack_csr(self.kept_offsets, self.kept_ids)
+        sizes = np.diff(off).astype(np.int32)
+        return np.where(self.kept_capped_array() == 1, np.int32(-1), sizes)
+
     def version_array(self):
         return arrays.unpack_spans(self.version_starts, self.versions, self.num_tokens)
 
@@ -130,6 +151,17 @@ class TrajectoryChunk(Event, kw_only=True):
             raise ValueError(f"kept_offsets has {off.size} entries for {n} tokens (want n+1)")
         if self.kept_capped and len(self.kept_capped) != n:
             raise ValueError("kept_capped length differs from the token count")
+        if self.kept_sizes:
+            if len(self.kept_sizes) != 4 * n:
+                raise ValueError(f"kept_sizes has {len(self.kept_sizes) // 4} entries for {n} tokens")
+            sizes = arrays.unpack(self.kept_sizes, arrays.INT32)
+            recorded = off[1:] - off[:-1]
+            capped = self.kept_capped_array() == 1
+            # A complete set has exactly its recorded ids; a capped one at least as many.
+            if (sizes[~capped] != recorded[~capped]).any():
+                raise ValueError("kept_sizes differs from the recorded ids of an uncapped kept set")
+            if ((sizes[capped] != -1) & (sizes[capped] < recorded[capped])).any():
+                raise ValueError("kept_sizes is smaller than the recorded ids of a capped kept set")
         self.version_array()
 
 

@@ -50,6 +50,9 @@ class SampledTrajectory:
     top_p: float
     finish_reason: str = "length"
     extra: dict = field(default_factory=dict)
+    # Kept-set size per token where ``kept`` holds only part of a capped set (None: the
+    # recorder derives it: complete sets their id count, capped ones unknown).
+    kept_sizes: list[int] | None = None
 
     @property
     def trajectory_id(self) -> str:
@@ -151,7 +154,8 @@ async def _record(traj: SampledTrajectory, chunk_tokens: int, replica_id: str) -
         if m:
             await rec.add_sampled(SampledToken(
                 traj.sample_index, int(tok), float(traj.logprobs[i]), np.asarray(traj.kept[i], dtype=np.int32),
-                bool(traj.capped[i]), int(version)))
+                bool(traj.capped[i]), int(version),
+                kept_size=None if traj.kept_sizes is None else int(traj.kept_sizes[i])))
         else:
             await rec.add_env([int(tok)], int(version))
     await rec.finish(traj.finish_reason, Cost(generated_tokens=rec.generated_tokens, env_tokens=rec.env_tokens,

@@ -80,6 +80,12 @@ class TrainerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     # full-vocabulary log-prob for it; mask = leave it out of the loss; kept_set =
     # renormalise over the incomplete set anyway.
     capped_kept_set: Literal["full_vocab", "mask", "kept_set"] = "full_vocab"
+    # A capped kept set whose size the sampler recorded is rebuilt as the trainer's own
+    # top-size (the sampled token forced in when it is not: kept_rebuilt_missing), so
+    # the trainer renormalises over the set the sampler drew from, not an approximation
+    # (identical weights: ratio 1). capped_kept_set then applies only to capped sets of
+    # unknown size. False: every capped set goes to capped_kept_set (as before).
+    rebuild_capped_kept_sets: bool = True
 
     # -- metrics --------------------------------------------------------------------
     metrics_source: str = "trainer"

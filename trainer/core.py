@@ -71,15 +71,23 @@ class TrainCore:
         loss_total = 0.0
         diag: dict[str, list[torch.Tensor]] = {k: [] for k in (
             "logp", "behaviour", "truncated", "entropy_full", "entropy_kept", "kept_len", "capped", "keep",
-            "staleness")}
+            "staleness", "rebuilt", "rebuilt_missing", "rebuilt_differs")}
         for mb in packed.micro_batches:
             mb = mb.to(self.device)
             if mb.targets.numel() == 0:
                 continue
             hidden = self._base(input_ids=mb.input_ids).last_hidden_state
             logits = self._head(hidden[mb.row, mb.pos]).float()
+            kept_ids, kept_lengths, capped = mb.kept_ids, mb.kept_lengths, mb.capped
+            if cfg.replay_kept_sets and cfg.rebuild_capped_kept_sets:
+                sets = L.rebuild_capped_sets(logits.detach(), mb.targets, kept_ids, kept_lengths, capped,
+                                             mb.kept_sizes)
+                kept_ids, kept_lengths, capped = sets.kept_ids, sets.kept_lengths, sets.capped
+                diag["rebuilt"].append(sets.rebuilt)
+                diag["rebuilt_missing"].append(sets.missing)
+                diag["rebuilt_differs"].append(sets.differs)
             logp, keep = L.token_logprobs(
-                logits, mb.targets, mb.kept_ids, mb.kept_lengths, mb.capped, mb.temperature,
+                logits, mb.targets, kept_ids, kept_lengths, capped, mb.temperature,
                 replay=cfg.replay_kept_sets, capped_policy=cfg.capped_kept_set,
             )
             keep = keep & mb.keep
@@ -92,8 +100,8 @@ class TrainCore:
             diag["truncated"].append(truncated[keep])
             diag["entropy_full"].append(L.full_vocab_entropy(logits.detach(), mb.temperature)[keep])
             diag["entropy_kept"].append(
-                L.kept_set_entropy(logits.detach(), mb.kept_ids, mb.kept_lengths, mb.temperature)[keep])
-            diag["kept_len"].append(mb.kept_lengths[keep])
+                L.kept_set_entropy(logits.detach(), kept_ids, kept_lengths, mb.temperature)[keep])
+            diag["kept_len"].append(kept_lengths[keep])
             diag["capped"].append(mb.capped[keep])
             diag["keep"].append(keep)
             diag["staleness"].append(mb.staleness)
@@ -155,6 +163,12 @@ class TrainCore:
             "kept_one_frac": float((cat("kept_len") == 1).double().sum() / n),
             "kept_size_mean": mean(cat("kept_len")),
             "kept_capped_frac": float(cat("capped").double().sum() / n),
+            # Capped sets rebuilt as the trainer's top-size (every generated token, masked
+            # ones too); missing: the sampled token was not in it; differs: a recorded id
+            # of the sampler's was not in it (the rebuilt set is not the sampler's).
+            "kept_rebuilt": float(cat("rebuilt").sum()),
+            "kept_rebuilt_missing": float(cat("rebuilt_missing").sum()),
+            "kept_rebuilt_differs": float(cat("rebuilt_differs").sum()),
             "response_len_mean": float(np.mean(packed.response_lengths)) if packed.response_lengths else 0.0,
             "loss_tokens": float(packed.loss_tokens),
             "masked_stale_tokens": float(packed.generated_tokens - int(cat("keep").sum())),

@@ -6,7 +6,8 @@ top-p/top-k left available, and the behaviour log-prob ``b_t`` the sampler recor
 (log-prob of ``y_t`` under its distribution renormalised over ``K_t``).
 
 * Sampling distribution replay: the trainer's log-prob is computed over the same
-  support the sampler drew from, ``l_t = z_t[y]/T - logsumexp(z_t[K_t]/T)``. Logits
+  support the sampler drew from (a kept set too large to record whole is rebuilt as the
+  trainer's top-``size``, :func:`rebuild_capped_sets`), ``l_t = z_t[y]/T - logsumexp(z_t[K_t]/T)``. Logits
   outside ``K_t`` get exactly zero gradient (they are never gathered). A kept set of one
   gives ``l_t = 0`` exactly and a gradient of exactly zero: the sampler had no choice,
   so the token carries no policy-gradient signal. Without replay (ablation) ``l_t`` is
@@ -118,7 +119,8 @@ def token_logprobs(
     With replay, a token whose kept set was capped by the engine (incomplete) gets the
     full-vocabulary log-prob (``full_vocab``; an upper bound on the missing mass is
     1 - top_p), is left out of the loss (``mask``), or is renormalised over the
-    incomplete set anyway (``kept_set``).
+    incomplete set anyway (``kept_set``). Capped sets of known size are rebuilt before
+    this (:func:`rebuild_capped_sets`) and arrive here uncapped.
     """
     keep = torch.ones_like(targets, dtype=torch.bool, device=logits.device)
     if not replay:
@@ -136,6 +138,87 @@ def token_logprobs(
         elif capped_policy != "kept_set":
             raise ValueError(f"unknown capped kept-set policy {capped_policy!r}")
     return lp, keep
+
+
+@dataclass(frozen=True)
+class RebuiltSets:
+    """Kept sets after rebuilding the capped ones of known size (same layout as the
+    inputs of :func:`token_logprobs`) and, per row, what happened."""
+
+    kept_ids: torch.Tensor  # [n, K'] long
+    kept_lengths: torch.Tensor  # [n] long
+    capped: torch.Tensor  # [n] bool: still capped (size unknown)
+    rebuilt: torch.Tensor  # [n] bool: rebuilt as the trainer's top-size
+    missing: torch.Tensor  # [n] bool: rebuilt, but the sampled token was not in the top-size
+    differs: torch.Tensor  # [n] bool: rebuilt, and a recorded id is not in it (sets differ)
+
+
+@torch.no_grad()
+def rebuild_capped_sets(
+    logits: torch.Tensor,
+    targets: torch.Tensor,
+    kept_ids: torch.Tensor,
+    kept_lengths: torch.Tensor,
+    capped: torch.Tensor,
+    kept_sizes: torch.Tensor,
+) -> RebuiltSets:
+    """Rebuild each capped kept set whose size the sampler recorded as the trainer's own
+    top-``size`` tokens.
+
+    The sampler's set is its top-``size`` (top-p and top-k keep the most likely tokens),
+    so with the sampler's weights the rebuilt set is the sampler's set exactly (up to ties
+    and float noise at its edge) and the ratio is 1; a capped record holds only the
+    sampler's top ``cap`` (plus the sampled token), which alone gives a ratio of
+    ``size / cap``-ish, and the full vocabulary ``1 / (1 - missing mass)``-ish. Order by
+    logit equals order by ``logit / T`` for any T > 0, so the temperature does not matter.
+    When the sampled token is not among the trainer's top-``size`` (weights moved), it
+    replaces the least likely one (``missing``): the set keeps its size and holds the
+    token, so its log-prob stays finite. Indices only: no gradient flows through the
+    choice, the loss gathers the chosen logits as for a recorded set.
+    """
+    device = logits.device
+    targets = targets.to(device)
+    capped = capped.to(device=device, dtype=torch.bool)
+    kept_sizes = kept_sizes.to(device)
+    kept_ids = kept_ids.to(device)
+    kept_lengths = kept_lengths.to(device)
+    n = targets.shape[0]
+    none = torch.zeros(n, dtype=torch.bool, device=device)
+    # A capped record holding as many ids as the set has (the cap plus a sampled token
+    # from just below it) is the whole set: nothing to rebuild.
+    capped = capped & (kept_sizes != kept_lengths)
+    todo = capped & (kept_sizes > kept_lengths)
+    rows = todo.nonzero().squeeze(1)
+    if rows.numel() == 0:
+        return RebuiltSets(kept_ids, kept_lengths, capped, none, none, none)
+    sizes = kept_sizes[rows]
+    k = int(sizes.max())
+    top = logits[rows].topk(k, dim=1, sorted=True).indices
+    tgt = targets[rows]
+    valid = torch.arange(k, device=device).unsqueeze(0) < sizes.unsqueeze(1)
+    inside = ((top == tgt.unsqueeze(1)) & valid).any(dim=1)
+    out_rows = (~inside).nonzero().squeeze(1)
+    top[out_rows, sizes[out_rows] - 1] = tgt[out_rows]
+    top = torch.where(valid, top, tgt.unsqueeze(1))
+    # Did the sampler record an id the rebuilt set lacks? (its ids are its top cap + the token)
+    width = kept_ids.shape[1]
+    rec = kept_ids[rows]
+    rec_valid = torch.arange(width, device=device).unsqueeze(0) < kept_lengths[rows].unsqueeze(1)
+    found = (rec.unsqueeze(2) == top.unsqueeze(1)).any(dim=2) | ~rec_valid
+    new_width = max(width, k)
+    ids = targets.unsqueeze(1).expand(n, new_width).clone()
+    ids[:, :width] = kept_ids
+    ids[rows] = tgt.unsqueeze(1).expand(-1, new_width)
+    ids[rows, :k] = top
+    lengths = kept_lengths.clone()
+    lengths[rows] = sizes
+    still = capped.clone()
+    still[rows] = False
+    rebuilt, missing, differs = none.clone(), none.clone(), none.clone()
+    rebuilt[rows] = True
+    missing[rows] = ~inside
+    differs[rows] = ~found.all(dim=1)
+    return RebuiltSets(ids, lengths, still, rebuilt, missing, differs)
 
 
 def _at_least_float32(x: torch.Tensor) -> torch.Tensor:

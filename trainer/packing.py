@@ -32,6 +32,7 @@ class MicroBatch:
     kept_ids: "torch.Tensor"  # [n, K] long, padded with the target
     kept_lengths: "torch.Tensor"  # [n] long
     capped: "torch.Tensor"  # [n] bool
+    kept_sizes: "torch.Tensor"  # [n] long; the sampler's kept-set size (-1 unknown)
     advantages: "torch.Tensor"  # [n] float32
     keep: "torch.Tensor"  # [n] bool; False = stale token masked out
     staleness: "torch.Tensor"  # [n] long
@@ -90,6 +91,7 @@ def pack_step(groups: Sequence[Group], current_version: int, cfg: TrainerConfig)
                     "temperature": seg.temperature[loss_pos],
                     "kept": [seg.kept[t] for t in loss_pos],
                     "capped": seg.capped[loss_pos],
+                    "kept_size": seg.kept_size[loss_pos],
                     "adv": np.full(loss_pos.size, a, dtype=np.float32),
                     "keep": keep,
                     "staleness": staleness,
@@ -140,6 +142,7 @@ def _micro_batch(rows: list[tuple[np.ndarray, dict]]) -> MicroBatch:
         kept_ids=kept_ids,
         kept_lengths=kept_lengths,
         capped=torch.from_numpy(cat("capped", bool)),
+        kept_sizes=torch.from_numpy(cat("kept_size", np.int64)),
         advantages=torch.from_numpy(cat("adv", np.float32)),
         keep=torch.from_numpy(cat("keep", bool)),
         staleness=torch.from_numpy(cat("staleness", np.int64)),

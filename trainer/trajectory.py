@@ -34,6 +34,14 @@ class Segment:
     capped: np.ndarray  # bool [n]
     versions: np.ndarray  # int64 [n]
     temperature: np.ndarray  # float32 [n]
+    # int64 [n]: the sampler's kept-set size, also where ``kept`` holds only part of it
+    # (capped); -1 unknown (a capped set from an engine that cannot count past its cap).
+    kept_size: np.ndarray | None = None
+
+    def __post_init__(self) -> None:
+        if self.kept_size is None:
+            sizes = np.fromiter((k.size for k in self.kept), dtype=np.int64, count=len(self.kept))
+            self.kept_size = np.where(self.capped, -1, sizes)
 
     @property
     def num_tokens(self) -> int:
@@ -190,6 +198,7 @@ def _segment(chunks: list[TrajectoryChunk], tid: str) -> Segment:
     for c in chunks:
         kept.extend(c.kept_sets())
     capped = np.concatenate([c.kept_capped_array() for c in chunks]).astype(bool)
+    kept_size = np.concatenate([c.kept_size_array() for c in chunks]).astype(np.int64)
     versions = np.concatenate([c.version_array() for c in chunks]).astype(np.int64)
     temperature = np.concatenate(
         [np.full(c.num_tokens, c.temperature, dtype=np.float32) for c in chunks]
@@ -215,7 +224,7 @@ def _segment(chunks: list[TrajectoryChunk], tid: str) -> Segment:
             raise InvalidTrajectory(f"trajectory {tid}: generated token {t} ({tokens[t]}) is not in its kept set")
     if not np.all(np.isfinite(behaviour[mask])):
         raise InvalidTrajectory(f"trajectory {tid}: non-finite behaviour log-prob")
-    return Segment(tokens, mask, behaviour, kept, capped, versions, temperature)
+    return Segment(tokens, mask, behaviour, kept, capped, versions, temperature, kept_size)
 
 
 def groups_from_trajectories(trajectories: Sequence[Trajectory]) -> list[Group]:
