@@ -188,6 +188,7 @@ def event_to_builtins(event: Any, decode_arrays: bool, keep_bytes: bool = False)
         data["loss_mask"] = event.loss_mask_array().tolist()
         data["kept_sets"] = [s.tolist() for s in event.kept_sets()]
         data["kept_capped"] = event.kept_capped_array().tolist()
+        data["kept_sizes"] = event.kept_size_array().tolist()
         data["token_versions"] = event.version_array().tolist()
         for packed in ("kept_offsets", "kept_ids", "version_starts", "versions"):
             data.pop(packed, None)

@@ -223,3 +223,12 @@ async def test_torch_engine_with_a_cap_records_top_cap_plus_the_token_and_the_ex
             assert cut.kept_ids.tolist() == (head if cut.token_id in head else head + [cut.token_id])
         else:
             assert cut.kept_ids.tolist() == full.kept_ids.tolist()
+
+
+def test_tail_decodes_kept_sizes():
+    from bus.tail import event_to_builtins
+
+    data = event_to_builtins(chunk([[], [3, 4], [5, 6, 9]], [0, 0, 1], [0, 2, 95]), decode_arrays=True)
+    assert data["kept_sizes"] == [0, 2, 95] and data["kept_capped"] == [0, 0, 1]
+    old = event_to_builtins(chunk([[], [3, 4], [5, 6, 9]], [0, 0, 1], None), decode_arrays=True)
+    assert old["kept_sizes"] == [0, 2, -1]
