@@ -502,10 +502,11 @@ class VLLMEngine(InProcessEngine):
             return out
         for i, tok in enumerate(new_ids):
             ids, vals = _position(lps, i)
-            kept = kept_set_from_topk(ids, vals, tok, self.kept_set_cap)
-            if len(ids) >= self.vocab_size:
-                kept.capped = False
-                kept.size = int(kept.ids.size)
+            # vLLM returned the whole vocabulary (cap + 1 >= vocab): every finite entry is
+            # here, so the set is complete and nothing may be cut (before, cap + 1 == vocab
+            # with every token finite cut one id yet flagged the set complete).
+            whole = len(set(ids)) >= self.vocab_size
+            kept = kept_set_from_topk(ids, vals, tok, len(ids) if whole else self.kept_set_cap)
             # The sampled token's processed log-prob is the same in every entry it has.
             out.append((float(vals[ids.index(tok)]), kept))
         return out

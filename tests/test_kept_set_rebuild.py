@@ -232,3 +232,29 @@ def test_tail_decodes_kept_sizes():
     assert data["kept_sizes"] == [0, 2, 95] and data["kept_capped"] == [0, 0, 1]
     old = event_to_builtins(chunk([[], [3, 4], [5, 6, 9]], [0, 0, 1], None), decode_arrays=True)
     assert old["kept_sizes"] == [0, 2, -1]
+
+
+def test_vllm_logprobs_path_sizes_and_the_whole_vocabulary_case():
+    """VLLMEngine._kept_sets on the processed-logprobs path, with vLLM's output faked."""
+    from sampler.vllm_engine import VLLMEngine
+
+    class Comp:
+        def __init__(self, rows):
+            self.logprobs = rows
+
+    class LP:
+        def __init__(self, lp):
+            self.logprob = lp
+
+    eng = object.__new__(VLLMEngine)
+    eng.kept_set_source, eng.kept_set_cap, eng.vocab_size = "logprobs", 2, 3
+    # Every token of a 3-token vocabulary finite, cap 2: vLLM returns all 3 -> complete.
+    whole = {0: LP(-1.0), 1: LP(-1.2), 2: LP(-1.5)}
+    (lp, kept), = eng._kept_sets(Comp([whole]), [0], greedy=False)
+    assert (kept.ids.tolist(), kept.capped, kept.size, lp) == ([0, 1, 2], False, 3, -1.0)  # was [0, 1]
+    # A larger vocabulary: 3 finite entries of the top cap+1 = 3 returned -> capped, size unknown.
+    eng.vocab_size = 100
+    (lp, kept), = eng._kept_sets(Comp([whole]), [2], greedy=False)
+    assert (kept.ids.tolist(), kept.capped, kept.size) == ([0, 1, 2], True, -1)
+    (lp, kept), = eng._kept_sets(Comp([{0: LP(-0.1), 1: LP(-2.4), 2: LP(float("-inf"))}]), [1], greedy=False)
+    assert (kept.ids.tolist(), kept.capped, kept.size) == ([0, 1], False, 2)
