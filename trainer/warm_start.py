@@ -37,8 +37,8 @@ log = structlog.get_logger(__name__)
 REPO_ROOT = Path(__file__).resolve().parent.parent
 MARKER = "rollway_warm_start.json"
 # Sources whose change must rebuild the model (the cache key hashes them).
-KEY_SOURCES = ("trainer/warm_start.py", "trainer/sft.py", "sampler/tool_format.py", "sampler/tiny_model.py",
-               "tasks/spec.py")
+KEY_SOURCES = ("trainer/warm_start.py", "trainer/sft.py", "trainer/optim.py", "trainer/config.py", "trainer/model.py",
+               "sampler/tool_format.py", "sampler/tiny_model.py", "tasks/spec.py")
 KEY_SOURCE_DIRS = ("tasks/family",)
 
 
@@ -127,7 +127,7 @@ def build_warm_start(out_dir: str | Path, cfg: WarmStartConfig, *, on_step=None)
              tokens_max=lengths[-1])
     hook = None if on_step is None else (lambda step, loss: on_step(step, loss, model, tokenizer))
     summary = train_sft(model, examples, cfg.sft, pad_id=config.pad_token_id, on_step=hook)
-    info = {"config": msgspec.to_builtins(cfg), "params": params, "sft": summary,
+    info = {"config": msgspec.to_builtins(cfg), "cache_key": cache_key(cfg), "params": params, "sft": summary,
             "build_seconds": round(time.perf_counter() - started, 1)}
     save_model(model, tokenizer, out, info)
     log.info("warm start built", path=str(out), params=params, final_loss=round(summary["final_loss"], 4),
@@ -162,7 +162,10 @@ def save_model(model, tokenizer, out: Path, info: dict) -> None:
 
 
 def cache_key(cfg: WarmStartConfig) -> str:
+    import transformers  # its Qwen2Tokenizer decides how the saved tokenizer is served
+
     h = hashlib.sha256(json.dumps(msgspec.to_builtins(cfg), sort_keys=True).encode())
+    h.update(f"transformers {transformers.__version__}".encode())
     files = [REPO_ROOT / p for p in KEY_SOURCES]
     for folder in KEY_SOURCE_DIRS:
         files += sorted((REPO_ROOT / folder).glob("*.py"))

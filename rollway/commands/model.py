@@ -27,6 +27,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def _copy_out(cached, out_arg: str | None, marker: str) -> int:
+    import os
     import shutil
     from pathlib import Path
 
@@ -35,10 +36,23 @@ def _copy_out(cached, out_arg: str | None, marker: str) -> int:
         return 0
     out = Path(out_arg)
     if out.exists() and (out / "config.json").exists():
-        if (out / marker).exists() and (out / marker).read_bytes() == (cached / marker).read_bytes():
+        if not (out / marker).exists():
+            print(f"{out} already holds a different model (no {marker}); leaving it")
+            return 0
+        if (out / marker).read_bytes() == (cached / marker).read_bytes():
             print(out)
-        else:
-            print(f"{out} already holds a different model; leaving it")
+            return 0
+        # A model this command wrote, from other sources or settings (e.g. before a fix
+        # to the warm start): serving it silently would hide the fix, so replace it.
+        # Copy beside it first, then swap, so a failed copy leaves the old one whole.
+        fresh = out.with_name(f".{out.name}.new-{os.getpid()}")
+        old = out.with_name(f".{out.name}.old-{os.getpid()}")
+        shutil.rmtree(fresh, ignore_errors=True)
+        shutil.copytree(cached, fresh)
+        out.rename(old)
+        fresh.rename(out)
+        shutil.rmtree(old, ignore_errors=True)
+        print(f"{out}: replaced an outdated model (its {marker} differs from the current build)")
         return 0
     shutil.copytree(cached, out, dirs_exist_ok=True)
     print(out)

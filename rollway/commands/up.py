@@ -125,6 +125,17 @@ def model_paths(cfg, kinds: set[str]) -> list[str]:
     return sorted(paths)
 
 
+def needs_model_init(path: str) -> bool:
+    """A folder without a model, or one holding a warm start ``rollway model init``
+    wrote (it then checks that copy against the current build and replaces it when
+    outdated). A model of the user's own (no warm-start marker) is left alone."""
+    from pathlib import Path
+
+    from trainer.warm_start import MARKER
+
+    return not Path(path, "config.json").exists() or Path(path, MARKER).exists()
+
+
 def model_command(path: str) -> list[str]:
     """The warm start (``rollway model init``: SFT on the family's train split), copied to ``path``."""
     return ["model", "init", "--out", path]
@@ -199,7 +210,7 @@ def _run(args, cfg, upcfg, env: dict[str, str], log_dir) -> int:
         cfg.kafka.bootstrap_servers = bootstrap
         asyncio.run(ensure_topics(cfg.kafka))
         for path in model_paths(cfg, {p.kind for p in procs}):
-            if not Path(path, "config.json").exists():
+            if needs_model_init(path):
                 argv = model_command(path)
                 print(f"rollway up: building the model: rollway {' '.join(argv)} (log: {log_dir}/model.log)",
                       flush=True)

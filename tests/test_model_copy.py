@@ -1,0 +1,55 @@
+"""`rollway model init --out` and `rollway up` never serve an outdated warm start.
+
+The warm start is built into a cache keyed by its sources and copied to the configured
+model folder. A copy made before a fix (the tokenizer one, for example) must be
+replaced, not served silently; a model of the user's own is never touched."""
+
+from __future__ import annotations
+
+import json
+
+from rollway.commands.model import _copy_out
+from rollway.commands.up import needs_model_init
+from trainer.warm_start import MARKER
+
+
+def _model(folder, marker: dict | None, weights: bytes):
+    folder.mkdir(parents=True)
+    (folder / "config.json").write_text("{}")
+    (folder / "model.safetensors").write_bytes(weights)
+    if marker is not None:
+        (folder / MARKER).write_text(json.dumps(marker))
+    return folder
+
+
+def test_an_outdated_warm_start_copy_is_replaced(tmp_path, capsys):
+    cached = _model(tmp_path / "cache" / "warm-new", {"cache_key": "new"}, b"new weights")
+    out = _model(tmp_path / "models" / "tiny", {"sft": {"steps": 600}}, b"old weights")
+    (out / "leftover.bin").write_bytes(b"x")
+    assert needs_model_init(str(out))
+    assert _copy_out(cached, str(out), MARKER) == 0
+    assert "replaced an outdated model" in capsys.readouterr().out
+    assert (out / "model.safetensors").read_bytes() == b"new weights"
+    assert json.loads((out / MARKER).read_text()) == {"cache_key": "new"}
+    assert not (out / "leftover.bin").exists()
+    assert sorted(p.name for p in out.parent.iterdir()) == ["tiny"]  # no temp folders left
+    # idempotent: the same build again changes nothing and says where it is
+    assert _copy_out(cached, str(out), MARKER) == 0
+    assert capsys.readouterr().out.strip() == str(out)
+
+
+def test_a_users_own_model_is_left_alone(tmp_path, capsys):
+    cached = _model(tmp_path / "cache" / "warm-new", {"cache_key": "new"}, b"new weights")
+    mine = _model(tmp_path / "models" / "mine", None, b"my weights")
+    assert not needs_model_init(str(mine))
+    assert _copy_out(cached, str(mine), MARKER) == 0
+    assert "leaving it" in capsys.readouterr().out
+    assert (mine / "model.safetensors").read_bytes() == b"my weights"
+
+
+def test_a_missing_model_folder_is_built(tmp_path):
+    assert needs_model_init(str(tmp_path / "nothing-here"))
+    cached = _model(tmp_path / "cache" / "warm-new", {"cache_key": "new"}, b"new weights")
+    out = tmp_path / "models" / "tiny"
+    assert _copy_out(cached, str(out), MARKER) == 0
+    assert (out / "model.safetensors").read_bytes() == b"new weights"
