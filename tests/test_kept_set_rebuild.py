@@ -258,3 +258,25 @@ def test_vllm_logprobs_path_sizes_and_the_whole_vocabulary_case():
     assert (kept.ids.tolist(), kept.capped, kept.size) == ([0, 1, 2], True, -1)
     (lp, kept), = eng._kept_sets(Comp([{0: LP(-0.1), 1: LP(-2.4), 2: LP(float("-inf"))}]), [1], greedy=False)
     assert (kept.ids.tolist(), kept.capped, kept.size) == ([0, 1], False, 2)
+
+
+def test_a_recorded_size_above_the_vocabulary_is_clamped_not_a_crash():
+    """One bad chunk (size > vocabulary) must not crash every step that redelivers it."""
+    vocab = 10
+    logits = torch.linspace(1.0, 0.0, vocab).repeat(2, 1)
+    targets = torch.tensor([0, 1])
+    kept_ids = torch.tensor([[0, 1], [0, 1]])
+    kept_lengths = torch.tensor([2, 2])
+    sets = L.rebuild_capped_sets(logits, targets, kept_ids, kept_lengths, torch.tensor([True, True]),
+                                 torch.tensor([4, vocab + 5]))
+    assert sets.kept_lengths.tolist() == [4, vocab]
+    assert sorted(sets.kept_ids[1, :vocab].tolist()) == list(range(vocab))
+
+
+@pytest.mark.parametrize("field, value", [("learning_rate", float("nan")), ("muon_learning_rate", float("inf")),
+                                          ("learning_rate", 0.0), ("weight_decay", -1.0)])
+def test_trainer_rates_must_be_finite_and_positive(field, value):
+    from trainer.config import TrainerConfig
+
+    with pytest.raises(ValueError, match=f"trainer.{field} must be a finite number"):
+        TrainerConfig(**{field: value})

@@ -7,6 +7,7 @@ the initial model is version 0. Staleness is counted in those versions (steps), 
 
 from __future__ import annotations
 
+import math
 from typing import Literal
 
 import msgspec
@@ -103,3 +104,9 @@ class TrainerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
             raise ValueError("trainer.checkpoint_every must be >= 0 and keep_checkpoints >= 1")
         if self.is_cap <= 0 or self.clip_epsilon <= 0:
             raise ValueError("trainer.is_cap and trainer.clip_epsilon must be > 0")
+        for name in ("learning_rate", "muon_learning_rate"):
+            value = getattr(self, name)
+            if not (math.isfinite(value) and value > 0):  # a NaN rate would publish NaN weights
+                raise ValueError(f"trainer.{name} must be a finite number > 0, got {value}")
+        if not (math.isfinite(self.weight_decay) and self.weight_decay >= 0):
+            raise ValueError(f"trainer.weight_decay must be a finite number >= 0, got {self.weight_decay}")

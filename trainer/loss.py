@@ -179,7 +179,9 @@ def rebuild_capped_sets(
     device = logits.device
     targets = targets.to(device)
     capped = capped.to(device=device, dtype=torch.bool)
-    kept_sizes = kept_sizes.to(device)
+    # A size above the vocabulary cannot come from a sampler of this model; clamp it so
+    # one bad record cannot crash every step that redelivers it (topk would raise).
+    kept_sizes = kept_sizes.to(device).clamp(max=logits.shape[1])
     kept_ids = kept_ids.to(device)
     kept_lengths = kept_lengths.to(device)
     n = targets.shape[0]
