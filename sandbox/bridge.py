@@ -251,29 +251,26 @@ class Connection:
     def _fill(self, n: int) -> None:
         """Read until the buffer holds ``n`` bytes."""
         while len(self._buf) < n:
-            try:
-                chunk = self.sock.recv(max(_READ_SIZE, n - len(self._buf)))
-            except OSError as exc:
-                self.closed = True
-                raise BridgeError(f"the other side of the grading bridge went away ({exc})") from None
-            if not chunk:
-                self.closed = True
-                raise _Stop()
-            self._buf += chunk
+            self._buf += self._read(max(_READ_SIZE, n - len(self._buf)))
+
+    def _read(self, size: int) -> bytes:
+        """One recv: the bytes, ``_Stop`` when the peer closed, BridgeError when it broke."""
+        try:
+            data = self.sock.recv(size)
+        except OSError as exc:
+            self.closed = True
+            raise BridgeError(f"the other side of the grading bridge went away ({exc})") from None
+        if not data:
+            self.closed = True
+            raise _Stop()
+        return data
 
     def _recv(self):
         if not self._buf:
             # The usual case in a round trip: nothing buffered, and one recv brings exactly
             # one whole message (header and body, sent in one write). Parsed straight from
             # the received bytes: no copy into and out of the buffer.
-            try:
-                data = self.sock.recv(_READ_SIZE)
-            except OSError as exc:
-                self.closed = True
-                raise BridgeError(f"the other side of the grading bridge went away ({exc})") from None
-            if not data:
-                self.closed = True
-                raise _Stop()
+            data = self._read(_READ_SIZE)
             if len(data) >= _HEADER.size:
                 (size,) = _HEADER.unpack_from(data, 0)
                 if size > MAX_MESSAGE_BYTES:
