@@ -162,16 +162,32 @@ def save_model(model, tokenizer, out: Path, info: dict) -> None:
 
 
 def cache_key(cfg: WarmStartConfig) -> str:
-    import transformers  # its Qwen2Tokenizer decides how the saved tokenizer is served
+    from importlib.metadata import version  # not the import: keying must stay cheap
 
     h = hashlib.sha256(json.dumps(msgspec.to_builtins(cfg), sort_keys=True).encode())
-    h.update(f"transformers {transformers.__version__}".encode())
+    # transformers' Qwen2Tokenizer decides how the saved tokenizer is served
+    h.update(f"transformers {version('transformers')}".encode())
     files = [REPO_ROOT / p for p in KEY_SOURCES]
     for folder in KEY_SOURCE_DIRS:
         files += sorted((REPO_ROOT / folder).glob("*.py"))
     for path in files:
         h.update(str(path.relative_to(REPO_ROOT)).encode() + b"\0" + path.read_bytes())
     return h.hexdigest()[:12]
+
+
+def is_outdated(folder: str | Path) -> bool:
+    """Whether the warm start in ``folder`` was built from other sources than today's
+    for the settings it records (its cache key no longer matches them). A marker without
+    a key predates keyed markers (and the served-tokenizer fix): outdated. A warm start
+    built with other settings on purpose (``--seed``, ``--steps``) is not outdated."""
+    info = json.loads((Path(folder) / MARKER).read_text())
+    if "cache_key" not in info:
+        return True
+    try:
+        cfg = msgspec.convert(info["config"], WarmStartConfig)
+    except (msgspec.ValidationError, ValueError):
+        return True  # settings this version no longer has
+    return cache_key(cfg) != info["cache_key"]
 
 
 def warm_start_dir(cfg: WarmStartConfig | None = None, cache_root: str | Path | None = None) -> Path:

@@ -126,14 +126,16 @@ def model_paths(cfg, kinds: set[str]) -> list[str]:
 
 
 def needs_model_init(path: str) -> bool:
-    """A folder without a model, or one holding a warm start ``rollway model init``
-    wrote (it then checks that copy against the current build and replaces it when
-    outdated). A model of the user's own (no warm-start marker) is left alone."""
+    """A folder without a model, or one holding a warm start built from outdated
+    sources (``rollway model init`` replaces that copy). A model of the user's own (no
+    warm-start marker) and a current warm start are left alone, without a subprocess."""
     from pathlib import Path
 
-    from trainer.warm_start import MARKER
+    from trainer.warm_start import MARKER, is_outdated
 
-    return not Path(path, "config.json").exists() or Path(path, MARKER).exists()
+    if not Path(path, "config.json").exists():
+        return True
+    return Path(path, MARKER).exists() and is_outdated(path)
 
 
 def model_command(path: str) -> list[str]:
