@@ -7,9 +7,47 @@ from typing import Literal
 import msgspec
 
 
+class TimingConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """The timing engine (:mod:`sampler.timing_engine`): emulates an accelerator's
+    generation speed on any machine, so benchmarks measure the system's scheduling.
+    Tokens are drawn, not computed; everything after the engine (recording, chunks,
+    events, weight updates) is the real path."""
+
+    # Per sequence, as on an accelerator where a batch's sequences decode in parallel.
+    tokens_per_s: float = 200.0
+    # Tokens delivered per emulated decoding step (one sleep, one weight version).
+    step_tokens: int = 8
+    # Completion length ~ lognormal(median, sigma), cut to the request's max_tokens.
+    median_tokens: int = 64
+    length_sigma: float = 0.5
+    # A completion ends with <tool>submit</tool> with this probability, else with a
+    # <tool>run ...</tool> call (so turns per rollout are geometric, mean 1/p).
+    submit_probability: float = 0.34
+    # Kept set recorded per token (uniform over it: log-prob -log(size)).
+    kept_set_size: int = 8
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        checks = [
+            (self.tokens_per_s > 0, f"sampler.timing.tokens_per_s must be > 0, got {self.tokens_per_s}"),
+            (self.step_tokens >= 1, f"sampler.timing.step_tokens must be >= 1, got {self.step_tokens}"),
+            (self.median_tokens >= 1, f"sampler.timing.median_tokens must be >= 1, got {self.median_tokens}"),
+            (self.length_sigma >= 0, f"sampler.timing.length_sigma must be >= 0, got {self.length_sigma}"),
+            (0 <= self.submit_probability <= 1,
+             f"sampler.timing.submit_probability must be in [0, 1], got {self.submit_probability}"),
+            (self.kept_set_size >= 1, f"sampler.timing.kept_set_size must be >= 1, got {self.kept_set_size}"),
+        ]
+        for ok, message in checks:
+            if not ok:
+                raise ValueError(message)
+
+
 class SamplerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     model_path: str = "var/models/tiny"
-    engine: Literal["vllm", "torch"] = "vllm"
+    # "timing": no model, tokens at sampler.timing's rate (benchmarks; the tokenizer
+    # still comes from model_path).
+    engine: Literal["vllm", "torch", "timing"] = "vllm"
+    timing: TimingConfig = msgspec.field(default_factory=TimingConfig)
     group_id: str = "rollway-samplers"
     sandbox_url: str = "http://127.0.0.1:8300"
     # Sampling distribution (recorded on every chunk).
@@ -49,6 +87,15 @@ class SamplerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     # Service.
     max_in_flight: int = 8  # rollouts (samples) at once on this replica
     max_tasks_in_flight: int = 2  # tasks (groups) handled at once
+    # Synchronous RL (0 = off, the default asynchronous mode): this replica starts at
+    # most this many groups with weight version v, then waits for version v+1 before
+    # taking the next task. Pair it with trainer.max_staleness = 0 and
+    # trainer.groups_per_step = replicas x this, so each step trains exactly the groups
+    # sampled with the weights before it. A step left short (a group dropped, e.g.
+    # zero reward variance) would wait forever: after sync_refill_after_s without a new
+    # version the replica starts one more group with the same weights.
+    sync_groups_per_version: int = 0
+    sync_refill_after_s: float = 30.0
     chunk_tokens: int = 256
     # Records stay under the bus limit by construction: a chunk is flushed before its
     # packed arrays would exceed this many bytes.
@@ -72,6 +119,12 @@ class SamplerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
             raise ValueError(f"sampler.compaction_fraction must be in [0.1, 1], not {self.compaction_fraction}")
         if self.kept_set_cap < 1:
             raise ValueError(f"sampler.kept_set_cap must be >= 1, not {self.kept_set_cap}")
+        if self.sync_groups_per_version < 0 or self.sync_refill_after_s <= 0:
+            raise ValueError("sampler.sync_groups_per_version must be >= 0 and sampler.sync_refill_after_s > 0")
+        if self.sync_groups_per_version > self.max_tasks_in_flight:
+            raise ValueError(f"sampler.sync_groups_per_version ({self.sync_groups_per_version}) cannot exceed "
+                             f"sampler.max_tasks_in_flight ({self.max_tasks_in_flight}): the groups of one "
+                             "version could never all start")
         if self.chunk_tokens < 1 or self.max_chunk_bytes < 4096:
             raise ValueError("sampler.chunk_tokens must be >= 1 and sampler.max_chunk_bytes >= 4096")
 

@@ -18,6 +18,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 import socket
@@ -61,6 +62,10 @@ def make_engine(scfg: "SamplerConfig", syncer: "SyncerConfig") -> Engine:
         from sampler.vllm_engine import VLLMEngine
 
         return VLLMEngine.from_config(scfg, apply_mode=syncer.vllm_apply_mode)
+    if scfg.engine == "timing":
+        from sampler.timing_engine import TimingEngine
+
+        return TimingEngine.from_config(scfg)
     from sampler.torch_engine import TorchEngine
 
     return TorchEngine.from_config(scfg)
@@ -70,10 +75,52 @@ def new_attempt(replica_id: str) -> str:
     return f"{replica_id}-{uuid.uuid4().hex[:8]}"
 
 
+class SyncGate:
+    """Synchronous RL on one replica (``sampler.sync_groups_per_version``): at most
+    ``per_version`` groups start with each weight version; the next waits until the
+    engine serves a newer one. A wait longer than ``refill_after_s`` lets one more group
+    start with the same version (the trainer's step was left short, e.g. by a dropped
+    group, and would otherwise never come)."""
+
+    POLL_S = 0.02  # the engine has no version callback; this bounds the added latency
+
+    def __init__(self, per_version: int, refill_after_s: float) -> None:
+        self.per_version = per_version
+        self.refill_after_s = refill_after_s
+        self.version = -1
+        self.started = 0  # groups started with self.version
+        self.refills = 0
+        self.waited_s = 0.0
+        self._lock = asyncio.Lock()  # the replica's other tasks queue behind the one waiting
+
+    async def enter(self, engine: Engine) -> int:
+        """Wait for a free start with the engine's version; that version."""
+        async with self._lock:
+            t0 = time.monotonic()
+            deadline = t0 + self.refill_after_s
+            while True:
+                if engine.weight_version != self.version:
+                    self.version, self.started = engine.weight_version, 0
+                if self.started < self.per_version:
+                    self.started += 1
+                    self.waited_s += time.monotonic() - t0
+                    return self.version
+                if time.monotonic() >= deadline:
+                    self.refills += 1
+                    self.started -= 1
+                    deadline = time.monotonic() + self.refill_after_s
+                    log.warning("sync: no new weights; starting one more group with the same version",
+                                version=self.version, waited_s=self.refill_after_s)
+                    continue
+                await asyncio.sleep(self.POLL_S)
+
+
 class SamplerService:
     def __init__(self, scfg: "SamplerConfig", engine: Engine, *, kafka: "KafkaConfig", syncer: "SyncerConfig",
-                 model_name: str, replica_id: str) -> None:
-        """``syncer`` and ``model_name``: which weights to follow (``scfg.follow_weights``)."""
+                 model_name: str, replica_id: str, sandbox: "SandboxClient | None" = None) -> None:
+        """``syncer`` and ``model_name``: which weights to follow (``scfg.follow_weights``).
+        ``sandbox``: a started client with SandboxClient's methods (benchmarks pass
+        :class:`sandbox.timing.TimingSandbox`); None = the service at ``scfg.sandbox_url``."""
         self.scfg = scfg
         self.kafka = kafka
         self.syncer = syncer
@@ -90,6 +137,9 @@ class SamplerService:
         self.subscriber = None
         self.agent: AgentLoop | None = None
         self._stopped = asyncio.Event()
+        self._sandbox = sandbox
+        self.sync_gate = SyncGate(scfg.sync_groups_per_version, scfg.sync_refill_after_s) \
+            if scfg.sync_groups_per_version else None
 
     # -- control -----------------------------------------------------------------------
     def request_stop(self) -> None:
@@ -110,8 +160,10 @@ class SamplerService:
             loop = asyncio.get_running_loop()
             for sig in (signal.SIGTERM, signal.SIGINT):
                 add_stop_handler(loop, sig, self.request_stop)
+        own_sandbox = SandboxClient(scfg.sandbox_url, timeout_s=scfg.sandbox_request_timeout_s) \
+            if self._sandbox is None else contextlib.nullcontext(self._sandbox)
         async with EventProducer(kafka, client_id=f"{kafka.client_id}-{self.replica_id}") as producer, \
-                SandboxClient(scfg.sandbox_url, timeout_s=scfg.sandbox_request_timeout_s) as sandbox:
+                own_sandbox as sandbox:
             self._producer = producer
             self.agent = AgentLoop(self.engine, sandbox, scfg, producer.publish, replica_id=self.replica_id)
             heartbeats = asyncio.create_task(self._heartbeats(), name="heartbeats")
@@ -163,6 +215,8 @@ class SamplerService:
             raise InvalidEvent(f"task {task.task_id}: group_size {task.group_size} not in [1, {MAX_GROUP_SIZE}]")
         if not task.task_id or not task.group_id:
             raise InvalidEvent("task_id and group_id must be non-empty")
+        if self.sync_gate is not None:
+            await self.sync_gate.enter(self.engine)
         attempt = new_attempt(self.replica_id)
         logger = log.bind(task_id=task.task_id, group_id=task.group_id, attempt=attempt,
                           partition=env.partition, offset=env.offset)
