@@ -282,6 +282,33 @@ def test_a_drop_not_yet_logged_is_undone_by_a_revoke_and_decided_once_again(samp
     assert len(held) == sum(len(e) for e in all_envs)
 
 
+@pytest.mark.parametrize("reason", ["zero_variance", "abandoned"])
+def test_a_drop_decided_again_after_a_redelivery_is_counted_once(sampled, reason):
+    # Review finding (issue 13): the counters behind count_groups_dropped_<reason> (and
+    # the view's drop figures) counted an undone drop and its re-decision: 2 drops of 1 group.
+    asm = Assembler(cfg(max_staleness=1))
+    n = len(sampled[2][0].token_ids)
+    if reason == "zero_variance":
+        records = [x for t in sampled[2] for x in envs(t, reward=0.5)]
+        per_drop = {"groups_dropped_zero_variance": 1, "dropped_zero_variance": 1}
+    else:
+        records = envs(with_versions(sampled[2][0], [0] * n), chunk_tokens=8)[:2]  # its sampler died
+        per_drop = {"groups_dropped_abandoned": 1, "trajectories_dropped_stale": 1, "unfinished_dropped_stale": 1}
+
+    def decide() -> None:
+        feed(asm, records)
+        assert asm.take_batch(2, 2) is None
+
+    decide()
+    assert {k: asm.counters[k] for k in per_drop} == per_drop
+    asm.forget_unfinished()  # revoked before the next step logged the drop
+    assert {k: asm.counters[k] for k in per_drop} == {k: 0 for k in per_drop}
+    decide()  # the same records delivered again: the same drop, decided once more
+    assert {k: asm.counters[k] for k in per_drop} == per_drop
+    drops, _ = asm.take_drops()
+    assert drops == [GroupDrop("task-2", "g2", reason)]
+
+
 def test_groups_dropped_before_a_restart_are_not_dropped_again(sampled):
     # TrainStep.dropped of earlier steps: the restarted assembler closes those keys;
     # their records re-read (the commit had not passed them) are released as late.

@@ -116,6 +116,9 @@ class _PendingDrop:
     drop: GroupDrop
     trajectory_ids: list[str]
     envelopes: list[Any]
+    # Counters this drop incremented: a drop undone (forget_unfinished) takes them back,
+    # so a group decided again after a redelivery is counted once.
+    counted: Counter[str] = field(default_factory=Counter)
 
 
 @dataclass
@@ -223,6 +226,7 @@ class Assembler:
             if self.closed.get(key) == pending.drop.reason:
                 del self.closed[key]
             self.finished_ids.difference_update(pending.trajectory_ids)
+            self.counters.subtract(pending.counted)
         self.drops.clear()
         self._released.clear()
         self.invalid.clear()
@@ -274,16 +278,14 @@ class Assembler:
             # Rewards of two phases are not comparable: advantages would reward the phase,
             # not the behaviour. Samplers grade a group in one phase, but attempts of a
             # retried group (or graders with reward.phase_unit = "version") may not agree.
-            self.counters["dropped_mixed_phase"] += 1
             self._end_untrained(key, "invalid", [(t.trajectory_id, t.envelopes) for t in complete.members],
-                                error=f"mixed reward phases {phases}")
+                                counted=["dropped_mixed_phase"], error=f"mixed reward phases {phases}")
             return
         import torch
 
         if not has_reward_variance(torch.tensor(complete.rewards(), dtype=torch.float64)):
-            self.counters["dropped_zero_variance"] += 1
             self._end_untrained(key, "zero_variance", [(t.trajectory_id, t.envelopes) for t in complete.members],
-                                members=len(complete.members))
+                                counted=["dropped_zero_variance"], members=len(complete.members))
             return
         self._mark_closed(key, "ready")
         self.ready.append(complete)
@@ -311,9 +313,10 @@ class Assembler:
             self._finish(tid, others)
 
     def _end_untrained(self, key: GroupKey, reason: str, trajectories: Iterable[tuple[str, list[Any]]],
-                       **why: Any) -> None:
-        """End a group without training it: close its key (final), count and log the
-        drop, and hold its records until the drop is in the step log (take_drops)."""
+                       counted: Iterable[str] = (), **why: Any) -> None:
+        """End a group without training it: close its key (final), count the drop
+        (``groups_dropped_<reason>`` and ``counted``), log it, and hold its records until
+        the drop is in the step log (take_drops)."""
         self._mark_closed(key, reason)
         tids: list[str] = []
         held: list[Any] = []
@@ -321,8 +324,10 @@ class Assembler:
             self.finished_ids.add(tid)
             tids.append(tid)
             held.extend(envelopes)
-        self.drops.append(_PendingDrop(GroupDrop(key[0], key[1], reason), tids, held))
-        self.counters[f"groups_dropped_{reason}"] += 1
+        counts = Counter(counted)
+        counts[f"groups_dropped_{reason}"] += 1
+        self.counters.update(counts)
+        self.drops.append(_PendingDrop(GroupDrop(key[0], key[1], reason), tids, held, counts))
         log.warning("group dropped", task_id=key[0], group_id=key[1], reason=reason, **why)
 
     def _finish(self, tid: str, envelopes: Iterable[Any]) -> None:
@@ -341,12 +346,13 @@ class Assembler:
         group = self.open_groups.pop(key, None)
         trajectories = list(extra)
         trajectories += [(t.trajectory_id, t.envelopes) for t in (group.members.values() if group else [])]
+        counted: list[str] = []
         for tid, pending in list(self.partial.items()):
             if pending.group == key:
                 del self.partial[tid]
-                self.counters[f"unfinished_dropped_{reason}"] += 1
+                counted.append(f"unfinished_dropped_{reason}")
                 trajectories.append((tid, pending.envelopes()))
-        self._end_untrained(key, reason, trajectories, **why)
+        self._end_untrained(key, reason, trajectories, counted=counted, **why)
 
     # -- output ----------------------------------------------------------------------------
     def released(self) -> list[Any]:
@@ -375,32 +381,35 @@ class Assembler:
         keep: list[Group] = []
         for g in self.ready:
             if self._too_old(g.oldest_version, g.newest_version, current):
-                self.counters["dropped_stale"] += 1
                 self._end_untrained(g.key, "stale", [(t.trajectory_id, t.envelopes) for t in g.members],
-                                    oldest_version=g.oldest_version, newest_version=g.newest_version,
-                                    current=current)
+                                    counted=["dropped_stale"], oldest_version=g.oldest_version,
+                                    newest_version=g.newest_version, current=current)
             else:
                 keep.append(g)
         self.ready = keep
         evicted: dict[GroupKey, list[tuple[str, list[Any]]]] = {}
+        # Counted with the group's drop when the eviction abandons it (so a drop undone
+        # by a revoke takes them back), else at once.
+        evicted_counts: dict[GroupKey, Counter[str]] = {}
         for key, group in self.open_groups.items():
             for index, t in list(group.members.items()):
                 if self._too_old(t.oldest_version, t.newest_version, current):
                     del group.members[index]
-                    self.counters["trajectories_dropped_stale"] += 1
+                    evicted_counts.setdefault(key, Counter())["trajectories_dropped_stale"] += 1
                     evicted.setdefault(key, []).append((t.trajectory_id, t.envelopes))
         for tid, pending in list(self.partial.items()):
             versions = pending.versions()
             if versions is None or not self._too_old(*versions, current):
                 continue
             del self.partial[tid]
-            self.counters["trajectories_dropped_stale"] += 1
-            self.counters["unfinished_dropped_stale"] += 1
-            evicted.setdefault(pending.group or ("", ""), []).append((tid, pending.envelopes()))
+            key = pending.group or ("", "")
+            evicted_counts.setdefault(key, Counter()).update(["trajectories_dropped_stale", "unfinished_dropped_stale"])
+            evicted.setdefault(key, []).append((tid, pending.envelopes()))
         if evicted:
-            self._abandon_empty(evicted, current)
+            self._abandon_empty(evicted, evicted_counts, current)
 
-    def _abandon_empty(self, evicted: dict[GroupKey, list[tuple[str, list[Any]]]], current: int) -> None:
+    def _abandon_empty(self, evicted: dict[GroupKey, list[tuple[str, list[Any]]]],
+                       evicted_counts: dict[GroupKey, Counter[str]], current: int) -> None:
         """Release the evicted trajectories; a group left with nothing held (every
         trajectory went stale, no retry streaming) is dropped as ``abandoned`` with the
         trajectories evicted last, whose records then wait for the step log (earlier
@@ -413,11 +422,12 @@ class Assembler:
             if (group is not None and group.members) or key in live or key in self.closed or key == ("", ""):
                 # Still alive, or it already ended (a leftover of another attempt of a
                 # group trained or dropped before): only the trajectories go.
+                self.counters.update(evicted_counts[key])
                 for tid, envelopes in trajectories:
                     self._finish(tid, envelopes)
                 continue
             self.open_groups.pop(key, None)
-            self._end_untrained(key, "abandoned", trajectories, current=current,
+            self._end_untrained(key, "abandoned", trajectories, counted=evicted_counts[key], current=current,
                                 max_staleness=self.cfg.max_staleness,
                                 why="every trajectory of it went stale, no retry streaming")
 
