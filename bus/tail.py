@@ -33,7 +33,7 @@ from bus.config import KafkaConfig
 from bus.connect import start_client
 from bus.reader import plain_reader, read_ranges, topic_partitions
 from bus.topics import TOPICS, topic_spec
-from schemas import TrajectoryChunk, arrays
+from schemas import TrajectoryChunk
 
 DEFAULT_LAST = 10
 
@@ -193,7 +193,7 @@ def event_to_builtins(event: Any, decode_arrays: bool, keep_bytes: bool = False)
         for packed in ("kept_offsets", "kept_ids", "version_starts", "versions"):
             data.pop(packed, None)
         if event.routed_experts:
-            data["routed_experts"] = arrays.unpack(event.routed_experts, arrays.UINT8).tolist()
+            data["routed_experts"] = event.routed_experts_array().tolist()
     return data
 
 

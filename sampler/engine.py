@@ -41,12 +41,17 @@ class SampledToken:
     kept_ids: np.ndarray  # int32, contains token_id
     kept_capped: bool  # True when the kept set was larger than the engine's cap
     weight_version: int
-    routed_experts: np.ndarray | None = None  # [layers, top_k] for MoE models
+    # MoE models: the experts [moe_layers, top_k] the position that produced this token
+    # (the one before it) was routed to; docs/contracts.md, "Routing".
+    routed_experts: np.ndarray | None = None
     # Behaviour log-probs of kept_ids (same order) where the engine knows them.
     kept_logprobs: np.ndarray | None = None
     # Size of the whole kept set (kept_ids may hold only part of it when capped);
     # None: len(kept_ids) when not capped, unknown (-1) when capped.
     kept_size: int | None = None
+    # On a sample's first token, for engines that report them: the routes of the prompt
+    # positions 0..P-2 [P-1, moe_layers, top_k], i.e. of prompt tokens 1..P-1.
+    prompt_routed_experts: np.ndarray | None = None
 
     @property
     def recorded_kept_size(self) -> int:

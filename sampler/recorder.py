@@ -9,7 +9,9 @@ chunk with ``final=True``, the finish reason and the cost.
 
 Per token: id, behaviour log-prob (0 for environment tokens), loss mask (1 = sampled
 by the policy), kept set (empty for environment tokens), capped flag and the weight
-version. Environment tokens carry the engine's loaded version when they were
+version, and for MoE models the routed experts (docs/contracts.md, "Routing": row i holds
+the experts of the position before token i; prompt tokens get theirs when the engine
+reports the prefill, if still buffered). Environment tokens carry the engine's loaded version when they were
 appended, so version spans change exactly where weights changed; only loss-masked
 tokens' versions say which weights *produced* a token.
 """
@@ -73,6 +75,9 @@ class TrajectoryRecorder:
         self.generated_tokens = 0
         self.env_tokens = 0
         self.generated_versions: set[int] = set()
+        # Prompt positions whose routes came after their chunk was published (or did not
+        # fit its byte limit): recorded as unknown (-1), recomputed by the trainer.
+        self.routes_unrecorded = 0
         self.finished = False
         self._reset_buffer()
 
@@ -118,6 +123,8 @@ class TrajectoryRecorder:
 
     async def add_sampled(self, token: SampledToken) -> None:
         """A token sampled by the policy: loss mask 1, its kept set and log-prob."""
+        if token.prompt_routed_experts is not None:
+            self._attach_prompt_routes(token.prompt_routed_experts)
         size = self._token_bytes(token.kept_ids.size, token.routed_experts)
         await self._make_room(size, token.weight_version)
         self._append(token.token_id, token.logprob, 1, token.kept_ids, int(token.kept_capped),
@@ -137,6 +144,26 @@ class TrajectoryRecorder:
         self._routed.append(routed)
         self._bytes += self._token_bytes(kept.size, routed) + (_BYTES_PER_SPAN if new_span else 0)
         self.segment_tokens.append(tok)
+
+    def _attach_prompt_routes(self, routes: np.ndarray) -> None:
+        """Routes of prompt positions 0..P-2 become the rows of segment tokens 1..P-1
+        (first report wins: a later re-prefill of the same positions is not what produced
+        the tokens after them)."""
+        prompt_len = len(self.segment_tokens)
+        if routes.shape[0] != prompt_len - 1:
+            raise ValueError(f"prompt routes have {routes.shape[0]} rows for a prompt of {prompt_len} tokens")
+        start = prompt_len - len(self._ids)  # segment position of the first buffered token
+        self.routes_unrecorded += max(0, start - 1)
+        for pos in range(max(1, start), prompt_len):
+            i = pos - start
+            if self._routed[i] is not None:
+                continue
+            row = np.asarray(routes[pos - 1])
+            if self._bytes + 2 * row.size > self.max_chunk_bytes:
+                self.routes_unrecorded += 1
+                continue
+            self._routed[i] = row
+            self._bytes += 2 * row.size
 
     def attach_routed_experts(self, routed: np.ndarray) -> None:
         """Routed experts of the last ``len(routed)`` sampled tokens still buffered

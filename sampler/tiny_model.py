@@ -232,3 +232,42 @@ def tiny_model_dir(cache_root: str | Path | None = None, **kwargs) -> Path:
     except OSError:
         shutil.rmtree(tmp, ignore_errors=True)
     return final
+
+
+def build_tiny_moe(
+    out_dir: str | Path,
+    tokenizer_dir: str | Path,
+    *,
+    kind: str = "qwen3_moe",
+    hidden_size: int = 64,
+    layers: int = 2,
+    experts: int = 4,
+    top_k: int = 1,
+    seed: int = 0,
+    dtype: str = "float32",
+) -> Path:
+    """A random-init sparse MoE (transformers' Qwen3-MoE or Mixtral, every layer sparse,
+    top-k weights renormalised) with ``tokenizer_dir``'s tokenizer, saved to ``out_dir``.
+    No training: routing replay tests need routes, not skill."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer, MixtralConfig, Qwen3MoeConfig
+
+    tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
+    common = dict(vocab_size=len(tokenizer), hidden_size=hidden_size, intermediate_size=2 * hidden_size,
+                  num_hidden_layers=layers, num_attention_heads=2, num_key_value_heads=2,
+                  head_dim=hidden_size // 2, num_experts_per_tok=top_k, max_position_embeddings=2048,
+                  tie_word_embeddings=False, eos_token_id=tokenizer.eos_token_id,
+                  pad_token_id=tokenizer.pad_token_id, bos_token_id=None)
+    if kind == "qwen3_moe":
+        config = Qwen3MoeConfig(**common, num_experts=experts, moe_intermediate_size=hidden_size // 2,
+                                decoder_sparse_step=1, mlp_only_layers=[], norm_topk_prob=True)
+    elif kind == "mixtral":
+        config = MixtralConfig(**common, num_local_experts=experts)
+    else:
+        raise ValueError(f"unknown MoE kind {kind!r} (qwen3_moe, mixtral)")
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(config).to(getattr(torch, dtype))
+    out = Path(out_dir)
+    model.save_pretrained(out, safe_serialization=True)
+    tokenizer.save_pretrained(out)
+    return out

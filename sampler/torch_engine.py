@@ -7,6 +7,11 @@ rules. Decoding runs on one worker thread, one step at a time: concurrent reques
 interleave at step granularity, and pause/apply_weights wait for the running step, so
 each token's weight version is exact. No batching across requests: this is a
 reference, not a server.
+
+MoE models: the experts each router picked are recorded (``record_routed_experts``) by
+the producer convention of docs/contracts.md ("Routing"): a sampled token carries the
+routes of the position that produced it, and a sample's first token also carries the
+prefill's routes of the prompt positions (``prompt_routed_experts``).
 """
 
 from __future__ import annotations
@@ -44,12 +49,15 @@ class TorchEngine(InProcessEngine):
         seed: int = 0,
         weight_version: int = 0,
         kept_set_cap: int | None = None,
+        record_routed_experts: bool = True,
     ) -> None:
         super().__init__(model_path, max_model_len=max_model_len, dtype=dtype, seed=seed,
                          weight_version=weight_version)
         # None: record every kept set whole. A cap records the ``cap`` most likely ids
         # (plus the sampled token) and the set's exact size, flagged capped.
         self.kept_set_cap = kept_set_cap
+        self.record_routed_experts = record_routed_experts  # False after loading a dense model
+        self._routes = None  # sampler.routes.RouteCapture of an MoE model
         self.model = None
         self._eos_ids: set[int] = set()
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="torch-engine")
@@ -62,7 +70,7 @@ class TorchEngine(InProcessEngine):
     @classmethod
     def from_config(cls, cfg: "SamplerConfig", weight_version: int = 0) -> "TorchEngine":
         return cls(cfg.model_path, max_model_len=cfg.max_model_len, dtype=cfg.dtype, seed=cfg.seed,
-                   weight_version=weight_version)
+                   weight_version=weight_version, record_routed_experts=cfg.record_routed_experts)
 
     async def start(self) -> "TorchEngine":
         if self.model is None:
@@ -79,6 +87,11 @@ class TorchEngine(InProcessEngine):
         self._tokenizer = AutoTokenizer.from_pretrained(self.model_path)
         self.model = AutoModelForCausalLM.from_pretrained(self.model_path, dtype=getattr(torch, self.dtype))
         self.model.eval()
+        from sampler.routes import RouteCapture, moe_routers
+
+        self.record_routed_experts = self.record_routed_experts and bool(moe_routers(self.model))
+        if self.record_routed_experts:
+            self._routes = RouteCapture(self.model)
         self.vocab_size = self.model.config.vocab_size
         eos = self.model.config.eos_token_id
         self._eos_ids = set(eos if isinstance(eos, list) else [eos] if eos is not None else [])
@@ -135,7 +148,8 @@ class TorchEngine(InProcessEngine):
                 if self._closed:
                     raise EngineClosed("engine closed")
                 version = self._version
-                sampled, lps, kept = await self._run(self._step, state, params, gen)
+                prefill = state["cache"] is None
+                sampled, lps, kept, routes = await self._run(self._step, state, params, gen)
                 self.steps += 1
                 state["length"] += 1
                 for i in range(n):
@@ -145,8 +159,15 @@ class TorchEngine(InProcessEngine):
                     tokens[i] += 1
                     completions[i].append(tok)
                     self.tokens_generated += 1
-                    yield SampledToken(i, tok, float(lps[i]), kept[i].ids, kept[i].capped, version,
-                                       kept_logprobs=kept[i].logprobs, kept_size=kept[i].size)
+                    token = SampledToken(i, tok, float(lps[i]), kept[i].ids, kept[i].capped, version,
+                                         kept_logprobs=kept[i].logprobs, kept_size=kept[i].size)
+                    if routes is not None:
+                        # The step's last position produced this token; the prefill's
+                        # other positions are the prompt's (rows of prompt tokens 1..P-1).
+                        token.routed_experts = routes[i, -1]
+                        if prefill:
+                            token.prompt_routed_experts = routes[i, :-1]
+                    yield token
                     reason = stop_reason = None
                     if tok in stop_ids:
                         reason, stop_reason = "stop", (tok if tok in params.stop_token_ids else None)
@@ -169,6 +190,7 @@ class TorchEngine(InProcessEngine):
 
         with torch.no_grad():
             out = self.model(input_ids=state["next"], past_key_values=state["cache"], use_cache=True)
+        routes = self._routes.take(*state["next"].shape) if self._routes is not None else None
         state["cache"] = out.past_key_values
         logits = out.logits[:, -1, :].float()
         lp = processed_logprobs(logits, params)
@@ -179,7 +201,7 @@ class TorchEngine(InProcessEngine):
         state["next"] = sampled.unsqueeze(-1)
         kept = [kept_set_from_row(lp[i], self.kept_set_cap, int(sampled[i])) for i in range(lp.shape[0])]
         chosen = lp.gather(-1, sampled.unsqueeze(-1)).squeeze(-1)
-        return sampled.tolist(), chosen.tolist(), kept
+        return sampled.tolist(), chosen.tolist(), kept, routes
 
     async def abort(self, request_id: str) -> None:
         if request_id in self._active:
@@ -198,6 +220,8 @@ class TorchEngine(InProcessEngine):
         ids = torch.tensor([prompt_ids + completion_ids])
         with torch.no_grad():
             logits = self.model(input_ids=ids).logits[0].float()
+        if self._routes is not None:
+            self._routes.take(*ids.shape)  # scoring records nothing
         rows = logits[len(prompt_ids) - 1 : len(prompt_ids) - 1 + len(completion_ids)]
         lp = processed_logprobs(rows, params)
         out = []

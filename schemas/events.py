@@ -89,7 +89,9 @@ class TrajectoryChunk(Event, kw_only=True):
     kept_capped: bytes = b""  # uint8 per token; 1 = kept set cut by the engine's cap
     version_starts: bytes = b""  # int32 span starts (token index in this chunk)
     versions: bytes = b""  # int64 weight version of each span
-    routed_experts: bytes = b""  # uint8/int16 per token, shape in routed_experts_shape
+    # int16 [n, moe_layers, top_k] (shape in routed_experts_shape): row i = the experts the
+    # position before token i was routed to, -1 = not recorded (docs/contracts.md, "Routing").
+    routed_experts: bytes = b""
     routed_experts_shape: list[int] = []
     temperature: float = 1.0
     top_p: float = 1.0
@@ -134,6 +136,12 @@ class TrajectoryChunk(Event, kw_only=True):
         sizes = np.diff(off).astype(np.int32)
         return np.where(self.kept_capped_array() == 1, np.int32(-1), sizes)
 
+    def routed_experts_array(self):
+        """The route table [n, moe_layers, top_k] (int16, -1 = not recorded), or None."""
+        if not self.routed_experts:
+            return None
+        return arrays.unpack(self.routed_experts, arrays.INT16).reshape(self.routed_experts_shape)
+
     def version_array(self):
         return arrays.unpack_spans(self.version_starts, self.versions, self.num_tokens)
 
@@ -162,6 +170,14 @@ class TrajectoryChunk(Event, kw_only=True):
                 raise ValueError("kept_sizes differs from the recorded ids of an uncapped kept set")
             if ((sizes[capped] != -1) & (sizes[capped] < recorded[capped])).any():
                 raise ValueError("kept_sizes is smaller than the recorded ids of a capped kept set")
+        if self.routed_experts or self.routed_experts_shape:
+            shape = list(self.routed_experts_shape)
+            if len(shape) != 3 or shape[0] != n or min(shape) < 1:
+                raise ValueError(f"routed_experts_shape {shape} is not [{n} tokens, layers, top_k]")
+            if len(self.routed_experts) != 2 * shape[0] * shape[1] * shape[2]:
+                raise ValueError(f"routed_experts has {len(self.routed_experts)} bytes for shape {shape} (int16)")
+            if (self.routed_experts_array() < -1).any():
+                raise ValueError("routed_experts holds an expert id below -1")
         self.version_array()
 
 

@@ -87,6 +87,15 @@ class TrainerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     # (identical weights: ratio 1). capped_kept_set then applies only to capped sets of
     # unknown size. False: every capped set goes to capped_kept_set (as before).
     rebuild_capped_kept_sets: bool = True
+    # MoE routing replay (R3): route each position to the experts the sampler recorded
+    # for it (gate weights: the router's softmax at those experts, so the router still
+    # learns; docs/contracts.md, "Routing"). False = recompute top-k (ablation); the
+    # routing_differs_frac metric is measured either way. No effect on dense models.
+    replay_routing: bool = True
+    # Precision replay: compute the forward (log-probs and their gradients) with the
+    # weights cast to publish_dtype, the precision samplers run, from the float32
+    # masters (gradients flow back to the masters; the optimizer stays float32).
+    replay_precision: bool = False
 
     # -- metrics --------------------------------------------------------------------
     metrics_source: str = "trainer"

@@ -36,6 +36,8 @@ class TrainCore:
     def __init__(self, cfg: TrainerConfig, model_path: str | None = None) -> None:
         from trainer.model import load_policy, make_deterministic, pick_device
         from trainer.optim import HybridOptimizer
+        from trainer.precision import SelectedLogits
+        from trainer.routing import RoutingReplay
 
         make_deterministic(cfg.seed, cfg.num_threads)
         self.cfg = cfg
@@ -43,8 +45,14 @@ class TrainCore:
         self.model = load_policy(model_path or cfg.model_path, self.device)
         self.optimizer = HybridOptimizer(self.model, cfg)
         self.step = 0  # also the weight version of self.model
-        self._base = getattr(self.model, self.model.base_model_prefix)
-        self._head = self.model.get_output_embeddings()
+        self._routing = RoutingReplay(self.model, cfg.replay_routing)
+        self._logits = SelectedLogits(self.model)
+        # Precision replay: the forward in the samplers' dtype (None: float32 as trained).
+        self._forward_dtype = None
+        if cfg.replay_precision and cfg.publish_dtype != "float32":
+            import torch
+
+            self._forward_dtype = getattr(torch, cfg.publish_dtype)
         log.info("trainer core ready", device=str(self.device), model_path=model_path or cfg.model_path,
                  muon_params=len(self.optimizer.muon_names), muon_expert_params=len(self.optimizer.expert_names),
                  adamw_params=len(self.optimizer.adamw_names))
@@ -58,11 +66,12 @@ class TrainCore:
         from trainer import loss as L
         from trainer.model import model_hash, seed_everything
         from trainer.packing import pack_step
+        from trainer.precision import policy_logits
 
         cfg = self.cfg
         started = time.perf_counter()
         seed_everything((cfg.seed if seed is None else seed) + self.step + 1)
-        packed = pack_step(groups, self.step, cfg)
+        packed = pack_step(groups, self.step, cfg, self._routing.shape)
         settings = L.LossSettings(cfg.importance_sampling, cfg.is_cap, cfg.clip_epsilon, cfg.is_truncation)
         denominator = max(packed.loss_tokens, 1)
 
@@ -76,8 +85,8 @@ class TrainCore:
             mb = mb.to(self.device)
             if mb.targets.numel() == 0:
                 continue
-            hidden = self._base(input_ids=mb.input_ids).last_hidden_state
-            logits = self._head(hidden[mb.row, mb.pos]).float()
+            with self._routing.using(mb.routes):
+                logits = policy_logits(self._logits, mb.input_ids, mb.row, mb.pos, self._forward_dtype)
             kept_ids, kept_lengths, capped = mb.kept_ids, mb.kept_lengths, mb.capped
             if cfg.replay_kept_sets and cfg.rebuild_capped_kept_sets:
                 sets = L.rebuild_capped_sets(logits.detach(), mb.targets, kept_ids, kept_lengths, capped,
@@ -119,6 +128,13 @@ class TrainCore:
         elapsed = time.perf_counter() - started
         metrics, hist = self._metrics(packed, diag, loss_total, grad_norm, elapsed)
         metrics["hash_s"] = hash_s
+        if self._routing.shape is not None:
+            recorded, differing = self._routing.take_counts()
+            # Positions with a recorded route whose recomputed experts differ in some
+            # layer: what routing replay corrects (measured with replay on or off).
+            metrics["routing_recorded_positions"] = float(recorded)
+            metrics["routing_differs_frac"] = differing / recorded if recorded else 0.0
+            metrics["routing_tables_ignored"] = float(packed.routes_ignored)
         return StepResult(self.step, self.step, digest, metrics, hist)
 
     def _metrics(self, packed, diag, loss_total: float, grad_norm: float, elapsed: float):

@@ -5,6 +5,10 @@ never looks right, so padding cannot change a real position's output) and packed
 micro-batches of at most ``micro_batch_tokens`` padded tokens, in the order the groups
 were given. The same groups in the same order always give the same tensors, which is
 what makes a logged step re-executable bit for bit.
+
+MoE route tables (docs/contracts.md, "Routing") go to the rows' positions: position p of
+a row gets the segment's route row p + 1 (the experts position p was routed to when it
+produced token p + 1), padding and unrecorded positions -1.
 """
 
 from __future__ import annotations
@@ -13,12 +17,15 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
+import structlog
 
 from trainer.config import TrainerConfig
 from trainer.trajectory import Group
 
 if TYPE_CHECKING:
     import torch
+
+log = structlog.get_logger(__name__)
 
 
 @dataclass
@@ -36,6 +43,9 @@ class MicroBatch:
     advantages: "torch.Tensor"  # [n] float32
     keep: "torch.Tensor"  # [n] bool; False = stale token masked out
     staleness: "torch.Tensor"  # [n] long
+    # [rows, L, moe_layers, top_k] int16 expert ids by position, -1 = not recorded; empty
+    # (numel 0) when the model is dense or no row of this micro-batch has routes.
+    routes: "torch.Tensor"
 
     @property
     def num_tokens(self) -> int:
@@ -58,9 +68,13 @@ class PackedStep:
     advantages: list[float] = field(default_factory=list)
     future_tokens: int = 0
     groups: int = 0
+    routes_ignored: int = 0  # segments whose route table does not fit the model
 
 
-def pack_step(groups: Sequence[Group], current_version: int, cfg: TrainerConfig) -> PackedStep:
+def pack_step(groups: Sequence[Group], current_version: int, cfg: TrainerConfig,
+              route_shape: tuple[int, int, int] | None = None) -> PackedStep:
+    """``route_shape``: the model's (MoE layers, top_k, experts); None for a dense model
+    (route tables are then left out)."""
     import torch
 
     from trainer.loss import group_advantages
@@ -95,6 +109,7 @@ def pack_step(groups: Sequence[Group], current_version: int, cfg: TrainerConfig)
                     "adv": np.full(loss_pos.size, a, dtype=np.float32),
                     "keep": keep,
                     "staleness": staleness,
+                    "routes": _position_routes(seg.routes, route_shape, traj.trajectory_id, out),
                 }))
                 out.generated_tokens += int(loss_pos.size)
                 out.loss_tokens += int(keep.sum())
@@ -105,16 +120,34 @@ def pack_step(groups: Sequence[Group], current_version: int, cfg: TrainerConfig)
     for tokens, info in rows:
         new_width = max(width, tokens.size)
         if current and new_width * (len(current) + 1) > cfg.micro_batch_tokens:
-            out.micro_batches.append(_micro_batch(current))
+            out.micro_batches.append(_micro_batch(current, route_shape))
             current, new_width = [], tokens.size
         current.append((tokens, info))
         width = new_width
     if current:
-        out.micro_batches.append(_micro_batch(current))
+        out.micro_batches.append(_micro_batch(current, route_shape))
     return out
 
 
-def _micro_batch(rows: list[tuple[np.ndarray, dict]]) -> MicroBatch:
+def _position_routes(routes: np.ndarray | None, shape: tuple[int, int, int] | None, tid: str,
+                     out: PackedStep) -> np.ndarray | None:
+    """A segment's route rows shifted to the positions that used them, or None."""
+    if routes is None or shape is None:
+        return None
+    layers, top_k, experts = shape
+    if routes.shape[1:] != (layers, top_k) or int(routes.max(initial=-1)) >= experts:
+        # Recorded for another model: recompute this segment's routes (counted, logged).
+        out.routes_ignored += 1
+        log.warning("route table does not fit the model; recomputing its routes", trajectory_id=tid,
+                    table=list(routes.shape[1:]), max_id=int(routes.max(initial=-1)),
+                    model=[layers, top_k], experts=experts)
+        return None
+    by_position = np.full_like(routes, -1)
+    by_position[:-1] = routes[1:]
+    return by_position
+
+
+def _micro_batch(rows: list[tuple[np.ndarray, dict]], route_shape: tuple[int, int, int] | None) -> MicroBatch:
     import torch
 
     from trainer.loss import pad_kept_sets
@@ -132,6 +165,12 @@ def _micro_batch(rows: list[tuple[np.ndarray, dict]]) -> MicroBatch:
     targets = torch.from_numpy(cat("targets", np.int64))
     kept: list[np.ndarray] = [k for _, info in rows for k in info["kept"]]
     kept_ids, kept_lengths = pad_kept_sets(kept, targets)
+    routes = np.zeros(0, dtype=np.int16)
+    if route_shape is not None and any(info["routes"] is not None for _, info in rows):
+        routes = np.full((len(rows), width, *route_shape[:2]), -1, dtype=np.int16)
+        for i, (t, info) in enumerate(rows):
+            if info["routes"] is not None:
+                routes[i, : t.size] = info["routes"]
     return MicroBatch(
         input_ids=torch.from_numpy(ids),
         row=torch.from_numpy(row_index),
@@ -146,4 +185,5 @@ def _micro_batch(rows: list[tuple[np.ndarray, dict]]) -> MicroBatch:
         advantages=torch.from_numpy(cat("adv", np.float32)),
         keep=torch.from_numpy(cat("keep", bool)),
         staleness=torch.from_numpy(cat("staleness", np.int64)),
+        routes=torch.from_numpy(routes),
     )

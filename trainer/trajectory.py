@@ -37,6 +37,9 @@ class Segment:
     # int64 [n]: the sampler's kept-set size, also where ``kept`` holds only part of it
     # (capped); -1 unknown (a capped set from an engine that cannot count past its cap).
     kept_size: np.ndarray | None = None
+    # int16 [n, moe_layers, top_k]: the sampler's routed experts, row i for the position
+    # before token i (docs/contracts.md, "Routing"); -1 = not recorded. None: no routes.
+    routes: np.ndarray | None = None
 
     def __post_init__(self) -> None:
         if self.kept_size is None:
@@ -224,7 +227,20 @@ def _segment(chunks: list[TrajectoryChunk], tid: str) -> Segment:
             raise InvalidTrajectory(f"trajectory {tid}: generated token {t} ({tokens[t]}) is not in its kept set")
     if not np.all(np.isfinite(behaviour[mask])):
         raise InvalidTrajectory(f"trajectory {tid}: non-finite behaviour log-prob")
-    return Segment(tokens, mask, behaviour, kept, capped, versions, temperature, kept_size)
+    return Segment(tokens, mask, behaviour, kept, capped, versions, temperature, kept_size, _routes(chunks, tid))
+
+
+def _routes(chunks: list[TrajectoryChunk], tid: str) -> np.ndarray | None:
+    """The segment's route table; chunks without routes give rows of -1."""
+    tables = [c.routed_experts_array() for c in chunks]
+    shapes = {t.shape[1:] for t in tables if t is not None}
+    if not shapes:
+        return None
+    if len(shapes) > 1:
+        raise InvalidTrajectory(f"trajectory {tid}: chunks' routed experts differ in [layers, top_k]: {sorted(shapes)}")
+    row = shapes.pop()
+    return np.concatenate([t if t is not None else np.full((c.num_tokens, *row), -1, dtype=np.int16)
+                           for c, t in zip(chunks, tables)]).astype(np.int16)
 
 
 def groups_from_trajectories(trajectories: Sequence[Trajectory]) -> list[Group]:

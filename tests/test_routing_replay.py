@@ -1,0 +1,176 @@
+"""MoE routing replay (R3, issue #14 item 2) on tiny random-init MoE models built here.
+
+The "flip" setup: TorchEngine samples with the original weights and records the routed
+experts; the trainer loads the same model with slightly changed router weights,
+labelled the same version (0). The changed routers send some positions to other
+experts. The models route each position to one expert (top_k 1) with renormalised
+gate weights, so a position's gate weight is exactly 1 whatever the router logits: the
+expert choice is the only thing the change can alter. With R3 the trainer computes the
+sampler's function exactly (log-probs equal to float32 rounding), without it the
+flipped routes change the log-probs of the sampled tokens.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from sampler.engine import SampledToken
+from sampler.recorder import TrajectoryIdentity, TrajectoryRecorder
+from sampler.routes import RouteCapture
+from sampler.sampling import SamplingParams
+from sampler.tiny_model import build_tiny_moe, tiny_model_dir
+from sampler.torch_engine import TorchEngine
+from schemas import Cost, RecordRef, Reward
+from tests.trainer_helpers import one_thread  # noqa: F401
+from trainer.config import TrainerConfig
+from trainer.core import TrainCore
+from trainer.routing import RoutingReplay
+from trainer.trajectory import Group, assemble
+
+ROUTER_NOISE = 0.005  # added to the router weights (init std 0.02): flips some routes
+PROMPT = "def add(a, b):\n    return"
+
+
+@pytest.fixture(scope="module")
+def moe_dirs(tmp_path_factory):
+    """(sampler's model, trainer's model with changed routers), Qwen3-MoE top-1."""
+    from transformers import AutoModelForCausalLM
+
+    root = tmp_path_factory.mktemp("moe")
+    original = build_tiny_moe(root / "original", tiny_model_dir(), top_k=1)
+    model = AutoModelForCausalLM.from_pretrained(original, dtype=torch.float32)
+    gen = torch.Generator().manual_seed(7)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("mlp.gate.weight"):
+                p.add_(ROUTER_NOISE * torch.randn(p.shape, generator=gen))
+    changed = root / "changed"
+    model.save_pretrained(changed)
+    from transformers import AutoTokenizer
+
+    AutoTokenizer.from_pretrained(original).save_pretrained(changed)
+    return original, changed
+
+
+async def _sample_group(model_dir, samples: int = 2, max_tokens: int = 24) -> Group:
+    """One group sampled by TorchEngine (float32) and recorded chunk by chunk, as a
+    sampler does, then assembled as the trainer does."""
+    engine = await TorchEngine(model_dir, dtype="float32", max_model_len=256).start()
+    try:
+        prompt = engine.tokenizer(PROMPT)["input_ids"]
+        recorders, chunks = [], [[] for _ in range(samples)]
+        for i in range(samples):
+            async def publish(chunk, i=i):
+                chunks[i].append(chunk)
+            recorders.append(TrajectoryRecorder(
+                TrajectoryIdentity(trajectory_id=f"t{i}", task_id="task", group_id="g", sample_index=i,
+                                   group_size=samples, attempt="a0"), publish))
+            await recorders[i].add_env(prompt, engine.weight_version)
+        params = SamplingParams(n=samples, max_tokens=max_tokens, ignore_eos=True, seed=3)
+        async for event in engine.generate(prompt, params):
+            if isinstance(event, SampledToken):
+                await recorders[event.sample_index].add_sampled(event)
+        members = []
+        for i, rec in enumerate(recorders):
+            await rec.finish("length", Cost(generated_tokens=rec.generated_tokens))
+            reward = Reward(trajectory_id=f"t{i}", task_id="task", group_id="g", sample_index=i, attempt="a0",
+                            score=float(i % 2), reward=float(i % 2), weight_version=0)
+            refs = [RecordRef("rollway.trajectories", 0, k) for k in range(len(chunks[i]))]
+            members.append(assemble(chunks[i], refs, reward, RecordRef("rollway.rewards", 0, i)))
+        return Group("task", "g", members)
+    finally:
+        await engine.close()
+
+
+def _step_metrics(model_dir, group: Group, replay: bool) -> dict[str, float]:
+    core = TrainCore(TrainerConfig(model_path=str(model_dir), replay_routing=replay, device="cpu",
+                                   learning_rate=1e-6, muon_learning_rate=1e-6), str(model_dir))
+    return core.train_step([group]).metrics
+
+
+def _recomputed_differs(model_dir, group: Group) -> float:
+    """Share of recorded positions where ``model_dir``'s own top-k (one forward of the
+    group's rows, as the trainer packs them) differs from the recorded experts."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    capture = RouteCapture(model)
+    segments = [t.segments[0] for t in group.members]
+    ids = torch.tensor(np.stack([s.token_ids for s in segments]))
+    with torch.no_grad():
+        model.model(input_ids=ids)
+    own = capture.take(*ids.shape).astype(np.int64)  # [rows, L, layers, top_k]
+    recorded = np.stack([s.routes[1:] for s in segments]).astype(np.int64)  # positions 0..L-2
+    own = own[:, :-1]
+    differs = (np.sort(own, axis=-1) != np.sort(recorded, axis=-1)).any(axis=(-1, -2))
+    return float(differs.sum() / differs.size)
+
+
+def test_the_sampler_records_a_route_for_every_position_it_forwarded(moe_dirs):
+    group = asyncio.run(_sample_group(moe_dirs[0]))
+    for traj in group.members:
+        seg = traj.segments[0]
+        assert seg.routes.shape == (seg.num_tokens, 2, 1)  # [tokens, MoE layers, top_k]
+        assert (seg.routes[0] == -1).all()  # position -1 produced nothing
+        assert (seg.routes[1:] >= 0).all() and (seg.routes[1:] < 4).all()
+
+
+def test_with_replay_the_trainer_matches_the_sampler_exactly_without_it_does_not(moe_dirs):
+    original, changed = moe_dirs
+    group = asyncio.run(_sample_group(original))
+    positions = sum(t.segments[0].num_tokens - 1 for t in group.members)
+
+    # Same weights as the sampler: replay or not, the same function (up to rounding).
+    same = _step_metrics(original, group, replay=True)
+    assert same["routing_recorded_positions"] == positions
+    assert abs(math.log(same["is_ratio_min"])) < 1e-5 and abs(math.log(same["is_ratio_max"])) < 1e-5
+
+    expected_differs = _recomputed_differs(changed, group)
+    assert expected_differs > 0.05  # the flip setup flips routes
+
+    off = _step_metrics(changed, group, replay=False)
+    assert off["routing_recorded_positions"] == positions
+    assert off["routing_differs_frac"] == pytest.approx(expected_differs, abs=0)
+    assert max(abs(math.log(off["is_ratio_min"])), abs(math.log(off["is_ratio_max"]))) > 1e-2
+    assert off["mismatch_kl_k3"] > 1e-6
+
+    on = _step_metrics(changed, group, replay=True)
+    assert on["routing_recorded_positions"] == positions
+    assert on["routing_differs_frac"] > 0.05  # measured with replay on too
+    assert abs(math.log(on["is_ratio_min"])) < 1e-5 and abs(math.log(on["is_ratio_max"])) < 1e-5
+    assert on["mismatch_kl_k3"] < 1e-10
+
+
+def test_replaying_the_models_own_routes_is_bit_identical_and_the_router_still_learns(tmp_path):
+    """Top-2 Mixtral: the gate weights are the router's softmax at the replayed experts,
+    renormalised, so replaying its own choice changes no bit, and the router weights get
+    gradients through the gate weights of the replayed experts."""
+    from transformers import AutoModelForCausalLM
+
+    path = build_tiny_moe(tmp_path / "mixtral", tiny_model_dir(), kind="mixtral", top_k=2)
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    ids = torch.randint(0, model.config.vocab_size, (2, 12), generator=torch.Generator().manual_seed(0))
+    capture = RouteCapture(model)
+    plain = model(input_ids=ids).logits
+    own = torch.from_numpy(capture.take(*ids.shape))
+    capture.remove()
+
+    replay = RoutingReplay(model, replay=True)
+    with replay.using(own):
+        replayed = model(input_ids=ids).logits
+    assert torch.equal(plain, replayed)
+    assert replay.take_counts() == (24, 0)
+
+    other = (own + 1) % 4  # every position to two other experts
+    with replay.using(other):
+        moved = model(input_ids=ids).logits
+    assert not torch.allclose(plain, moved)
+    assert replay.take_counts() == (24, 24)
+    moved.logsumexp(-1).sum().backward()
+    for router in replay.routers:
+        assert router.weight.grad is not None and router.weight.grad.abs().sum() > 0
