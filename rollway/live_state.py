@@ -140,10 +140,6 @@ class LiveState:
         elif isinstance(event, DeadLetter):
             self.dead_letters.append(event)
 
-    def apply_all(self, events: Iterable[object]) -> None:
-        for event in events:
-            self.apply(event)
-
     def note(self, line: str) -> None:
         """A supervisor notice (restart, crash) shown under the tables."""
         self.notices.append(line)

@@ -17,7 +17,6 @@ if TYPE_CHECKING:
     import torch
 
 DIGEST_BYTES = 16  # 128 bits: collisions are not a concern at our object counts
-ALGORITHM = "blake3-128"
 
 
 def checksum(data, threads: int = 1) -> str:

@@ -32,7 +32,7 @@ from __future__ import annotations
 import asyncio
 import time
 from concurrent.futures import ThreadPoolExecutor
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import structlog
 
@@ -108,18 +108,6 @@ class WeightSubscriber:
         hold a mix of two versions under the old version's label."""
         return not self._engine_dirty
 
-    def heartbeat_fields(self) -> dict[str, Any]:
-        """Fields for ``schemas.Heartbeat``: weight_version, last_pause_ms,
-        updates_applied, and status ``unhealthy`` after a failed apply."""
-        fields: dict[str, Any] = {
-            "weight_version": self.version,
-            "last_pause_ms": round(self.last_pause_ms, 3),
-            "updates_applied": self.updates_applied,
-        }
-        if not self.healthy:
-            fields["status"] = "unhealthy"
-        return fields
-
     @property
     def weights(self) -> dict[str, "torch.Tensor"]:
         """The CPU copy of the applied weights (read-only by convention)."""
@@ -149,12 +137,6 @@ class WeightSubscriber:
                 recon, plan = await self._prefetch(version, weights_hash)
             await self._apply(recon, plan, time.perf_counter() - t0)
             return True
-
-    async def update_to_latest(self) -> bool:
-        catalog = await cat.load_catalog(self.store, self.model)
-        if catalog.latest < 0:
-            return False
-        return await self.update_to(catalog.latest)
 
     async def _prefetch(self, version: int, weights_hash: str = "") -> tuple[Reconstruction, cat.Plan]:
         catalog = await cat.load_catalog(self.store, self.model)

@@ -53,7 +53,6 @@ async def test_subscribers_follow_weight_announcements(kafka_config, tmp_path):
             await wait_until_async(lambda: late.version == 4 and live.version == 4, 60, "late.version == 4 and live.version == 4")
             assert live.last_path == "delta v3->v4"
             assert_same_bits(dict(late_target.module.state_dict()), states[4])
-            assert late.heartbeat_fields()["weight_version"] == 4
             late.stop()
             await asyncio.wait_for(late_task, 30)
         finally:

@@ -229,13 +229,13 @@ async def test_failed_apply_marks_the_replica_unhealthy_until_repaired(cfg, tmp_
     target.apply_weights = half_then_fail
     with pytest.raises(RuntimeError, match="mid-update"):
         await sub.update_to(2)
-    assert not sub.healthy and sub.heartbeat_fields()["status"] == "unhealthy"
+    assert not sub.healthy
     assert sub.version == 1
     # a refused update (nothing written) does not make a healthy replica unhealthy,
     # and an update of the same version repairs a dirty one
     failing = False
     assert await sub.update_to(1)  # repair at the version it holds: everything resent
-    assert sub.healthy and "status" not in sub.heartbeat_fields()
+    assert sub.healthy
     assert_same_bits(dict(target.module.state_dict()), w[1])
     assert await sub.update_to(2)
     assert_same_bits(dict(target.module.state_dict()), w[2])
