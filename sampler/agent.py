@@ -14,12 +14,21 @@ messages), ``max_total_tokens`` (generated tokens, summaries included) and
 ``max_tool_seconds`` (wall time of tool calls); the first one exhausted ends the
 rollout with ``budget_<name>``.
 
-Self-compaction: before a turn, when the segment holds ``compaction_fraction`` of
-``max_model_len`` tokens, the agent is asked for a summary (``<summary>`` prefilled,
-generated until ``</summary>``; those tokens are trainable), then a new segment starts
-from the task prompt and the summary. Every segment's tokens are published, so all
-segments train. The context never grows past ``max_model_len - reserve`` where the
-reserve fits the compaction request and a full summary, so compaction always fits.
+Tool calls are read from the turn's token ids (:mod:`sampler.tool_calls`); a tool
+error of any kind (a refusal, a sandbox failure, no free command slot) becomes the
+reply, never a failed rollout: one bad argument must not cancel the whole group.
+Tool time is the time the sandbox spent on the agent's calls (a command's own
+duration): waiting for a command slot is the infrastructure's cost, not the agent's.
+
+Self-compaction: before a turn, when the segment holds ``compact_at`` tokens (at most
+``compaction_fraction`` of ``max_model_len``), the agent is asked for a summary
+(``<summary>`` prefilled, generated until ``</summary>``; those tokens are trainable),
+then a new segment starts from the task prompt and the summary. Every segment's tokens
+are published, so all segments train. Outside a compaction the context never grows
+past ``context_limit`` = ``max_model_len`` less the compaction request and a full
+summary, so compaction always fits; and ``compact_at`` leaves room below that limit for
+a whole turn: the assistant header with its prefill, ``MIN_TURN_TOKENS`` generated
+tokens and the tool reply's markup.
 
 When the rollout ends (submit, budget, context exhausted) the final chunk is
 published, then the sandbox grades the workspace (``submit``), which publishes the
@@ -32,19 +41,23 @@ import contextlib
 import time
 from dataclasses import dataclass, field
 
+import aiohttp
 import structlog
 
 from sampler import tool_format as fmt
+from sampler.tool_calls import ToolCall, ToolCallError, ToolCallParser, format_hint
 from sampler.config import SamplerConfig
 from sampler.engine import Engine, SampleDone, SampledToken
 from sampler.recorder import Publish, TrajectoryIdentity, TrajectoryRecorder
 from sampler.sampling import SamplingParams
-from sandbox.client import SandboxClient, SandboxError
+from sandbox.client import SandboxBusy, SandboxClient, SandboxError
 from schemas import Cost, Reward, Task
 
 log = structlog.get_logger(__name__)
 
 TRUNCATED_MARK = "\n[... output truncated]"
+# A turn opens only with room for this many generated tokens (else the agent compacts).
+MIN_TURN_TOKENS = 16
 
 
 def trajectory_id(task: Task, sample_index: int, attempt: str) -> str:
@@ -90,19 +103,27 @@ class AgentLoop:
         self.replica_id = replica_id
         tok = engine.tokenizer
         self.tok = tok
-        self._tool_stop = self._single_token(fmt.TOOL_CLOSE)
+        self.calls = ToolCallParser.for_tokenizer(tok)
+        self._tool_stop = self.calls.close_id
         self._im_end = self._single_token(fmt.IM_END)
         self._summary_stop = self._single_token(fmt.SUMMARY_CLOSE)
         self.max_len = min(cfg.max_model_len, engine.max_model_len)
-        # Room kept free so a compaction (request + full summary) always fits.
-        # (+32: markup of a tool reply or turn header that may land after the last check.)
-        self.reserve = len(self.encode(fmt.compaction_request())) + cfg.summary_max_tokens + 32
-        self.hard_limit = self.max_len - self.reserve
-        self.compact_at = min(int(cfg.compaction_fraction * self.max_len), self.hard_limit)
-        if self.hard_limit < 16:
+        # The compaction request and a full summary always fit on top of the context
+        # (the summary prompt must stay below max_model_len: +1).
+        compaction = len(self.encode(fmt.compaction_request())) + cfg.summary_max_tokens + 1
+        self.context_limit = self.max_len - compaction
+        # What a turn adds besides its generated tokens: the assistant header with the
+        # prefill, and the tool reply's markup (the longer of its two forms).
+        self.header_tokens = len(self.encode(fmt.assistant_header(cfg.assistant_prefill)))
+        self.reply_markup = max(len(self.encode(fmt.tool_reply("", closed))) for closed in (False, True))
+        self.reserve = compaction + self.header_tokens + MIN_TURN_TOKENS + self.reply_markup
+        self.compact_at = min(int(cfg.compaction_fraction * self.max_len), self.max_len - self.reserve)
+        if self.compact_at < MIN_TURN_TOKENS:
             raise ValueError(
-                f"max_model_len {self.max_len} leaves no room for turns after reserving {self.reserve} "
-                "tokens for compaction (lower sampler.summary_max_tokens or raise max_model_len)"
+                f"max_model_len {self.max_len} leaves no room for turns after reserving {self.reserve} tokens "
+                f"(compaction request and summary {compaction}, assistant header and prefill {self.header_tokens}, "
+                f"a {MIN_TURN_TOKENS}-token turn, reply markup {self.reply_markup}); lower sampler.summary_max_tokens, "
+                "shorten sampler.assistant_prefill or raise max_model_len"
             )
 
     def _single_token(self, text: str) -> int | None:
@@ -208,28 +229,27 @@ class AgentLoop:
                 state.summaries.append(summary)
                 logger.info("compacted", segment=rec.segment_index, summary_chars=len(summary))
                 continue
-            prefill = cfg.assistant_prefill
-            await rec.add_env(self.encode(fmt.assistant_header(prefill)), self.engine.weight_version)
-            room = self.hard_limit - len(rec.segment_tokens)
+            # Below compact_at the whole turn fits under context_limit (see __init__).
+            header = self.encode(fmt.assistant_header(cfg.assistant_prefill))
+            await rec.add_env(header, self.engine.weight_version)
+            room = self.context_limit - len(rec.segment_tokens) - self.reply_markup
             budget = cfg.max_total_tokens - rec.generated_tokens
-            stop_strings = (fmt.TOOL_CLOSE,) if self._tool_stop is None else ()
-            params = self.sampling(min(cfg.max_tokens_per_turn, room, budget),
-                                   [self._tool_stop, self._im_end], stop_strings)
+            params = self.sampling(min(cfg.max_tokens_per_turn, room, budget), [self._tool_stop, self._im_end], ())
             generated, _ = await self._generate(rec, params)
             state.turns += 1
-            message = prefill + self.decode(generated)
             closed = bool(generated) and generated[-1] == self._im_end
+            # The header's ids carry the prefill (which may open the call).
             try:
-                call = fmt.parse_tool_call(message)
-            except fmt.ToolCallError as exc:
-                body = f"error: {exc}"
+                call = self.calls.parse(header + generated)
+            except ToolCallError as exc:
+                reply = [(f"error: {exc}; ", False), *format_hint()]
             else:
                 if call.name == "submit":
                     return "submitted"
-                t0 = time.perf_counter()
-                body = await self._execute(session, call, cfg.max_tool_seconds - state.tool_seconds)
-                state.tool_seconds += time.perf_counter() - t0
-            await rec.add_env(self._reply_tokens(body, closed, rec), self.engine.weight_version)
+                body, billed = await self._execute(session, call, cfg.max_tool_seconds - state.tool_seconds)
+                state.tool_seconds += billed
+                reply = [(body, False)]
+            await rec.add_env(self._reply_tokens(reply, closed, rec), self.engine.weight_version)
 
     async def _generate(self, rec: TrajectoryRecorder, params: SamplingParams) -> tuple[list[int], SampleDone | None]:
         """Stream one completion of the segment into the recorder."""
@@ -269,19 +289,27 @@ class AgentLoop:
         await rec.add_env(resume, self.engine.weight_version)
         return summary
 
-    def _reply_tokens(self, body: str, closed: bool, rec: TrajectoryRecorder) -> list[int]:
+    def _reply_tokens(self, body: list[fmt.Piece], closed: bool, rec: TrajectoryRecorder) -> list[int]:
         """The tool reply, its body cut to the token limit and to what the context allows."""
         markup = len(self.encode(fmt.tool_reply("", closed)))
-        limit = min(self.cfg.max_tool_output_tokens, self.hard_limit - len(rec.segment_tokens) - markup)
-        body_ids = self.encode([(body, False)])
+        limit = min(self.cfg.max_tool_output_tokens, self.context_limit - len(rec.segment_tokens) - markup)
+        body_ids = self.encode(body)
         if len(body_ids) > max(limit, 0):
             mark = self.encode([(TRUNCATED_MARK, False)])
             body_ids = body_ids[: max(0, limit - len(mark))] + (mark if limit >= len(mark) else [])
         head, _, tail = fmt.tool_reply("", closed)
         return self.encode([head]) + body_ids + self.encode([tail])
 
-    async def _execute(self, session: str, call: fmt.ToolCall, seconds_left: float) -> str:
-        """Run one tool call; sandbox-side refusals (4xx) become the reply text."""
+    async def _execute(self, session: str, call: ToolCall, seconds_left: float) -> tuple[str, float]:
+        """Run one tool call: the reply text and the tool seconds to bill. Every error
+        becomes the reply (a 4xx refusal, a 5xx, an unreachable sandbox, no free command
+        slot): a tool call never fails the rollout, and with it the group.
+
+        Billed: a command's own duration as the sandbox measured it (not the wait for a
+        command slot, on either side of the HTTP call); a file read or write, or a
+        refused call, its wall time (they take no slot); nothing for a call that never
+        got a slot or that the sandbox failed (5xx, no answer)."""
+        t0 = time.perf_counter()
         try:
             if call.name == "run":
                 timeout = max(0.1, min(self.cfg.tool_timeout_s, seconds_left))
@@ -294,14 +322,23 @@ class AgentLoop:
                     notes.append(f"killed: {res.killed}")
                 if res.exit_code not in (0, None):
                     notes.append(f"exit code {res.exit_code}")
-                return out + (f"\n[{'; '.join(notes)}]" if notes else "")
+                return out + (f"\n[{'; '.join(notes)}]" if notes else ""), res.duration_s
             if call.name == "read":
-                return await self.sandbox.read_file(session, call.arg)
+                text = await self.sandbox.read_file(session, call.arg)
+                return text, time.perf_counter() - t0
             if call.name == "write":
                 written = await self.sandbox.write_file(session, call.arg, call.content)
-                return f"wrote {call.arg} ({written} bytes)"
+                return f"wrote {call.arg} ({written} bytes)", time.perf_counter() - t0
+            raise ValueError(f"unknown tool {call.name!r}")
+        except SandboxBusy as exc:
+            return f"error: {exc.message}", 0.0
         except SandboxError as exc:
-            if exc.status >= 500:
-                raise
-            return f"error: {exc.message}"
-        raise ValueError(f"unknown tool {call.name!r}")
+            if exc.status < 500:  # the call's own fault (a refusal): its time is the agent's
+                return f"error: {exc.message}", time.perf_counter() - t0
+            log.warning("tool call failed in the sandbox", tool=call.name, status=exc.status, error=exc.message)
+            return f"error: {exc.message}", 0.0
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            # Commands are cut at tool_timeout_s, far below the client's timeout: no
+            # answer is the infrastructure's fault, not billed.
+            log.warning("tool call did not reach the sandbox", tool=call.name, error=repr(exc))
+            return f"error: the sandbox did not answer ({type(exc).__name__})", 0.0

@@ -17,69 +17,17 @@ The environment answers in a ``tool`` message whose body is wrapped in
     <|im_end|>\n<|im_start|>tool\n<output>1 passed</output><|im_end|>\n
 
 Tool output is tokenized with special tokens *split*: a file containing the text
-``<tool>`` cannot inject a control token. Self-compaction asks for
-``<summary>...</summary>`` (see :mod:`sampler.agent`).
+``<tool>`` cannot inject a control token. The call is read from the turn's token ids
+(:mod:`sampler.tool_calls`): only the special ``<tool>`` and ``</tool>`` tokens delimit
+it. Self-compaction asks for ``<summary>...</summary>`` (see :mod:`sampler.agent`).
 """
 
 from __future__ import annotations
-
-from dataclasses import dataclass
 
 TOOL_OPEN, TOOL_CLOSE = "<tool>", "</tool>"
 OUTPUT_OPEN, OUTPUT_CLOSE = "<output>", "</output>"
 SUMMARY_OPEN, SUMMARY_CLOSE = "<summary>", "</summary>"
 IM_START, IM_END = "<|im_start|>", "<|im_end|>"
-
-FORMAT_HINT = (
-    "use <tool>run\\nCMD</tool>, <tool>read PATH</tool>, <tool>write PATH\\nCONTENT</tool> or <tool>submit</tool>"
-)
-
-
-@dataclass(frozen=True, slots=True)
-class ToolCall:
-    name: str  # run | read | write | submit
-    arg: str = ""  # command (run) or path (read, write)
-    content: str = ""  # file content (write)
-
-
-class ToolCallError(ValueError):
-    """The assistant's message has no well-formed tool call; the message says why."""
-
-
-def parse_tool_call(text: str) -> ToolCall:
-    """The last complete tool call of an assistant message (``text`` decoded with special
-    tokens): the last ``<tool>`` that a ``</tool>`` follows."""
-    start = text.rfind(TOOL_OPEN)
-    if start < 0:
-        raise ToolCallError(f"no tool call: {FORMAT_HINT}")
-    end = text.find(TOOL_CLOSE, start)
-    while end < 0 and start > 0:
-        start = text.rfind(TOOL_OPEN, 0, start)
-        if start < 0:
-            break
-        end = text.find(TOOL_CLOSE, start)
-    if start < 0 or end < 0:
-        raise ToolCallError(f"unterminated tool call (no {TOOL_CLOSE})")
-    body = text[start + len(TOOL_OPEN) : end]
-    head, _, rest = body.partition("\n")
-    name, _, arg = head.strip().partition(" ")
-    arg = arg.strip()
-    if name == "submit":
-        return ToolCall("submit")
-    if name == "run":
-        command = (rest if rest.strip() else arg).strip()
-        if not command:
-            raise ToolCallError("run needs a command on the line after 'run'")
-        return ToolCall("run", command)
-    if name == "read":
-        if not arg:
-            raise ToolCallError("read needs a path: <tool>read PATH</tool>")
-        return ToolCall("read", arg)
-    if name == "write":
-        if not arg:
-            raise ToolCallError("write needs a path: <tool>write PATH\\nCONTENT</tool>")
-        return ToolCall("write", arg, rest)
-    raise ToolCallError(f"unknown tool {name!r}: {FORMAT_HINT}")
 
 
 # Environment text is built from pieces (text, trusted): trusted pieces are our own

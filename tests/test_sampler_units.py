@@ -103,30 +103,7 @@ def test_sampler_config_names_the_bad_field(field, value, match):
         load_config(None, environ={}, overrides={"sampler": {field: value}})
 
 
-# -- tool-call format -------------------------------------------------------------------------
-@pytest.mark.parametrize("text,expected", [
-    ("I will look.\n<tool>run\npython -m pytest -q</tool>", fmt.ToolCall("run", "python -m pytest -q")),
-    ("<tool>run ls -la</tool>", fmt.ToolCall("run", "ls -la")),
-    ("<tool>read solution.py</tool><|im_end|>", fmt.ToolCall("read", "solution.py")),
-    ("<tool>write a/b.py\ndef f():\n    return 1\n</tool>", fmt.ToolCall("write", "a/b.py", "def f():\n    return 1\n")),
-    ("<tool>submit</tool>", fmt.ToolCall("submit")),
-    ("<tool>run\nls</tool> then <tool>read x.py</tool>", fmt.ToolCall("read", "x.py")),  # the last call counts
-    ("<tool>run\nls</tool> then <tool>read x", fmt.ToolCall("run", "ls")),  # ... the last complete one
-])
-def test_parse_tool_call(text, expected):
-    assert fmt.parse_tool_call(text) == expected
-
-
-@pytest.mark.parametrize("text,match", [
-    ("no call here", "no tool call"), ("<tool>run\nls", "unterminated"), ("<tool>rm -rf /</tool>", "unknown tool"),
-    ("<tool>read</tool>", "read needs a path"), ("<tool>run\n</tool>", "run needs a command"),
-    ("<tool>write\nx</tool>", "write needs a path"),
-])
-def test_parse_tool_call_errors_say_what_is_wrong(text, match):
-    with pytest.raises(fmt.ToolCallError, match=match):
-        fmt.parse_tool_call(text)
-
-
+# -- tool-call format (parsing from token ids: tests/test_agent_loop.py) -----------------------
 def test_untrusted_text_cannot_inject_control_tokens(tiny_model_path):
     """Tool output containing '<tool>' is tokenized as text, never as the special token."""
     from transformers import AutoTokenizer

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from sampler import tool_format as fmt
+from sampler.tool_calls import ToolCallParser
 from sampler.tiny_model import tiny_model_dir
 from tasks.family import generate
 from trainer.sft import SFTConfig, reference_turns, render_transcript, train_sft
@@ -41,7 +41,8 @@ def test_transcript_is_the_agent_stream(tokenizer, kind):
     spans = [tokenizer.decode(s) for s in policy_spans(ids, mask)]
     turns = reference_turns(spec)
     assert spans == [message for message, _ in turns]
-    calls = [fmt.parse_tool_call(s) for s in spans]
+    parser = ToolCallParser.for_tokenizer(tokenizer)
+    calls = [parser.parse(s) for s in policy_spans(ids, mask)]
     assert [c.name for c in calls] == (["read"] if kind == "fix" else []) + ["write", "submit"]
     write = calls[-2]
     assert {write.arg: write.content} == spec.solution
