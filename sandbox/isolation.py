@@ -97,6 +97,22 @@ def _ancestors(path: str) -> list[str]:
 
 SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib64", "/lib32", "/libx32", "/etc")
 
+# The command is one argv string of bash -c: the kernel takes at most MAX_ARG_STRLEN
+# (32 pages, 128 KiB) per argument, its terminating NUL included, and an argument cannot
+# hold a NUL byte at all. Past either the exec fails (E2BIG, ValueError): checked first.
+MAX_COMMAND_BYTES = 128 * 1024 - 1
+
+
+def command_problem(command: str) -> str | None:
+    """Why ``command`` cannot be run, in words for the caller; None when it can."""
+    if "\x00" in command:
+        return f"command contains a NUL byte (at character {command.index(chr(0))}); a shell command cannot carry one"
+    size = len(command.encode("utf-8", "surrogatepass"))
+    if size > MAX_COMMAND_BYTES:
+        return (f"command is {size} bytes, over the {MAX_COMMAND_BYTES}-byte limit of one exec argument; "
+                "write long content to a file first")
+    return None
+
 
 def bwrap_argv(
     command: str,
@@ -112,6 +128,9 @@ def bwrap_argv(
     tmp_source: str | None = None,
 ) -> list[str]:
     """The full argv: ``bwrap <namespaces, mounts, env> -- [setpriv ...] bash -c command``."""
+    problem = command_problem(command)
+    if problem:
+        raise ValueError(problem)
     bwrap = shutil.which("bwrap")
     if bwrap is None:
         raise RuntimeError("bubblewrap (bwrap) is not installed: apt-get install bubblewrap")

@@ -20,6 +20,7 @@ from aiohttp import web
 from sandbox.cgroups import CgroupManager, make_cgroup_manager
 from sandbox.config import RewardConfig, SandboxConfig
 from sandbox.grader import Grader, Publisher, SubmitRequest
+from sandbox.isolation import command_problem
 from sandbox.quota import Quota, QuotaError
 from sandbox.quota import available as quota_available
 from sandbox.runner import Busy, Jail
@@ -217,6 +218,9 @@ class SandboxService:
         timeout = self.cfg.command_timeout_s if body.timeout_s is None else body.timeout_s
         if not 0 < timeout <= self.cfg.max_command_timeout_s:
             raise HttpError(400, f"timeout_s must be in (0, {self.cfg.max_command_timeout_s}], got {timeout}")
+        problem = command_problem(body.command)
+        if problem:
+            raise HttpError(400, problem)
         if session.lock.locked():
             raise SessionBusy(f"session {session.id} is running another command")
         async with session.lock:
