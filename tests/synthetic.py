@@ -257,3 +257,43 @@ def groups_from_sampled(
             trajectories.append(assemble(chunks, refs, reward, RecordRef(f"{topic}.rewards", 0, offset)))
             offset += 1
     return groups_from_trajectories(trajectories)
+
+
+async def engine_group(engine, prompt: Sequence[int], params: SamplingParams, *, task_id: str = "task",
+                       group_id: str = "g", chunk_tokens: int = 256):
+    """A trainer ``Group`` of ``params.n`` samples drawn by a real engine (TorchEngine or
+    VLLMEngine) from ``prompt``, each recorded by its own ``TrajectoryRecorder`` as a
+    sampler does (kept sets, versions, routed experts) and assembled as the trainer does.
+    Stand-in rewards alternate 0, 1 so the group has variance."""
+    from schemas import RecordRef
+    from trainer.trajectory import Group, assemble
+
+    samples = params.n
+    chunks: list[list[TrajectoryChunk]] = [[] for _ in range(samples)]
+    recorders = []
+    for i in range(samples):
+        async def publish(chunk: TrajectoryChunk, i: int = i) -> None:
+            chunks[i].append(chunk)
+        recorders.append(TrajectoryRecorder(
+            TrajectoryIdentity(trajectory_id=f"{task_id}/{group_id}/{i}", task_id=task_id, group_id=group_id,
+                               sample_index=i, group_size=samples, attempt="a0",
+                               temperature=params.temperature, top_p=params.top_p, top_k=params.top_k),
+            publish, chunk_tokens=chunk_tokens))
+        await recorders[i].add_env(list(prompt), engine.weight_version)
+    finish = ["length"] * samples
+    async for event in engine.generate(list(prompt), params):
+        if isinstance(event, SampledToken):
+            await recorders[event.sample_index].add_sampled(event)
+        else:
+            finish[event.sample_index] = event.finish_reason
+            if event.routed_experts is not None:
+                recorders[event.sample_index].attach_routed_experts(event.routed_experts)
+    members = []
+    for i, rec in enumerate(recorders):
+        await rec.finish(finish[i], Cost(generated_tokens=rec.generated_tokens))
+        tid = rec.identity.trajectory_id
+        reward = Reward(trajectory_id=tid, task_id=task_id, group_id=group_id, sample_index=i, attempt="a0",
+                        score=float(i % 2), reward=float(i % 2), weight_version=rec.newest_generated_version)
+        refs = [RecordRef("engine.trajectories", 0, k) for k in range(len(chunks[i]))]
+        members.append(assemble(chunks[i], refs, reward, RecordRef("engine.rewards", 0, i)))
+    return Group(task_id, group_id, members)

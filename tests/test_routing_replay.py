@@ -19,18 +19,16 @@ import numpy as np
 import pytest
 import torch
 
-from sampler.engine import SampledToken
-from sampler.recorder import TrajectoryIdentity, TrajectoryRecorder
 from sampler.routes import RouteCapture
 from sampler.sampling import SamplingParams
 from sampler.tiny_model import build_tiny_moe, tiny_model_dir
 from sampler.torch_engine import TorchEngine
-from schemas import Cost, RecordRef, Reward
+from tests.synthetic import engine_group
 from tests.trainer_helpers import one_thread  # noqa: F401
 from trainer.config import TrainerConfig
 from trainer.core import TrainCore
 from trainer.routing import RoutingReplay
-from trainer.trajectory import Group, assemble
+from trainer.trajectory import Group
 
 ROUTER_NOISE = 0.005  # added to the router weights (init std 0.02): flips some routes
 PROMPT = "def add(a, b):\n    return"
@@ -58,31 +56,12 @@ def moe_dirs(tmp_path_factory):
 
 
 async def _sample_group(model_dir, samples: int = 2, max_tokens: int = 24) -> Group:
-    """One group sampled by TorchEngine (float32) and recorded chunk by chunk, as a
-    sampler does, then assembled as the trainer does."""
+    """One group sampled by TorchEngine (float32), recorded and assembled as live data."""
     engine = await TorchEngine(model_dir, dtype="float32", max_model_len=256).start()
     try:
         prompt = engine.tokenizer(PROMPT)["input_ids"]
-        recorders, chunks = [], [[] for _ in range(samples)]
-        for i in range(samples):
-            async def publish(chunk, i=i):
-                chunks[i].append(chunk)
-            recorders.append(TrajectoryRecorder(
-                TrajectoryIdentity(trajectory_id=f"t{i}", task_id="task", group_id="g", sample_index=i,
-                                   group_size=samples, attempt="a0"), publish))
-            await recorders[i].add_env(prompt, engine.weight_version)
         params = SamplingParams(n=samples, max_tokens=max_tokens, ignore_eos=True, seed=3)
-        async for event in engine.generate(prompt, params):
-            if isinstance(event, SampledToken):
-                await recorders[event.sample_index].add_sampled(event)
-        members = []
-        for i, rec in enumerate(recorders):
-            await rec.finish("length", Cost(generated_tokens=rec.generated_tokens))
-            reward = Reward(trajectory_id=f"t{i}", task_id="task", group_id="g", sample_index=i, attempt="a0",
-                            score=float(i % 2), reward=float(i % 2), weight_version=0)
-            refs = [RecordRef("rollway.trajectories", 0, k) for k in range(len(chunks[i]))]
-            members.append(assemble(chunks[i], refs, reward, RecordRef("rollway.rewards", 0, i)))
-        return Group("task", "g", members)
+        return await engine_group(engine, prompt, params)
     finally:
         await engine.close()
 
