@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import msgspec
 import numpy as np
 import pytest
 import torch
@@ -183,18 +184,12 @@ def test_manifest_roundtrip_and_validation():
     m = Manifest(model="m", version=3, kind="delta", base_version=2, keyframe_version=1,
                  weights_hash="h", tensors=[entry])
     assert decode_manifest(encode_manifest(m)) == m
-    gap = msgspec_replace(m, tensors=[msgspec_replace(entry, chunks=entry.chunks[1:])])
+    gap = msgspec.structs.replace(m, tensors=[msgspec.structs.replace(entry, chunks=entry.chunks[1:])])
     with pytest.raises(ValueError, match="do not tile"):
         decode_manifest(encode_manifest(gap))
     with pytest.raises(ValueError, match="not older"):
-        decode_manifest(encode_manifest(msgspec_replace(m, base_version=3)))
+        decode_manifest(encode_manifest(msgspec.structs.replace(m, base_version=3)))
     with pytest.raises(ValueError, match="raw tensors only"):
-        decode_manifest(encode_manifest(msgspec_replace(m, kind="full")))
+        decode_manifest(encode_manifest(msgspec.structs.replace(m, kind="full")))
     with pytest.raises(ValueError, match="not a valid manifest"):
         decode_manifest(b'{"version": "x"}')
-
-
-def msgspec_replace(obj, **changes):
-    import msgspec
-
-    return msgspec.structs.replace(obj, **changes)

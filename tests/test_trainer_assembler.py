@@ -11,7 +11,7 @@ import msgspec
 import pytest
 
 from bus import Envelope
-from schemas import GroupDrop, TrajectoryChunk
+from schemas import GroupDrop
 from tests.synthetic import SampledTrajectory, load_tiny, make_task_groups, to_events
 from tests.trainer_helpers import one_thread  # noqa: F401  autouse fixture
 from trainer.assembler import Assembler
@@ -384,7 +384,7 @@ def test_invalid_chunk_is_dead_lettered_and_its_group_closed(sampled):
     asm = Assembler(cfg())
     group = sampled[0]
     bad = envs(group[0])
-    broken = msgspec_replace(bad[0].event, logprobs=b"\x00\x00")
+    broken = msgspec.structs.replace(bad[0].event, logprobs=b"\x00\x00")
     bad[0] = Envelope(broken, "t.trajectories", 0, next(_offsets), 0, None, ())
     feed(asm, bad)
     (env, error), = asm.take_invalid()
@@ -407,12 +407,6 @@ def test_generated_token_outside_its_kept_set_is_refused(sampled):
     feed(asm, envs(dataclasses.replace(t, kept=kept)))
     (env, error), = asm.take_invalid()
     assert "not in its kept set" in error
-
-
-def msgspec_replace(event: TrajectoryChunk, **changes) -> TrajectoryChunk:
-    import msgspec
-
-    return msgspec.structs.replace(event, **changes)
 
 
 def test_group_with_rewards_of_two_phases_is_dropped_invalid(sampled):
