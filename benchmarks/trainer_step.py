@@ -1,4 +1,4 @@
-"""Trainer step benchmark: sampling distribution replay on versus off, same batch, same run.
+"""Trainer step benchmark: replay switches on versus off, same batch, same run.
 
 Two trainers start from the same weights and train on the same batch, alternating
 step by step (the order flips every round, so drift in machine load hits both alike).
@@ -7,12 +7,16 @@ set (gather + logsumexp over the kept logits); "off" uses the full-vocabulary
 log-softmax. Everything else -- forward, backward, Muon + AdamW step, metrics, the
 weights hash -- is the same code path.
 
-Cases:
-* ``tiny``: the repository's tiny Qwen2 (vocab 510) with trajectories sampled from it
+Cases (the switch each one flips):
+* ``tiny`` (``replay_kept_sets``): the repository's tiny Qwen2 (vocab 510) with trajectories sampled from it
   (top-p 0.9, environment tokens spliced in), through the real event encoding;
-* ``vocab32k``: a random-init Qwen2 with a 32k vocabulary (no downloads) and a batch
+* ``vocab32k`` (``replay_kept_sets``): a random-init Qwen2 with a 32k vocabulary (no downloads) and a batch
   with realistic kept-set sizes (45% of tokens a kept set of one, the rest 2..256),
-  where the output layer dominates.
+  where the output layer dominates;
+* ``moe`` (``replay_routing``, R3): a random-init Qwen3-MoE (8 experts, top-2, every
+  layer sparse) with groups drawn by TorchEngine, which records the routed experts;
+  "on" routes every position to the recorded experts (a forward hook on each router),
+  "off" recomputes top-k. The "differs" column is the routing_differs_frac metric.
 
     .venv/bin/python benchmarks/trainer_step.py             # both cases, ~2 minutes on 2 cores
     .venv/bin/python benchmarks/trainer_step.py --small     # smoke run
@@ -51,6 +55,7 @@ class Row:
     tokens_per_s: float
     loss_tokens_per_s: float
     kept_mean: float
+    differs: float | None = None  # routing_differs_frac (MoE only)
 
 
 def tiny_case(args) -> tuple[str, list]:
@@ -106,10 +111,32 @@ def vocab_case(args, workdir: str) -> tuple[str, list]:
     return workdir, groups
 
 
-def measure(case: str, path: str, groups: list, args) -> list[Row]:
+def moe_case(args, workdir: str) -> tuple[str, list]:
+    import asyncio
+
+    from sampler.sampling import SamplingParams
+    from sampler.tiny_model import build_tiny_moe, tiny_model_dir
+    from sampler.torch_engine import TorchEngine
+    from tests.synthetic import engine_group
+
+    path = build_tiny_moe(workdir, tiny_model_dir(), hidden_size=128, layers=4, experts=8, top_k=2)
+
+    async def sample() -> list:
+        engine = await TorchEngine(path, dtype="float32", max_model_len=1024).start()
+        try:
+            prompt = engine.tokenizer("def fib(n):\n    ")["input_ids"]
+            params = SamplingParams(n=4, max_tokens=args.tiny_tokens, ignore_eos=True, top_p=0.9)
+            return [await engine_group(engine, prompt, params, task_id=f"moe-{g}") for g in range(args.groups)]
+        finally:
+            await engine.close()
+
+    return str(path), asyncio.run(sample())
+
+
+def measure(case: str, path: str, groups: list, args, switch: str = "replay_kept_sets") -> list[Row]:
     cores = {
-        mode: TrainCore(TrainerConfig(model_path=path, replay_kept_sets=(mode == "on"), num_threads=args.threads,
-                                      learning_rate=1e-5, muon_learning_rate=1e-5, max_staleness=1000))
+        mode: TrainCore(TrainerConfig(model_path=path, num_threads=args.threads, learning_rate=1e-5,
+                                      muon_learning_rate=1e-5, max_staleness=1000, **{switch: mode == "on"}))
         for mode in ("on", "off")
     }
     vocab = cores["on"].model.config.vocab_size
@@ -132,6 +159,7 @@ def measure(case: str, path: str, groups: list, args) -> list[Row]:
             step_ms=1000 * step, hash_ms=1000 * med("hash_s"),
             tokens_per_s=med("tokens_per_s"), loss_tokens_per_s=med("loss_tokens_per_s"),
             kept_mean=ms[0]["kept_size_mean"],
+            differs=med("routing_differs_frac") if "routing_differs_frac" in ms[0] else None,
         ))
     return rows
 
@@ -146,7 +174,7 @@ def main() -> None:
     parser.add_argument("--vocab", type=int, default=32768)
     parser.add_argument("--prompt-tokens", type=int, default=64)
     parser.add_argument("--gen-tokens", type=int, default=192)
-    parser.add_argument("--cases", default="tiny,vocab32k")
+    parser.add_argument("--cases", default="tiny,vocab32k,moe")
     args = parser.parse_args()
     if args.small:
         args.rounds, args.groups, args.gen_tokens, args.tiny_tokens = 2, 2, 64, 16
@@ -160,11 +188,14 @@ def main() -> None:
     if "vocab32k" in cases:
         with tempfile.TemporaryDirectory() as workdir:
             rows += measure("vocab32k", *vocab_case(args, workdir), args)
+    if "moe" in cases:
+        with tempfile.TemporaryDirectory() as workdir:
+            rows += measure("moe", *moe_case(args, workdir), args, switch="replay_routing")
 
-    print(f"\ntrainer step, replay renormalisation on vs off (median of {args.rounds} alternating steps, "
+    print(f"\ntrainer step, replay on vs off (kept sets; moe: routing) (median of {args.rounds} alternating steps, "
           f"{args.threads} thread(s), {time.perf_counter() - started:.0f}s total)")
     header = (f"{'case':<9} {'vocab':>6} {'replay':>6} {'tokens':>7} {'loss tok':>8} {'kept':>6} "
-              f"{'step ms':>9} {'hash ms':>8} {'tokens/s':>9} {'loss tok/s':>10} {'off/on time':>11}")
+              f"{'step ms':>9} {'hash ms':>8} {'tokens/s':>9} {'loss tok/s':>10} {'off/on time':>11} {'differs':>7}")
     print(header)
     print("-" * len(header))
     for row in rows:
@@ -172,7 +203,8 @@ def main() -> None:
         ratio = other.step_ms / row.step_ms
         print(f"{row.case:<9} {row.vocab:>6} {row.mode:>6} {row.tokens:>7} {row.loss_tokens:>8} "
               f"{row.kept_mean:>6.1f} {row.step_ms:>9.1f} {row.hash_ms:>8.1f} {row.tokens_per_s:>9.0f} "
-              f"{row.loss_tokens_per_s:>10.0f} {ratio:>11.2f}")
+              f"{row.loss_tokens_per_s:>10.0f} {ratio:>11.2f} "
+              f"{'-' if row.differs is None else f'{row.differs:.3f}':>7}")
 
 
 if __name__ == "__main__":

@@ -23,6 +23,7 @@ from sampler.routes import RouteCapture
 from sampler.sampling import SamplingParams
 from sampler.tiny_model import build_tiny_moe, tiny_model_dir
 from sampler.torch_engine import TorchEngine
+from schemas import Cost
 from tests.synthetic import engine_group
 from tests.trainer_helpers import one_thread  # noqa: F401
 from trainer.config import TrainerConfig
@@ -153,3 +154,31 @@ def test_replaying_the_models_own_routes_is_bit_identical_and_the_router_still_l
     moved.logsumexp(-1).sum().backward()
     for router in replay.routers:
         assert router.weight.grad is not None and router.weight.grad.abs().sum() > 0
+
+
+def test_the_recorder_attaches_prompt_routes_to_buffered_tokens_and_counts_the_rest():
+    """Producer convention: prompt position p's routes are token p+1's row. Positions
+    whose chunk was already published before the engine reported them stay -1."""
+    from sampler.engine import SampledToken
+    from sampler.recorder import TrajectoryIdentity, TrajectoryRecorder
+
+    chunks = []
+
+    async def publish(chunk):
+        chunks.append(chunk)
+
+    async def run():
+        rec = TrajectoryRecorder(TrajectoryIdentity("t", "task", "g", 0, 1, "a0"), publish, chunk_tokens=4)
+        await rec.add_env(list(range(10, 16)), 0)  # 6 prompt tokens: the first 4 are published
+        prompt_routes = np.arange(5 * 2, dtype=np.int16).reshape(5, 2, 1)  # positions 0..4, 2 layers
+        await rec.add_sampled(SampledToken(0, 7, -0.5, np.array([7, 8], dtype=np.int32), False, 0,
+                                           routed_experts=np.array([[40], [41]], dtype=np.int16),
+                                           prompt_routed_experts=prompt_routes))
+        await rec.finish("length", Cost(generated_tokens=1))
+        return rec
+
+    rec = asyncio.run(run())
+    assert rec.routes_unrecorded == 3  # prompt tokens 1..3 (token 0 never has a row)
+    assert chunks[0].routed_experts_array() is None
+    table = chunks[1].routed_experts_array()  # tokens 4, 5 (prompt) and 6 (sampled)
+    assert table.tolist() == [[[6], [7]], [[8], [9]], [[40], [41]]]
