@@ -16,7 +16,9 @@ Cases (the switch each one flips):
 * ``moe`` (``replay_routing``, R3): a random-init Qwen3-MoE (8 experts, top-2, every
   layer sparse) with groups drawn by TorchEngine, which records the routed experts;
   "on" routes every position to the recorded experts (a forward hook on each router),
-  "off" recomputes top-k. The "differs" column is the routing_differs_frac metric.
+  "off" recomputes top-k. The "differs" column is the routing_differs_frac metric;
+* ``precision`` (``replay_precision``): the ``tiny`` batch with the forward on the
+  weights cast to bfloat16 ("on") or in float32 ("off"): what precision replay costs.
 
     .venv/bin/python benchmarks/trainer_step.py             # both cases, ~2 minutes on 2 cores
     .venv/bin/python benchmarks/trainer_step.py --small     # smoke run
@@ -174,7 +176,7 @@ def main() -> None:
     parser.add_argument("--vocab", type=int, default=32768)
     parser.add_argument("--prompt-tokens", type=int, default=64)
     parser.add_argument("--gen-tokens", type=int, default=192)
-    parser.add_argument("--cases", default="tiny,vocab32k,moe")
+    parser.add_argument("--cases", default="tiny,vocab32k,moe,precision")
     args = parser.parse_args()
     if args.small:
         args.rounds, args.groups, args.gen_tokens, args.tiny_tokens = 2, 2, 64, 16
@@ -188,20 +190,22 @@ def main() -> None:
     if "vocab32k" in cases:
         with tempfile.TemporaryDirectory() as workdir:
             rows += measure("vocab32k", *vocab_case(args, workdir), args)
+    if "precision" in cases:
+        rows += measure("precision", *tiny_case(args), args, switch="replay_precision")
     if "moe" in cases:
         with tempfile.TemporaryDirectory() as workdir:
             rows += measure("moe", *moe_case(args, workdir), args, switch="replay_routing")
 
-    print(f"\ntrainer step, replay on vs off (kept sets; moe: routing) (median of {args.rounds} alternating steps, "
+    print(f"\ntrainer step, replay on vs off (kept sets; moe: routing; precision: bf16 forward) (median of {args.rounds} alternating steps, "
           f"{args.threads} thread(s), {time.perf_counter() - started:.0f}s total)")
-    header = (f"{'case':<9} {'vocab':>6} {'replay':>6} {'tokens':>7} {'loss tok':>8} {'kept':>6} "
+    header = (f"{'case':<10} {'vocab':>6} {'replay':>6} {'tokens':>7} {'loss tok':>8} {'kept':>6} "
               f"{'step ms':>9} {'hash ms':>8} {'tokens/s':>9} {'loss tok/s':>10} {'off/on time':>11} {'differs':>7}")
     print(header)
     print("-" * len(header))
     for row in rows:
         other = next(r for r in rows if r.case == row.case and r.mode == "off")
         ratio = other.step_ms / row.step_ms
-        print(f"{row.case:<9} {row.vocab:>6} {row.mode:>6} {row.tokens:>7} {row.loss_tokens:>8} "
+        print(f"{row.case:<10} {row.vocab:>6} {row.mode:>6} {row.tokens:>7} {row.loss_tokens:>8} "
               f"{row.kept_mean:>6.1f} {row.step_ms:>9.1f} {row.hash_ms:>8.1f} {row.tokens_per_s:>9.0f} "
               f"{row.loss_tokens_per_s:>10.0f} {ratio:>11.2f} "
               f"{'-' if row.differs is None else f'{row.differs:.3f}':>7}")
