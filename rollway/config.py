@@ -73,6 +73,17 @@ class RollwayConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     up: UpConfig = msgspec.field(default_factory=UpConfig)
     eval: EvalConfig = msgspec.field(default_factory=EvalConfig)
 
+    def __post_init__(self) -> None:
+        # Rules across sections (each section checks its own in its __post_init__).
+        sandbox, sampler = self.sandbox, self.sampler
+        longest_call = sandbox.command_queue_timeout_s + max(sandbox.grading_timeout_s, sampler.tool_timeout_s)
+        if sampler.sandbox_request_timeout_s <= longest_call:
+            raise ValueError(
+                f"sampler.sandbox_request_timeout_s = {sampler.sandbox_request_timeout_s:g} must exceed "
+                f"sandbox.command_queue_timeout_s + sandbox.grading_timeout_s = {longest_call:g} s: a submit waits for "
+                "a command slot, then for the grading, and a client that gives up first resamples a graded rollout"
+            )
+
 
 class ConfigError(ValueError):
     """The configuration file or an environment override is invalid."""
@@ -181,13 +192,20 @@ def describe(exc: msgspec.ValidationError, root: Any = None) -> str:
     return f"{path}: {what}"
 
 
-def load_config(
-    path: str | os.PathLike[str] | None = None,
-    environ: Mapping[str, str] | None = None,
-    overrides: Mapping[str, Any] | None = None,
-) -> RollwayConfig:
-    """File, then environment, then ``overrides`` (a command's flags, nested like the
-    file), merged and converted once."""
+def given_settings(
+    path: str | os.PathLike[str] | None = None, environ: Mapping[str, str] | None = None,
+) -> dict[str, Any]:
+    """What the config file and the environment set, nested like the file, without the
+    defaults: the layers :func:`load_config` reads (``rollway up`` fills in its main-job
+    settings only where neither names them)."""
+    _, data, from_env = _read_sources(path, environ)
+    return _merge(data, from_env)
+
+
+def _read_sources(
+    path: str | os.PathLike[str] | None, environ: Mapping[str, str] | None,
+) -> tuple[Path | None, dict[str, Any], dict[str, Any]]:
+    """The config file found (or None), its settings, and the environment's."""
     environ = os.environ if environ is None else environ
     data: dict[str, Any] = {}
     file = find_config_file(path)
@@ -199,7 +217,17 @@ def load_config(
         except tomllib.TOMLDecodeError as exc:
             raise ConfigError(f"config file {file} is not valid TOML: {exc}") from exc
     defaults = msgspec.to_builtins(RollwayConfig())
-    from_env = _coerce_env_strings(env_overrides(environ), defaults)
+    return file, data, _coerce_env_strings(env_overrides(environ), defaults)
+
+
+def load_config(
+    path: str | os.PathLike[str] | None = None,
+    environ: Mapping[str, str] | None = None,
+    overrides: Mapping[str, Any] | None = None,
+) -> RollwayConfig:
+    """File, then environment, then ``overrides`` (a command's flags, nested like the
+    file), merged and converted once."""
+    file, data, from_env = _read_sources(path, environ)
     merged = _merge(_merge(data, from_env), overrides or {})
     try:
         return msgspec.convert(merged, RollwayConfig, strict=False)

@@ -108,7 +108,17 @@ class SamplerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     consumer_max_poll_interval_ms: int = 1_800_000
     # Follow rollway.weights through the syncer's WeightSubscriber.
     follow_weights: bool = True
-    sandbox_request_timeout_s: float = 60.0
+    # One HTTP call to the sandbox. A submit waits for a command slot and then the
+    # grading, so this must exceed sandbox.command_queue_timeout_s +
+    # sandbox.grading_timeout_s (checked where both are known: rollway.config); below
+    # it a slow grading was resampled although its reward was published.
+    sandbox_request_timeout_s: float = 180.0
+    # SIGTERM: in-flight groups get this long to finish; what is left then is abandoned
+    # unacked (the task's next owner samples it again) and the replica exits cleanly.
+    # It must cover a rollout's sandbox time (max_tool_seconds + a submit,
+    # sandbox_request_timeout_s) plus its generation; the container's stop grace period
+    # must exceed it (docker-compose.yml: stop_grace_period).
+    drain_timeout_s: float = 600.0
 
     def __post_init__(self) -> None:
         if not 0.0 < self.top_p <= 1.0:
@@ -127,6 +137,12 @@ class SamplerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
                              "version could never all start")
         if self.chunk_tokens < 1 or self.max_chunk_bytes < 4096:
             raise ValueError("sampler.chunk_tokens must be >= 1 and sampler.max_chunk_bytes >= 4096")
+        sandbox_time = self.max_tool_seconds + self.sandbox_request_timeout_s
+        if self.drain_timeout_s < sandbox_time:
+            raise ValueError(
+                f"sampler.drain_timeout_s = {self.drain_timeout_s:g} cannot fit a rollout's sandbox time alone: "
+                f"sampler.max_tool_seconds + sampler.sandbox_request_timeout_s (a submit) = {sandbox_time:g} s"
+            )
 
 
 class EvalConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):

@@ -8,7 +8,9 @@
   Each delivery gets a fresh ``attempt`` id, so trajectory ids never repeat across
   attempts (the trainer groups by ``(group_id, attempt)``).
 * SIGTERM (or SIGINT): stop taking tasks, finish the in-flight ones, commit, publish a
-  ``stopped`` heartbeat, exit 0.
+  ``stopped`` heartbeat, exit 0. Groups still running after ``drain_timeout_s`` are
+  abandoned unacked (the task's next owner samples it again), so the replica exits
+  cleanly before its supervisor's grace period ends instead of being killed mid-group.
 * Heartbeats on ``rollway.health``: status, loaded weight version, in-flight
   rollouts, generated tokens/s, last weight-update pause.
 * Weights: a :class:`syncer.subscriber.WeightSubscriber` follows ``rollway.weights``
@@ -138,6 +140,9 @@ class SamplerService:
         self.agent: AgentLoop | None = None
         self._stopped = asyncio.Event()
         self._sandbox = sandbox
+        # The handler task of each group in flight, cancelled at the drain deadline.
+        self._groups: set[asyncio.Task] = set()
+        self._drain_deadline: asyncio.TimerHandle | None = None
         self.sync_gate = SyncGate(scfg.sync_groups_per_version, scfg.sync_refill_after_s) \
             if scfg.sync_groups_per_version else None
 
@@ -145,11 +150,22 @@ class SamplerService:
     def request_stop(self) -> None:
         """Drain: take no new task, finish the in-flight ones, then return from run()."""
         if self.status != "draining":
-            log.info("draining", in_flight=self.in_flight)
+            log.info("draining", in_flight=self.in_flight, deadline_s=self.scfg.drain_timeout_s)
+            self._drain_deadline = asyncio.get_running_loop().call_later(self.scfg.drain_timeout_s,
+                                                                         self._abandon_groups)
         self.status = "draining"
         self._stopped.set()
         if self._consumer is not None:
             self._consumer.stop()
+
+    def _abandon_groups(self) -> None:
+        """The drain deadline passed: cancel the groups still running. Their task records
+        stay unacked, so the commit stops short of them and their next owner resamples."""
+        if self._groups:
+            log.warning("drain deadline passed; abandoning groups in flight", groups=len(self._groups),
+                        in_flight=self.in_flight, deadline_s=self.scfg.drain_timeout_s)
+        for group in self._groups:
+            group.cancel()
 
     # -- main -----------------------------------------------------------------------------
     async def run(self, install_signals: bool = True) -> None:
@@ -186,6 +202,8 @@ class SamplerService:
                         await self._consumer.run(self._handle, concurrency=scfg.max_tasks_in_flight)
             finally:
                 self.status = "stopped"
+                if self._drain_deadline is not None:
+                    self._drain_deadline.cancel()
                 if weights is not None:
                     self.subscriber.stop()
                     await asyncio.gather(weights, return_exceptions=True)
@@ -226,8 +244,14 @@ class SamplerService:
         phase_step = self.engine.weight_version
         logger.info("task started", group_size=task.group_size, phase_step=phase_step)
         t0 = time.perf_counter()
-        async with asyncio.TaskGroup() as group:
-            runs = [group.create_task(self._rollout(task, i, attempt, phase_step)) for i in range(task.group_size)]
+        handler = asyncio.current_task()
+        self._groups.add(handler)
+        try:
+            async with asyncio.TaskGroup() as group:
+                runs = [group.create_task(self._rollout(task, i, attempt, phase_step))
+                        for i in range(task.group_size)]
+        finally:
+            self._groups.discard(handler)
         results: list[RolloutResult] = [r.result() for r in runs]
         self.tasks_done += 1
         logger.info("task done", seconds=round(time.perf_counter() - t0, 3),

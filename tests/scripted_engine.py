@@ -7,11 +7,13 @@ sampled model produces on demand. Everything else stays real: the tokenizer, the
 loop, the recorder and the sandbox service. The engine enforces what vLLM does with a
 prompt (``validate_prompt``: shorter than ``max_model_len``) and with stops (generation
 ends at the first stop id, which is kept, or after ``max_tokens``), and records every
-call so tests can check the exact numbers the agent asked for.
+call so tests can check the exact numbers the agent asked for. ``respond`` returning
+None is a generation that never ends (until cancelled): a rollout caught mid-turn.
 """
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass
 from typing import AsyncIterator, Callable
 
@@ -32,13 +34,14 @@ class Call:
 class ScriptedEngine(Engine):
     kept_set_source = "exact"
 
-    def __init__(self, tokenizer, respond: Callable[[list[int], SamplingParams], list[int]], *,
+    def __init__(self, tokenizer, respond: Callable[[list[int], SamplingParams], list[int] | None], *,
                  max_model_len: int = 512, weight_version: int = 0) -> None:
         self._tokenizer = tokenizer
         self.respond = respond
         self._max_model_len = max_model_len
         self._version = weight_version
         self.calls: list[Call] = []
+        self.hanging = 0  # generations waiting forever right now
 
     @property
     def weight_version(self) -> int:
@@ -55,8 +58,15 @@ class ScriptedEngine(Engine):
     async def generate(self, prompt_ids: list[int], params: SamplingParams,
                        request_id: str | None = None) -> AsyncIterator[EngineEvent]:
         validate_prompt(prompt_ids, params, self._max_model_len, len(self._tokenizer))
+        script = self.respond(list(prompt_ids), params)
+        if script is None:
+            self.hanging += 1
+            try:
+                await asyncio.Event().wait()
+            finally:
+                self.hanging -= 1
         out: list[int] = []
-        for tok in self.respond(list(prompt_ids), params)[: params.max_tokens]:
+        for tok in script[: params.max_tokens]:
             out.append(tok)
             if tok in params.stop_token_ids:
                 break

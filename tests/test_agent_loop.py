@@ -235,6 +235,49 @@ async def test_slot_waits_are_not_billed_as_tool_time(tok, sandbox_cfg):
     assert result.cost.tool_seconds == round(logged[0], 6)
 
 
+def test_timeouts_out_of_order_are_refused_at_load():
+    from rollway.config import ConfigError, load_config
+
+    cfg = load_config(None, environ={})
+    assert (cfg.sampler.sandbox_request_timeout_s, cfg.sampler.drain_timeout_s) == (180.0, 600.0)
+    with pytest.raises(ConfigError, match=r"sampler.sandbox_request_timeout_s = 60 must exceed "
+                                          r"sandbox.command_queue_timeout_s \+ sandbox.grading_timeout_s = 150 s"):
+        load_config(None, environ={}, overrides={"sampler": {"sandbox_request_timeout_s": 60}})
+    with pytest.raises(ConfigError, match=r"sampler.drain_timeout_s = 200 cannot fit a rollout's sandbox time alone: "
+                                          r"sampler.max_tool_seconds \+ sampler.sandbox_request_timeout_s \(a submit\) "
+                                          r"= 240 s"):
+        load_config(None, environ={}, overrides={"sampler": {"drain_timeout_s": 200}})
+
+
+async def test_draining_abandons_groups_still_running_at_the_deadline(tok, sandbox_cfg):
+    """SIGTERM's drain has a deadline: a group whose rollouts are still generating then
+    is cancelled (its record stays unacked for the next owner), its sandbox sessions are
+    closed, and the replica can stop; before, draining waited for it without end."""
+    from bus import Envelope
+    from sampler.service import SamplerService
+    from schemas import Task
+    from syncer.config import SyncerConfig
+    from bus.config import KafkaConfig
+
+    cfg = config(max_tool_seconds=0.5, sandbox_request_timeout_s=1.0, drain_timeout_s=1.5)
+    engine = ScriptedEngine(tok, lambda prompt, params: None)  # generation that never ends
+    async with live_sandbox(sandbox_cfg) as sb, SandboxClient(sb.url) as client:
+        service = SamplerService(cfg, engine, kafka=KafkaConfig(), syncer=SyncerConfig(), model_name="m",
+                                 replica_id="r", sandbox=client)
+        service.agent = AgentLoop(engine, client, cfg, _drop, replica_id="r")
+        task = Task(task_id="fix_add", group_id="fix_add/g", group_size=2, instruction=TASK.instruction,
+                    files=TASK.files)
+        handling = asyncio.ensure_future(service._handle(Envelope(task, "rollway.tasks", 0, 0, 0, b"t", ())))
+        while engine.hanging < 2:
+            await asyncio.sleep(0.01)
+        assert len(sb.service.pool) == 2
+        service.request_stop()
+        # A guard against the old behaviour (a drain without end), not a timing check.
+        with pytest.raises(asyncio.CancelledError):
+            await asyncio.wait_for(handling, 60)
+        assert (service.tasks_done, service.rollouts_done, service.in_flight, len(sb.service.pool)) == (0, 0, 0, 0)
+
+
 def _with(before, respond):
     def wrapped(prompt, params):
         before(prompt, params)

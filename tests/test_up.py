@@ -17,7 +17,8 @@ from pathlib import Path
 import pytest
 
 from bus import EventProducer, KafkaConfig, encode, ensure_topics, read_topic
-from rollway.commands.up import MAIN_JOB, explicitly_set, plan
+from rollway.commands.up import MAIN_JOB, plan
+from rollway.config import given_settings
 from rollway.live_state import LiveState
 from rollway.live_view import render, status_line
 from rollway.log_follow import LogFollower
@@ -54,12 +55,14 @@ def test_plan_leaves_out_unknown_commands_and_passes_max_steps():
     assert stages["feeder"] == stages["sampler"] == stages["evaluator"] < stages["trainer"] < stages["sandbox"]
 
 
-def test_explicitly_set_reads_file_and_environment(tmp_path):
+def test_given_settings_are_what_file_and_environment_name(tmp_path):
+    """What `rollway up` leaves alone: a key the file or the environment sets, never a default."""
     cfg = tmp_path / "r.toml"
     cfg.write_text('[feeder]\ntasks_dir = "tasks/demo"\n')
-    assert explicitly_set(str(cfg), {}, "feeder", "tasks_dir")
-    assert not explicitly_set(str(cfg), {}, "feeder", "group_size")
-    assert explicitly_set(None, {"ROLLWAY_FEEDER__TASKS_DIR": "x"}, "feeder", "tasks_dir")
+    assert given_settings(str(cfg), {}) == {"feeder": {"tasks_dir": "tasks/demo"}}
+    assert given_settings(str(cfg), {"ROLLWAY_TRAINER__LEARNING_RATE": "0.5"}) == {
+        "feeder": {"tasks_dir": "tasks/demo"}, "trainer": {"learning_rate": "0.5"}}
+    assert given_settings(str(cfg), {"ROLLWAY_FEEDER__TASKS_DIR": "x"}) == {"feeder": {"tasks_dir": "x"}}
 
 
 def test_compose_runs_the_main_job_settings():

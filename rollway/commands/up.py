@@ -99,21 +99,6 @@ def plan(samplers: int, without: list[str], *, max_steps: int | None = None,
     return procs
 
 
-def explicitly_set(config_path: str | None, environ: dict[str, str], section: str, key: str) -> bool:
-    """Whether the config file or the environment names ``section.key`` (so ``up``'s own
-    default must not override it)."""
-    import tomllib
-
-    from rollway.config import env_overrides, find_config_file
-
-    if key in env_overrides(environ).get(section, {}):
-        return True
-    file = find_config_file(config_path)
-    if file is None or not file.exists():
-        return False
-    return key in tomllib.loads(file.read_text()).get(section, {})
-
-
 def model_paths(cfg, kinds: set[str]) -> list[str]:
     """The model folders the planned components load (samplers and the evaluator the
     sampler's, the trainer its own)."""
@@ -149,6 +134,7 @@ def run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from rollway.commands import given, load_config_or_exit
+    from rollway.config import given_settings
     from rollway.logging import configure_logging
 
     cfg = load_config_or_exit(args, "up", {"up": given(
@@ -170,8 +156,9 @@ def run(args: argparse.Namespace) -> int:
     env.setdefault("TRANSFORMERS_OFFLINE", "1")
     if args.config:
         env["ROLLWAY_CONFIG"] = str(Path(args.config).resolve())
+    given = given_settings(args.config, env)
     for (section, key), value in MAIN_JOB.items():
-        if not explicitly_set(args.config, env, section, key):
+        if key not in given.get(section, {}):
             env[f"ROLLWAY_{section.upper()}__{key.upper()}"] = value
     try:
         return _run(args, cfg, upcfg, env, log_dir)
