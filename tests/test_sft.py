@@ -98,3 +98,56 @@ def test_bad_config():
         SFTConfig(steps=0)
     with pytest.raises(ValueError, match="no SFT examples"):
         train_sft(None, [], SFTConfig(), pad_id=0)
+
+
+def test_premature_submit_is_a_soft_first_action(tokenizer):
+    """With premature_submit_rate r the first action's target is r * submit + (1 - r) *
+    reference: the loss equals cross-entropy against that explicit soft distribution at
+    the first action (and the hard reference everywhere else), and training moves the
+    first action's submit probability towards r."""
+    import torch
+    import torch.nn.functional as F
+
+    from trainer.sft import _batch, first_action_index, masked_loss, submit_token
+    from tests.synthetic import load_tiny
+
+    examples = [render_transcript(s, tokenizer) for s in generate("train", 4, seed=3)]
+    pad = tokenizer.convert_tokens_to_ids("<|endoftext|>")
+    submit = submit_token(tokenizer)
+    assert "submit".startswith(tokenizer.decode([submit]))
+    first = [first_action_index(m) for _, m in examples]
+    # The token there starts the first action's name: read (fix tasks) or write.
+    names = {tokenizer.decode(ids[i:]).partition(" ")[0] for (ids, _), i in zip(examples, first)}
+    assert names <= {"read", "write"} and names
+    ids, mask = _batch(examples, pad)
+    rate = 0.3
+    torch.manual_seed(0)
+    model, _ = load_tiny(str(tiny_model_dir()))
+    with torch.no_grad():
+        got = float(masked_loss(model, ids, mask, (torch.tensor(first), submit, rate)))
+        logits = model(input_ids=ids).logits[:, :-1].float()
+        total = 0.0
+        for row, (tokens, m) in enumerate(examples):
+            for pos in range(1, len(tokens)):
+                if not m[pos]:
+                    continue
+                target = torch.zeros(logits.shape[-1])
+                if pos == first[row]:
+                    target[submit], target[tokens[pos]] = rate, 1 - rate
+                else:
+                    target[tokens[pos]] = 1.0
+                total += float(F.cross_entropy(logits[row, pos - 1][None], target[None]))
+        expected = total / float(mask[:, 1:].sum())
+    assert got == pytest.approx(expected, rel=1e-5)
+
+    cfg = SFTConfig(steps=30, batch_size=4, warmup_steps=1, learning_rate=3e-3, muon_learning_rate=3e-3,
+                    log_every=0, premature_submit_rate=0.5)
+    with pytest.raises(ValueError, match="submit token"):
+        train_sft(model, examples, cfg, pad_id=pad)
+    train_sft(model, examples, cfg, pad_id=pad, submit_id=submit)
+    with torch.no_grad():
+        probs = model(input_ids=ids).logits[:, :-1].float().softmax(-1)
+    p_submit = [float(probs[row, i - 1, submit]) for row, i in enumerate(first)]
+    assert all(0.2 < p < 0.8 for p in p_submit), p_submit
+    with pytest.raises(ValueError, match="premature_submit_rate"):
+        SFTConfig(premature_submit_rate=1.0)

@@ -55,10 +55,18 @@ class SFTConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     # threads contend badly (tests/trainer_helpers.py saw 20x slower steps).
     num_threads: int = 1
     log_every: int = 25
+    # The imitated teacher submits before writing any code in this share of its
+    # episodes (the premature-submit habit of weak agents): the first action's name is
+    # taught as a soft target, ``submit`` with this probability and the reference action
+    # otherwise. Equivalent in expectation to mixing in that share of submit-only
+    # demonstrations, without taking the content examples away. 0 = a flawless teacher.
+    premature_submit_rate: float = 0.0
 
     def __post_init__(self) -> None:
         if self.steps < 1 or self.batch_size < 1 or self.examples < 1:
             raise ValueError("sft.steps, sft.batch_size and sft.examples must be >= 1")
+        if not 0.0 <= self.premature_submit_rate < 1.0:
+            raise ValueError(f"sft.premature_submit_rate must be in [0, 1), got {self.premature_submit_rate}")
 
 
 def encode_pieces(tokenizer, pieces: Sequence[fmt.Piece]) -> list[int]:
@@ -102,6 +110,23 @@ def render_transcript(spec: TaskSpec, tokenizer) -> tuple[list[int], list[int]]:
     return ids, mask
 
 
+def first_action_index(mask: Sequence[int]) -> int:
+    """Index of the first action's name token (``write``, ``read``) in a rendered
+    transcript: the token after the first policy token, ``<tool>``."""
+    return list(mask).index(1) + 1
+
+
+def submit_token(tokenizer) -> int:
+    """The first token of a ``submit`` call's name after ``<tool>`` (the warm start's BPE
+    makes ``submit`` one token: every transcript ends with it). Its continuation to
+    ``</tool>`` is learned from every transcript's final call."""
+    submit = tokenizer.encode(f"{fmt.TOOL_OPEN}submit{fmt.TOOL_CLOSE}", add_special_tokens=False)[1]
+    others = {tokenizer.encode(f"{fmt.TOOL_OPEN}{name} x", add_special_tokens=False)[1] for name in ("write", "read")}
+    if submit in others:
+        raise ValueError("the tokenizer starts submit like write or read: no distinct first action token")
+    return submit
+
+
 def _batch(examples: list[tuple[list[int], list[int]]], pad_id: int):
     import torch
 
@@ -114,15 +139,29 @@ def _batch(examples: list[tuple[list[int], list[int]]], pad_id: int):
     return ids, mask
 
 
-def masked_loss(model, ids: "torch.Tensor", mask: "torch.Tensor") -> "torch.Tensor":
+def masked_loss(model, ids: "torch.Tensor", mask: "torch.Tensor",
+                premature: tuple["torch.Tensor", int, float] | None = None) -> "torch.Tensor":
     """Mean next-token cross-entropy over policy tokens. Right padding under a causal
-    mask never reaches a real token, so no attention mask is needed."""
+    mask never reaches a real token, so no attention mask is needed.
+
+    ``premature = (first_action_index per row, submit token, rate)``: at each row's first
+    action the target is the mixture ``rate * submit + (1 - rate) * reference``, so the
+    cross-entropy there is ``(1 - rate) CE(reference) + rate CE(submit)``."""
+    import torch
     import torch.nn.functional as F
 
     logits = model(input_ids=ids).logits[:, :-1].float()
     targets, weights = ids[:, 1:], mask[:, 1:]
     ce = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1), reduction="none")
-    return (ce * weights.reshape(-1)).sum() / weights.sum().clamp(min=1.0)
+    total = (ce * weights.reshape(-1)).sum()
+    if premature is not None:
+        index, token, rate = premature
+        rows = torch.arange(ids.shape[0])
+        at = index - 1  # logits at position i predict token i + 1
+        reference = ce.view(ids.shape[0], -1)[rows, at]
+        alternative = -F.log_softmax(logits[rows, at], dim=-1)[:, token]
+        total = total + rate * (alternative - reference).sum()
+    return total / weights.sum().clamp(min=1.0)
 
 
 def lr_factor(step: int, cfg: SFTConfig) -> float:
@@ -138,10 +177,12 @@ def train_sft(
     cfg: SFTConfig,
     *,
     pad_id: int,
+    submit_id: int | None = None,
     on_step: Callable[[int, float], None] | None = None,
 ) -> dict[str, float]:
     """``cfg.steps`` optimizer steps over ``examples`` (shuffled by ``cfg.seed``, in
-    epochs). Returns summary numbers; the model is trained in place."""
+    epochs). Returns summary numbers; the model is trained in place. ``submit_id`` (see
+    :func:`submit_token`) is needed when ``cfg.premature_submit_rate > 0``."""
     import torch
 
     from trainer.config import TrainerConfig
@@ -149,6 +190,8 @@ def train_sft(
 
     if not examples:
         raise ValueError("no SFT examples")
+    if cfg.premature_submit_rate > 0 and submit_id is None:
+        raise ValueError("sft.premature_submit_rate > 0 needs the submit token id")
     opt = HybridOptimizer(model, TrainerConfig(learning_rate=cfg.learning_rate,
                                                muon_learning_rate=cfg.muon_learning_rate, weight_decay=0.0))
     base_lr = {name: [g["lr"] for g in o.param_groups] for name, o in opt.optimizers.items()}
@@ -163,12 +206,17 @@ def train_sft(
             order_rng.shuffle(epoch)
             order += epoch
         picked, order = order[: cfg.batch_size], order[cfg.batch_size :]
-        ids, mask = _batch([examples[i] for i in picked], pad_id)
+        batch = [examples[i] for i in picked]
+        ids, mask = _batch(batch, pad_id)
+        premature = None
+        if cfg.premature_submit_rate > 0:
+            first = torch.tensor([first_action_index(m) for _, m in batch])
+            premature = (first, submit_id, cfg.premature_submit_rate)
         factor = lr_factor(step, cfg)
         for name, o in opt.optimizers.items():
             for group, lr in zip(o.param_groups, base_lr[name]):
                 group["lr"] = lr * factor
-        loss = masked_loss(model, ids, mask)
+        loss = masked_loss(model, ids, mask, premature)
         opt.zero_grad()
         loss.backward()
         torch.nn.utils.clip_grad_norm_(list(model.parameters()), cfg.max_grad_norm, foreach=False)

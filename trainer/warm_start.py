@@ -94,7 +94,7 @@ def build_warm_start(out_dir: str | Path, cfg: WarmStartConfig, *, on_step=None)
     from sampler.tiny_model import train_tokenizer
     from tasks.family import generate
     from trainer.model import make_deterministic
-    from trainer.sft import render_transcript, train_sft
+    from trainer.sft import render_transcript, submit_token, train_sft
 
     started = time.perf_counter()
     out = Path(out_dir)
@@ -126,7 +126,8 @@ def build_warm_start(out_dir: str | Path, cfg: WarmStartConfig, *, on_step=None)
     log.info("warm start: sft", params=params, examples=len(examples), tokens_median=lengths[len(lengths) // 2],
              tokens_max=lengths[-1])
     hook = None if on_step is None else (lambda step, loss: on_step(step, loss, model, tokenizer))
-    summary = train_sft(model, examples, cfg.sft, pad_id=config.pad_token_id, on_step=hook)
+    summary = train_sft(model, examples, cfg.sft, pad_id=config.pad_token_id, submit_id=submit_token(tokenizer),
+                        on_step=hook)
     info = {"config": msgspec.to_builtins(cfg), "cache_key": cache_key(cfg), "params": params, "sft": summary,
             "build_seconds": round(time.perf_counter() - started, 1)}
     save_model(model, tokenizer, out, info)

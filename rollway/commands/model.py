@@ -23,6 +23,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     init.add_argument("--out", help="copy it here (default: print the cached path)")
     init.add_argument("--seed", type=int, default=None, help="model, data and SFT seed (default 0)")
     init.add_argument("--steps", type=int, default=None, help="SFT steps (default: trainer.warm_start default)")
+    init.add_argument("--premature-submit-rate", type=float, default=None,
+                      help="share of the imitated teacher's episodes that submit before writing code "
+                           "(default: trainer.warm_start default; 0 = a flawless teacher)")
     init.add_argument("--threads", type=int, default=None, help="torch threads (default: trainer.sft num_threads, 1: deterministic)")
 
 
@@ -81,7 +84,8 @@ def run(args: argparse.Namespace) -> int:
     # converted and validated once like every command's.
     data = msgspec.to_builtins(WarmStartConfig())
     data.update(given(seed=args.seed))
-    data["sft"].update(given(steps=args.steps, seed=args.seed, num_threads=args.threads))
+    data["sft"].update(given(steps=args.steps, seed=args.seed, num_threads=args.threads,
+                            premature_submit_rate=args.premature_submit_rate))
     try:
         cfg = msgspec.convert(data, WarmStartConfig)
     except msgspec.ValidationError as exc:
