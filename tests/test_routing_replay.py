@@ -182,3 +182,30 @@ def test_the_recorder_attaches_prompt_routes_to_buffered_tokens_and_counts_the_r
     assert chunks[0].routed_experts_array() is None
     table = chunks[1].routed_experts_array()  # tokens 4, 5 (prompt) and 6 (sampled)
     assert table.tolist() == [[[6], [7]], [[8], [9]], [[40], [41]]]
+
+
+def test_packing_puts_each_route_at_the_position_that_used_it_and_ignores_unfit_tables():
+    from schemas import RecordRef, Reward
+    from trainer.packing import pack_step
+    from trainer.trajectory import Segment, Trajectory
+
+    def traj(i: int, routes: np.ndarray) -> Trajectory:
+        seg = Segment(token_ids=np.arange(5, dtype=np.int64), loss_mask=np.array([0, 0, 1, 1, 1], dtype=bool),
+                      behaviour=np.zeros(5, dtype=np.float32),
+                      kept=[np.zeros(0, np.int32)] * 2 + [np.array([t], np.int32) for t in (2, 3, 4)],
+                      capped=np.zeros(5, dtype=bool), versions=np.zeros(5, dtype=np.int64),
+                      temperature=np.ones(5, dtype=np.float32), routes=routes)
+        reward = Reward(trajectory_id=f"t{i}", task_id="x", group_id="g", sample_index=i, attempt="a", score=0.0)
+        return Trajectory(f"t{i}", "x", "g", i, 3, "a", [seg], reward, [], RecordRef("r", 0, i))
+
+    table = np.array([-1, 0, 1, 2, 3], dtype=np.int16).reshape(5, 1, 1).repeat(2, axis=1)  # 2 layers, top-1
+    wrong_layers = np.zeros((5, 3, 1), dtype=np.int16)
+    out_of_range = table.copy()
+    out_of_range[2] = 4  # experts 0..3
+    packed = pack_step([Group("x", "g", [traj(0, table), traj(1, wrong_layers), traj(2, out_of_range)])], 0,
+                       TrainerConfig(), (2, 1, 4))
+    routes = packed.micro_batches[0].routes
+    assert routes.shape == (3, 5, 2, 1)
+    assert routes[0, :, 0, 0].tolist() == [0, 1, 2, 3, -1]  # position p: row p + 1
+    assert (routes[1:] == -1).all()
+    assert packed.routes_ignored == 2
