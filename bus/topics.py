@@ -9,6 +9,7 @@ from schemas import (
     DeadLetter,
     EvalResult,
     Event,
+    GroupsDropped,
     Heartbeat,
     Metrics,
     Reward,
@@ -23,13 +24,15 @@ DAY_MS = 24 * 3600 * 1000
 
 @dataclass(frozen=True)
 class TopicSpec:
-    """One topic: short name (``tasks``), partitions, broker config, key and event type."""
+    """One topic: short name (``tasks``), partitions, broker config, key and event type
+    (and ``other_types``, rarer events that belong in the same log)."""
 
     short_name: str
     partitions: int
     event_type: type[Event]
     key: Callable[[Event], str]
     config: dict[str, str] = field(default_factory=dict)
+    other_types: tuple[type[Event], ...] = ()
 
     def name(self, prefix: str = "rollway.") -> str:
         return prefix + self.short_name
@@ -54,7 +57,8 @@ TOPICS: dict[str, TopicSpec] = {
             "health", 3, Heartbeat, lambda e: e.replica_id,
             {"cleanup.policy": "compact", "segment.ms": str(3600 * 1000)},
         ),
-        TopicSpec("train-steps", 1, TrainStep, lambda e: "trainer", {"retention.ms": "-1"}),
+        # Drops logged without a step (GroupsDropped) go into the same log, in order.
+        TopicSpec("train-steps", 1, TrainStep, lambda e: "trainer", {"retention.ms": "-1"}, (GroupsDropped,)),
         TopicSpec("metrics", 3, Metrics, lambda e: e.source, {"retention.ms": str(30 * DAY_MS)}),
         TopicSpec("evals", 1, EvalResult, lambda e: e.split, {"retention.ms": "-1"}),
         TopicSpec(
@@ -64,7 +68,9 @@ TOPICS: dict[str, TopicSpec] = {
     )
 }
 
-_BY_EVENT: dict[type[Event], TopicSpec] = {spec.event_type: spec for spec in TOPICS.values()}
+_BY_EVENT: dict[type[Event], TopicSpec] = {
+    cls: spec for spec in TOPICS.values() for cls in (spec.event_type, *spec.other_types)
+}
 
 
 def spec_for(event_or_type: Event | type[Event]) -> TopicSpec:

@@ -291,6 +291,19 @@ class TrainStep(Event, kw_only=True):
     dropped: list[GroupDrop] = []
 
 
+class GroupsDropped(Event, kw_only=True):
+    """Groups that ended untrained and did not wait for the next ``TrainStep.dropped``:
+    the trainer stops (a clean stop logs what it dropped), or it held more drops, or
+    for longer, than ``trainer.held_drops_max`` / ``held_drops_max_s`` allow (a trainer
+    that cannot step, e.g. every group without reward variance). Written on
+    ``rollway.train-steps`` in a transaction with its records' offsets, like a step's
+    ``dropped``; ``after_step`` is the last step logged before it."""
+
+    after_step: int
+    dropped: list[GroupDrop]
+    created_at: float = 0.0
+
+
 class Metrics(Event, kw_only=True):
     source: str
     step: int = -1
@@ -340,5 +353,6 @@ class EvalResult(Event, kw_only=True):
 
 EVENT_TYPES: dict[str, type[Event]] = {
     cls.__name__: cls
-    for cls in (Task, TrajectoryChunk, Reward, WeightVersion, Heartbeat, TrainStep, Metrics, EvalResult, DeadLetter)
+    for cls in (Task, TrajectoryChunk, Reward, WeightVersion, Heartbeat, TrainStep, GroupsDropped, Metrics, EvalResult,
+                DeadLetter)
 }
