@@ -8,7 +8,7 @@
 # checkpoints and logs. Builds (or reuses) the warm start, runs the default
 # `rollway up` for MINUTES (default 30) with every component seeded by SEED, then
 # measures held-out pass@1 of version 0 (the warm start) and of the last version with
-# `rollway eval` on 100 held-out instances, and writes `rollway report` into the run.
+# `rollway eval` on 100 held-out instances (2 samples each), and writes `rollway report` into the run.
 # The live evaluator is left out (--without evaluator): on 2 cores each of its 100-task
 # evaluations takes the CPU from training for minutes, and the evaluations after the
 # run measure the same versions on the same tasks.
@@ -23,6 +23,9 @@ NAME=${3:-seed$SEED}
 RUN=var/runs/$NAME
 ROLLWAY=.venv/bin/rollway
 EVAL_TASKS=${EVAL_TASKS:-100}
+# Samples per held-out task: one sample on 100 tasks moves by up to 5 points between two
+# evaluations of the same model; 2 halves that spread.
+EVAL_SAMPLES=${EVAL_SAMPLES:-2}
 SANDBOX_PORT=${SANDBOX_PORT:-8391}
 
 if [ -z "${EVAL_ONLY:-}" ]; then
@@ -58,7 +61,7 @@ for _ in $(seq 120); do  # the sandbox's self-check takes a few seconds
     kill -0 "$sandbox_pid" 2>/dev/null || { echo "sandbox exited; see $RUN/logs/eval-sandbox.log" >&2; exit 1; }
     sleep 0.5
 done
-eval_args=(--split heldout --max-tasks "$EVAL_TASKS" --seed 0 --sandbox-url "http://127.0.0.1:$SANDBOX_PORT" --json)
+eval_args=(--split heldout --max-tasks "$EVAL_TASKS" --samples "$EVAL_SAMPLES" --seed 0 --sandbox-url "http://127.0.0.1:$SANDBOX_PORT" --json)
 "$ROLLWAY" eval --version 0 "${eval_args[@]}" >"$RUN/eval-v0.json"
 "$ROLLWAY" eval --version latest "${eval_args[@]}" >"$RUN/eval-last.json"
 "$ROLLWAY" report --out "$RUN/report" | tail -3
