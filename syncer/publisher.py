@@ -258,6 +258,29 @@ class WeightPublisher:
         """Upload one manifest's chunks under ``attempt`` and create the manifest; on
         success it is appended to ``created``. Returns the stored manifest (another
         publisher's when it won with the same weights)."""
+        entries = await self._upload_tensors(version, kind, state, checksums, base, attempt)
+        manifest = Manifest(
+            model=self.model,
+            version=version,
+            kind=kind,
+            base_version=self.base_version if kind == "delta" else -1,
+            keyframe_version=keyframe_version,
+            weights_hash=digest,
+            tensors=list(entries),
+            raw_bytes=sum(e.raw_bytes for e in entries),
+            stored_bytes=sum(e.stored_bytes for e in entries),
+            num_chunks=sum(len(e.chunks) for e in entries),
+            trainer_step=trainer_step,
+            codec=CodecInfo(level=self.cfg.zstd_level, chunk_bytes=self.cfg.chunk_bytes),
+            created_at=time.time(),
+        )
+        manifest.validate()
+        return await self._commit(manifest, created)
+
+    async def _upload_tensors(self, version: int, kind: str, state: dict, checksums: dict[str, str],
+                              base: dict | None, attempt: str) -> list:
+        """Plan every tensor (against ``base`` for a delta), then encode and upload its
+        chunks under ``attempt``; the manifest entries, in name order."""
         loop = asyncio.get_running_loop()
         cfg = self.cfg
 
@@ -293,29 +316,18 @@ class WeightPublisher:
             )
             return plan.entry(list(chunks))
 
-        entries = await gather_or_cancel((encode_tensor(i, p) for i, p in enumerate(plans)))
-        manifest = Manifest(
-            model=self.model,
-            version=version,
-            kind=kind,
-            base_version=self.base_version if kind == "delta" else -1,
-            keyframe_version=keyframe_version,
-            weights_hash=digest,
-            tensors=list(entries),
-            raw_bytes=sum(e.raw_bytes for e in entries),
-            stored_bytes=sum(e.stored_bytes for e in entries),
-            num_chunks=sum(len(e.chunks) for e in entries),
-            trainer_step=trainer_step,
-            codec=CodecInfo(level=cfg.zstd_level, chunk_bytes=cfg.chunk_bytes),
-            created_at=time.time(),
-        )
-        manifest.validate()
-        # Last: the manifest is the commit point of the version, created only if absent.
+        return list(await gather_or_cancel((encode_tensor(i, p) for i, p in enumerate(plans))))
+
+    async def _commit(self, manifest: Manifest, created: list[Manifest]) -> Manifest:
+        """Create the manifest, the commit point of its version, only if absent (appended
+        to ``created``). When another publisher's is there: drop our chunks and use
+        theirs if it holds the same weights, else raise ``WeightConflict``."""
+        version, kind, digest = manifest.version, manifest.kind, manifest.weights_hash
         key = manifest_key(self.model, version, kind)
         if await self.store.put_if_absent(key, encode_manifest(manifest)):
             created.append(manifest)
             return manifest
-        ours = [c.key for e in entries for c in e.chunks]
+        ours = [c.key for e in manifest.tensors for c in e.chunks]
         await self.store.delete(ours)  # never referenced: the other publisher's manifest won
         self._reader.forget(version)
         try:
