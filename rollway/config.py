@@ -83,6 +83,11 @@ class RollwayConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
                 f"sandbox.command_queue_timeout_s + sandbox.grading_timeout_s = {longest_call:g} s: a submit waits for "
                 "a command slot, then for the grading, and a client that gives up first resamples a graded rollout"
             )
+        if self.feeder.group_size < 2:
+            # The trainer drops a group whose rewards are all equal (no advantage signal):
+            # a group of one always is, so no step would ever run.
+            raise ValueError(f"feeder.group_size = {self.feeder.group_size} cannot train: a group needs at least 2 "
+                             "samples for its rewards to differ (the trainer drops groups without reward variance)")
 
 
 class ConfigError(ValueError):

@@ -276,9 +276,12 @@ class TrainStep(Event, kw_only=True):
     keys from its trajectories' reward records, see ``trainer.steplog.group_ends``).
     Schema 3 added ``dropped``: the groups that ended untrained since the previous step,
     each once, so the log alone accounts for every group (older entries decode with
-    ``dropped == []``)."""
+    ``dropped == []``).
+    Schema 4 added ``config_hash``: the hash of the trainer's training-relevant settings
+    (``trainer.training_config``), so a replay under other settings fails saying the
+    config differs (older entries decode with ``""``, which is not checked)."""
 
-    SCHEMA_VERSION: ClassVar[int] = 3
+    SCHEMA_VERSION: ClassVar[int] = 4
 
     step: int
     weight_version: int
@@ -289,6 +292,7 @@ class TrainStep(Event, kw_only=True):
     created_at: float = 0.0
     groups: list[GroupRef] = []
     dropped: list[GroupDrop] = []
+    config_hash: str = ""
 
 
 class GroupsDropped(Event, kw_only=True):

@@ -82,7 +82,7 @@ def sample_events() -> list:
                                                   chunks=[RecordRef("rollway.trajectories", 1, 10)],
                                                   reward=RecordRef("rollway.rewards", 0, 3))],
                   metrics={"loss": -0.25}, seed=7, created_at=T0, groups=[GroupRef("task-1", "g0")],
-                  dropped=[GroupDrop("task-2", "g1", "zero_variance")]),
+                  dropped=[GroupDrop("task-2", "g1", "zero_variance")], config_hash="0123456789abcdef"),
         GroupsDropped(after_step=7, dropped=[GroupDrop("task-3", "g0", "abandoned")], created_at=T0),
         Metrics(source="trainer", step=7, weight_version=7, values={"loss": -0.25, "reward_mean": 0.5},
                 histograms={"staleness": [0.0, 1.0, 1.0]}, created_at=T0),

@@ -279,7 +279,7 @@ topic_prefix = "{prefix}"
 partitions = {{ {partitions} }}
 [feeder]
 {"" if tasks_dir is None else f'tasks_dir = "{tasks_dir}"'}
-group_size = 1
+group_size = 2  # the smallest group that can train (rollway.config refuses 1)
 groups_per_second = 20.0
 # Without samplers no reward ever comes back: each feeder process publishes exactly
 # this many groups, then waits.

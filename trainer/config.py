@@ -119,3 +119,13 @@ class TrainerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
                 raise ValueError(f"trainer.{name} must be a finite number > 0, got {value}")
         if not (math.isfinite(self.weight_decay) and self.weight_decay >= 0):
             raise ValueError(f"trainer.weight_decay must be a finite number >= 0, got {self.weight_decay}")
+        if self.publish_every > self.max_staleness + 1:
+            # Samplers hold version P until step P + publish_every; from step P +
+            # max_staleness + 1 on every group they send is stale, so the trainer never
+            # reaches the step that would publish newer weights: a silent stall.
+            raise ValueError(
+                f"trainer.publish_every = {self.publish_every} cannot train with trainer.max_staleness = "
+                f"{self.max_staleness}: samplers get new weights every {self.publish_every} steps, so after "
+                f"{self.max_staleness + 1} steps every group is stale and the next publish never comes; "
+                f"need publish_every <= max_staleness + 1"
+            )

@@ -21,6 +21,7 @@ import structlog
 from bus.config import KafkaConfig
 from trainer.checkpoint import CheckpointInfo, list_checkpoints, load_checkpoint
 from trainer.core import StepResult, TrainCore
+from trainer.training_config import training_config_hash
 from trainer.steplog import LoggedStep, StepLogError, fetch_step_groups
 
 log = structlog.get_logger(__name__)
@@ -28,6 +29,24 @@ log = structlog.get_logger(__name__)
 
 class ReplayMismatch(RuntimeError):
     """A re-executed step produced weights whose hash differs from the log."""
+
+
+class ConfigDiffers(ReplayMismatch):
+    """A logged step was trained under other training settings than this trainer's:
+    re-executing it could not reproduce its weights."""
+
+
+def check_training_config(steps: dict[int, LoggedStep], first: int, until: int, config_hash: str) -> None:
+    """Raise :class:`ConfigDiffers` naming the first step in ``first .. until`` logged
+    under another training config hash. Entries older than schema 4 carry none: unchecked."""
+    for s in range(first, until + 1):
+        logged = steps[s].event.config_hash
+        if logged and logged != config_hash:
+            raise ConfigDiffers(
+                f"config differs: step {s} was trained with training config {logged}, this trainer's is "
+                f"{config_hash}; replay with the settings that wrote the log (trainer.* except "
+                "trainer.training_config.NOT_TRAINING)"
+            )
 
 
 class CheckpointUnusable(StepLogError):
@@ -116,7 +135,9 @@ async def replay_steps(
     on_step: Callable[[StepResult, ReplayRow], None] | None = None,
     fail_on_mismatch: bool = True,
 ) -> list[ReplayRow]:
-    """Re-execute logged steps ``core.step + 1 .. until`` and compare hashes."""
+    """Re-execute logged steps ``core.step + 1 .. until`` and compare hashes. Steps
+    logged under other training settings fail first (``ConfigDiffers``), or with
+    ``fail_on_mismatch=False`` are warned about and replayed anyway."""
     import time
 
     rows: list[ReplayRow] = []
@@ -126,6 +147,12 @@ async def replay_steps(
     for s in range(first, until + 1):
         if s not in steps:
             raise StepLogError(f"step {s} is not in the train-step log")
+    try:
+        check_training_config(steps, first, until, training_config_hash(core.cfg))
+    except ConfigDiffers as exc:
+        if fail_on_mismatch:
+            raise
+        log.warning("replaying steps logged under another training config", error=str(exc))
     pending = asyncio.create_task(fetch_step_groups(kafka, steps[first].event))
     for s in range(first, until + 1):
         groups = await pending

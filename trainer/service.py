@@ -39,6 +39,7 @@ from schemas import Metrics, now
 from trainer.assembler import Assembler
 from trainer.checkpoint import AsyncCheckpointer
 from trainer.publishing import BackgroundPublisher, WeightSink
+from trainer.training_config import training_config_hash
 from trainer.replay import ReplayMismatch, replay_steps, restore_newest_loadable
 from trainer.steplog import StepLogWatch, group_ends, last_contiguous_step, read_step_log, step_event, trained_ids
 from trainer.trajectory import Group
@@ -305,6 +306,7 @@ class Trainer:
         drops, drop_envelopes = self.assembler.take_drops()
         released.extend(drop_envelopes)
         event = step_event(result.step, result.weights_hash, groups, metrics, self.tcfg.seed, drops)
+        event.config_hash = training_config_hash(self.tcfg)  # a replay under other settings says so
         await self._log_step(event, released, result, metrics, consumer, producer)
         log.info("train step", step=result.step, weights_hash=result.weights_hash[:16],
                  groups=len(groups), staleness_hist=result.histograms.get("staleness"),
