@@ -39,7 +39,9 @@ Known differences from running in one process (documented in docs/sandbox.md): a
 mutable argument (list, dict, set, bytearray) is copied, and mutations the callee makes
 to it are written back into the caller's object when the call returns (so in-place
 algorithms work), but aliasing across calls is not kept; comparisons between a solution
-object and a plain value are False (except for builtin subclasses, by base value).
+object and a plain value are False (except for builtin subclasses, by base value); a
+method called for its effect alone may run later than its line and report its error at
+a later line of the same test (deferred calls, see Connection.try_defer).
 """
 
 from __future__ import annotations
@@ -47,6 +49,7 @@ from __future__ import annotations
 import base64
 import builtins
 import collections
+import dis
 import importlib
 import importlib.abc
 import importlib.util
@@ -100,6 +103,19 @@ _COMPARISONS = frozenset({"eq", "ne", "lt", "le", "gt", "ge"})
 # Values that are their own encoding (JSON scalars, exact types): the hot paths test this
 # set inline instead of calling encode/decode once per argument.
 _SCALARS = frozenset({type(None), bool, int, float, str})
+# Argument types a deferred call may carry: values that cannot be changed in place (no
+# write-back to wait for) and that never make this side export a handle.
+_IMMUTABLE = frozenset({type(None), bool, int, float, str, bytes, complex, Decimal, Fraction, range})
+# Deferred calls go out in one write per this many bytes, without waiting (the solution
+# runs them while the tests build the next ones); a round trip (a "sync") settles them
+# after this many calls: bounds how far the tests run ahead of a failed call and what
+# either side holds meanwhile.
+DEFER_WRITE_BYTES = 64 * 1024
+DEFER_SETTLE_CALLS = 4096
+# How many frames up from a call site the walk to the test function's frame looks.
+_MAX_WALK = 64
+# Deferral needs the exception table and source positions of CPython 3.11+ bytecode.
+_CAN_DEFER = sys.version_info >= (3, 11) and hasattr(dis, "_parse_exception_table")
 
 
 class _Emit:
@@ -117,6 +133,93 @@ class BridgeError(RuntimeError):
 
 class _Stop(Exception):
     """The peer closed the connection."""
+
+
+class DeferredCallError(BaseException):
+    """A deferred call (see :meth:`Connection.try_defer`) raised in the solution. Reported
+    at the test's next call to the solution, or when the test function returns, so a
+    later line than the call's. A BaseException on purpose: an ``except Exception`` or a
+    ``pytest.raises`` around that later line must not swallow it (and the end of the test
+    raises it again if something did): the test fails, as it would have at the call."""
+
+
+def _code_facts(code) -> tuple[dict[int, dict[str, int]], list[tuple[int, int]]]:
+    """What the bytecode of a test's code object says about its call sites:
+    ({offset of a CALL whose result is discarded (the next instruction is POP_TOP):
+    {method name: offset of the LOAD_METHOD/LOAD_ATTR of that name at the call's own
+    source position, the latest before the call}}, [(start, end) of every range an
+    exception handler covers])."""
+    discarded: dict[int, dict[str, int]] = {}
+    try:
+        instrs = list(dis.get_instructions(code))
+        handled = [(e.start, e.end) for e in dis._parse_exception_table(code)]
+    except Exception:  # noqa: BLE001 - bytecode this interpreter cannot read: never defer
+        return {}, [(0, sys.maxsize)]
+    loads: dict[tuple, dict[str, int]] = {}  # source start -> {name: latest load offset}
+    for i, ins in enumerate(instrs):
+        pos = ins.positions
+        if pos is None or pos.lineno is None or pos.col_offset is None:
+            continue
+        start = (pos.lineno, pos.col_offset)
+        if ins.opname in ("LOAD_METHOD", "LOAD_ATTR") and type(ins.argval) is str:
+            loads.setdefault(start, {})[ins.argval] = ins.offset
+        elif ins.opname == "CALL" and i + 1 < len(instrs) and instrs[i + 1].opname == "POP_TOP" and start in loads:
+            discarded[ins.offset] = dict(loads[start])
+    return discarded, handled
+
+
+# Per call site, cached: (code object, kept alive so its id is not reused) -> verdict.
+_SITES: dict[tuple[int, int, str], tuple[object, int]] = {}
+_HANDLED: dict[tuple[int, int], tuple[object, bool]] = {}
+_FACTS: dict[int, tuple[object, tuple]] = {}
+
+
+def _facts(code) -> tuple:
+    known = _FACTS.get(id(code))
+    if known is None or known[0] is not code:
+        known = _FACTS[id(code)] = (code, _code_facts(code))
+    return known[1]
+
+
+def _site_verdict(code, lasti: int, name: str) -> int:
+    """Offset of the instruction that loaded the method ``name`` called by the CALL at
+    ``lasti``, when that call discards its result and no handler covers it; else -1."""
+    key = (id(code), lasti, name)
+    known = _SITES.get(key)
+    if known is None or known[0] is not code:
+        discarded, _ = _facts(code)
+        load = discarded.get(lasti, {}).get(name, -1)
+        if _handled(code, lasti):
+            load = -1
+        known = _SITES[key] = (code, load)
+    return known[1]
+
+
+def _handled(code, lasti: int) -> bool:
+    """Whether an exception handler of ``code`` covers the instruction at ``lasti``."""
+    key = (id(code), lasti)
+    known = _HANDLED.get(key)
+    if known is None or known[0] is not code:
+        known = _HANDLED[key] = (code, any(start <= lasti < end for start, end in _facts(code)[1]))
+    return known[1]
+
+
+def _line_of(code, offset: int) -> int | None:
+    for ins in dis.get_instructions(code):
+        if ins.offset == offset and ins.positions is not None:
+            return ins.positions.lineno
+    return None
+
+
+def _effect_free(conn, v, depth: int = 0) -> bool:
+    """A value that crosses to ``conn``'s peer without this side exporting a handle or
+    waiting for a write-back: immutable plain data, or the peer's own objects."""
+    t = type(v)
+    if t in _IMMUTABLE:
+        return True
+    if t is tuple or t is frozenset:
+        return depth < 20 and all(_effect_free(conn, x, depth + 1) for x in v)
+    return isinstance(v, _Proxy) and v._bridge_conn is conn
 
 
 # The wire format is compact JSON (NaN and infinities allowed), ASCII only. It is written
@@ -217,6 +320,7 @@ class Connection:
         self._ids: dict[int, int] = {}  # id(object) -> handle id
         self._proxies: dict[int, object] = {}  # peer handle id -> local proxy (interned)
         self._methods: dict[int, frozenset] = {}  # peer class handle id -> plain method names
+        self._proxy_classes: dict[tuple[int, bool], type | None] = {}  # see _proxy_class
         self._described: set[int] = set()
         self._next = 1
         self.closed = False
@@ -225,6 +329,19 @@ class Connection:
         self._sent: dict[int, object] | None = None
         self._pending: list = []
         self._buf = bytearray()
+        # Deferred calls, tests' side: the frame below the test function's (pytest's
+        # pytest_pyfunc_call), whether a test function is running, the encoded calls not
+        # yet sent, the call sites of those not yet settled by a round trip, and a failure
+        # reported during the running test.
+        self._boundary = None
+        self._deferring = False
+        self._outbox = bytearray()
+        self._sites: list[tuple] = []
+        self._failure: DeferredCallError | None = None
+        # Solution's side: deferred calls received since the last ordinary request, and
+        # the first of them that raised ([index, encoded exception]).
+        self._deferred_seen = 0
+        self._deferred_error: list | None = None
 
     # --- framing ----------------------------------------------------------------
 
@@ -235,9 +352,14 @@ class Connection:
         data = _dumps(msg)
         if len(data) > MAX_MESSAGE_BYTES:
             raise BridgeError(f"message of {len(data)} bytes is over the {MAX_MESSAGE_BYTES}-byte limit")
+        frame = _HEADER.pack(len(data)) + data
+        if self._outbox:
+            # Deferred calls go out ahead of the message, in the same write.
+            frame = bytes(self._outbox) + frame
+            self._outbox.clear()
         try:
             # Header and body in one write: one syscall, and the peer's one recv sees both.
-            self.sock.sendall(_HEADER.pack(len(data)) + data)
+            self.sock.sendall(frame)
         except OSError as exc:
             self.closed = True
             raise BridgeError(f"the other side of the grading bridge went away ({exc})") from None
@@ -309,6 +431,9 @@ class Connection:
         """Send one request; serve the peer's nested requests (callbacks) until its answer."""
         if self.closed:
             raise BridgeError("the solution process is gone (the grading bridge is closed)")
+        sites = self._sites
+        if sites:
+            self._sites = []  # settled by this request's answer
         self._send(msg)
         while True:
             try:
@@ -324,6 +449,8 @@ class Connection:
             if kind == "err" and len(reply) == 3:
                 self._write_back(reply[2])
                 raise self.decode_exception(reply[1])
+            if kind == "dfail":
+                raise self._deferred_failure(reply, sites)
             self._serve_one(reply)
 
     def serve_forever(self) -> None:
@@ -336,6 +463,17 @@ class Connection:
             self._serve_one(msg)
 
     def _serve_one(self, msg) -> None:
+        if not self.guarded:
+            if msg[0] == "dcallm":
+                self._serve_deferred(msg)
+                return
+            self._deferred_seen = 0
+            if self._deferred_error is not None:
+                # A deferred call raised: this request is not run, its answer is the failure
+                # (the tests stop there, as they would have at the failed call).
+                failure, self._deferred_error = self._deferred_error, None
+                self._send(["dfail", *failure])
+                return
         saved_pending, saved_sent = self._pending, self._sent
         self._pending, self._sent = [], None
         try:
@@ -388,7 +526,162 @@ class Connection:
         if kind == "methods":
             cls = self._local(msg[1])
             return sorted(_plain_methods(cls)) if isinstance(cls, type) else []
+        if kind == "sync":
+            return None
         raise BridgeError(f"unknown request {kind!r}")
+
+    # --- deferred calls ------------------------------------------------------------------
+    #
+    # A test that calls a solution method for its effect alone (``cache.put(k, v)`` as a
+    # statement) does not need to wait for it: the call is queued, sent with later ones in
+    # one write, and answered by no message, so a loop of such calls costs no round trip
+    # each (the cost of lru_cache's 200k calls was almost all round-trip wake-ups).
+    # What stays exactly as in a synchronous call:
+    # - the solution runs the same calls in the same order and sees the same values (the
+    #   call message is the same, only its kind says "no answer");
+    # - a call raises at most once, and a raised call fails the test: the solution skips
+    #   every later deferred call and answers the tests' next request (not run) with the
+    #   failure, which the tests raise as DeferredCallError; the end of each test function
+    #   settles what is left. So only calls whose exception would have failed the test
+    #   anyway are deferred: no try/except/with (no handler at all) may cover the call in
+    #   any frame between it and the test function;
+    # - the test never reads what the call changed before the solution has run it: the
+    #   only way to observe solution state is another request, which goes out after the
+    #   queued calls on the same stream; and a deferred call cannot reach back into the
+    #   tests (no callback, no write-back): this side has exported no object at all, and
+    #   the arguments are immutable values or the solution's own objects.
+    # - the clock: the tests' entry script settles the queue before the tests read a clock
+    #   or sleep through the time module (bridge_tests.py), so a call made before
+    #   ``time.sleep`` runs before it, and one made before ``time.time()`` ran by then.
+    # What differs: an error is reported at a later line of the same test, after the test
+    # ran its own code past the call (never more solution code); time read another way
+    # (datetime.now, a timeout in threading) may see a queued call not yet run; and the
+    # solution can tell from timing that nobody waits for its answer: it learns that the
+    # result is unused, which the tests never look at.
+
+    def defer_calls_from(self, boundary_code) -> None:
+        """Allow deferred calls in functions called from ``boundary_code`` (pytest's
+        ``pytest_pyfunc_call``: the test function's caller)."""
+        self._boundary = boundary_code if _CAN_DEFER and self.guarded else None
+
+    def begin_call(self) -> None:
+        """A test function starts."""
+        self._deferring = self._boundary is not None
+        self._failure = None
+
+    def end_call(self) -> None:
+        """A test function returned or raised: settle its deferred calls; raise the
+        failure of any of them (again, if the test caught it)."""
+        self._deferring = False
+        failure = None
+        try:
+            self.settle()
+        except DeferredCallError as exc:
+            failure = exc
+        failure, self._failure = failure or self._failure, None
+        if failure is not None:
+            raise failure
+
+    def settle(self) -> None:
+        """Wait until the solution has run every deferred call sent so far (one round
+        trip); raise DeferredCallError if one of them raised."""
+        if self._sites:
+            self.request(["sync"])
+
+    def try_defer(self, frame, method, args, kwargs) -> bool:
+        """Queue ``method(*args, **kwargs)``, called from ``frame``, instead of running it
+        now, when that cannot change what the test observes (see above). False: call it."""
+        if self._objects or method._site[0] != id(frame):
+            return False
+        lasti = frame.f_lasti
+        if _site_verdict(frame.f_code, lasti, method._name) != method._site[1]:
+            return False
+        # No handler in any frame up to the test function's.
+        f = frame.f_back
+        boundary = self._boundary
+        for _ in range(_MAX_WALK):
+            if f is None:
+                return False
+            if f.f_code is boundary:
+                break
+            if _handled(f.f_code, f.f_lasti):
+                return False
+            f = f.f_back
+        else:
+            return False
+        for a in args:
+            if type(a) not in _SCALARS and not _effect_free(self, a):
+                return False
+        if kwargs:
+            for v in kwargs.values():
+                if type(v) not in _SCALARS and not _effect_free(self, v):
+                    return False
+            encode = self.encode
+            kw = [[k, encode(v)] for k, v in kwargs.items()]
+        else:
+            kw = []
+        data = _dumps(["dcallm", method._ref, method._name,
+                       [a if type(a) in _SCALARS else self.encode(a) for a in args], kw])
+        if len(data) > MAX_MESSAGE_BYTES:
+            return False  # sent the usual way, which refuses it
+        outbox = self._outbox
+        outbox += _HEADER.pack(len(data))
+        outbox += data
+        sites = self._sites
+        sites.append((frame.f_code, lasti, method._name))
+        if len(sites) >= DEFER_SETTLE_CALLS:
+            self.request(["sync"])
+        elif len(outbox) >= DEFER_WRITE_BYTES:
+            self._write_outbox()
+        return True
+
+    def _write_outbox(self) -> None:
+        data = bytes(self._outbox)
+        self._outbox.clear()
+        try:
+            self.sock.sendall(data)
+        except OSError as exc:
+            self.closed = True
+            raise BridgeError(f"the other side of the grading bridge went away ({exc})") from None
+
+    def _deferred_failure(self, reply, sites) -> DeferredCallError:
+        """The solution's answer that a deferred call raised, as the error the test gets."""
+        if not (len(reply) == 3 and type(reply[1]) is int and 0 <= reply[1] < len(sites)):
+            raise BridgeError("malformed or unexpected report of a failed deferred call")
+        cause = self.decode_exception(reply[2])
+        code, lasti, name = sites[reply[1]]
+        where = f"{code.co_filename}:{_line_of(code, lasti)}"
+        try:
+            text = f"{type(cause).__name__}: {cause}"
+        except Exception:  # noqa: BLE001
+            text = type(cause).__name__
+        failure = DeferredCallError(
+            f"the solution's {name}() called at {where} raised {text} (a call whose result the test "
+            f"does not use does not wait for the solution; its error is reported at the test's next "
+            f"call to the solution or when the test returns)")
+        failure.__cause__ = cause
+        self._failure = failure
+        return failure
+
+    def _serve_deferred(self, msg) -> None:
+        """The solution's side of a deferred call: run it, answer nothing; remember the
+        first that raised and skip the rest until the tests' next request."""
+        index = self._deferred_seen
+        self._deferred_seen += 1
+        if self._deferred_error is not None:
+            return
+        saved_pending, saved_sent = self._pending, self._sent
+        self._pending, self._sent = [], None
+        try:
+            if len(msg) != 5:
+                raise BridgeError("malformed deferred call")
+            name = _text(msg[2])
+            self._check_name(name)
+            getattr(self._local(msg[1]), name)(*self._args(msg[3]), **self._kwargs(msg[4]))
+        except BaseException as exc:  # noqa: BLE001 - reported to the tests' next request
+            self._deferred_error = [index, self.encode_exception(exc)]
+        finally:
+            self._pending, self._sent = saved_pending, saved_sent
 
     def _check_name(self, name: str) -> None:
         if self.guarded and name.startswith("_") and name not in _PUBLIC_DUNDERS:
@@ -655,11 +948,25 @@ class Connection:
                     raise BridgeError("malformed method list")
                 self._methods.setdefault(cls_ref, frozenset(methods))
             proxy = _Proxy._make(self, ref, "object", callable_=bool(desc[3]), cls_ref=cls_ref,
+                                 klass=self._proxy_class(cls_ref, bool(desc[3])),
                                  value_like=len(desc) > 4 and desc[4] is True)
         else:
             raise BridgeError(f"unknown handle kind {kind!r}")
         self._proxies[ref] = proxy
         return proxy
+
+    def _proxy_class(self, cls_ref: int, callable_: bool) -> type | None:
+        """The proxy type for instances of the peer's class ``cls_ref``: its plain methods
+        as class attributes (_MethodSlot), so ``obj.method`` skips the failed lookup that
+        reaching ``__getattr__`` costs. None: the shared proxy type."""
+        key = (cls_ref, callable_)
+        if key not in self._proxy_classes:
+            base = _CallableProxy if callable_ else _Proxy
+            names = [m for m in self._methods.get(cls_ref, ()) if not m.startswith("_") and not hasattr(base, m)]
+            ns: dict = {"__slots__": ()}
+            ns.update({m: _MethodSlot(m) for m in names})
+            self._proxy_classes[key] = type(base.__name__, (base,), ns) if names else None
+        return self._proxy_classes[key]
 
     def _mirror_exception_class(self, ref, desc, depth):
         name, qualname, module, bases_raw = _text(desc[1]), _text(desc[2]), _text(desc[3]), desc[4]
@@ -833,8 +1140,9 @@ class _Proxy:
     __slots__ = ("_bridge_conn", "_bridge_ref", "_bridge_kind", "_bridge_cls", "_bridge_value_like", "__weakref__")
 
     @staticmethod
-    def _make(conn, ref, kind, *, callable_: bool, cls_ref: int | None = None, value_like: bool = False):
-        klass = _CallableProxy if callable_ else _Proxy
+    def _make(conn, ref, kind, *, callable_: bool, cls_ref: int | None = None, value_like: bool = False,
+              klass: type | None = None):
+        klass = klass or (_CallableProxy if callable_ else _Proxy)
         p = object.__new__(klass)
         object.__setattr__(p, "_bridge_conn", conn)
         object.__setattr__(p, "_bridge_ref", ref)
@@ -849,7 +1157,13 @@ class _Proxy:
         conn = self._bridge_conn
         methods = conn._methods.get(self._bridge_cls)
         if methods is not None and name in methods:
-            return _RemoteMethod(conn, self._bridge_ref, name)
+            method = _RemoteMethod(conn, self._bridge_ref, name)
+            if conn._deferring:
+                # Where it was loaded: a call may be deferred only where this same
+                # instruction's method object is what the CALL calls (Connection.try_defer).
+                caller = sys._getframe(1)
+                method._site = (id(caller), caller.f_lasti)
+            return method
         return conn.rpc("getattr", self._bridge_ref, name)
 
     def __setattr__(self, name, value):
@@ -915,16 +1229,41 @@ class _CallableProxy(_Proxy):
         return self._bridge_conn.rpc("call", self._bridge_ref, args=args, kwargs=kwargs)
 
 
+class _MethodSlot:
+    """A plain method of the peer's class, as a class attribute of its proxy type:
+    ``proxy.name`` is a _RemoteMethod, noting where it was loaded while deferral is on
+    (Connection.try_defer)."""
+
+    __slots__ = ("name",)
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def __get__(self, obj, owner=None):
+        if obj is None:
+            return self
+        conn = obj._bridge_conn
+        method = _RemoteMethod(conn, obj._bridge_ref, self.name)
+        if conn._deferring:
+            caller = sys._getframe(1)
+            method._site = (id(caller), caller.f_lasti)
+        return method
+
+
 class _RemoteMethod:
     """``obj.method`` of a peer object, called in one request."""
 
-    __slots__ = ("_conn", "_ref", "_name")
+    __slots__ = ("_conn", "_ref", "_name", "_site")
 
     def __init__(self, conn, ref, name):
         self._conn, self._ref, self._name = conn, ref, name
+        self._site = None  # (id of the frame, offset of the instruction) that loaded it
 
     def __call__(self, *args, **kwargs):
-        return self._conn.rpc("callm", self._ref, self._name, args=args, kwargs=kwargs)
+        conn = self._conn
+        if self._site is not None and conn._deferring and conn.try_defer(sys._getframe(1), self, args, kwargs):
+            return None
+        return conn.rpc("callm", self._ref, self._name, args=args, kwargs=kwargs)
 
     def __eq__(self, other):
         return isinstance(other, _RemoteMethod) and (other._conn, other._ref, other._name) == (self._conn, self._ref, self._name)
