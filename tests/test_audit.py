@@ -21,10 +21,11 @@ from schemas import DeadLetter, GroupDrop, GroupRef, RecordRef, Task, TrainedTra
 from tests.synthetic import load_tiny, make_task_groups, to_events
 from tests.test_trainer_kafka import trainer_config, wait_for_steps
 from tests.trainer_helpers import one_thread, publish_trajectories  # noqa: F401  one_thread: autouse fixture
+from tests.waiting import wait_until_async
 from trainer.audit import GroupEnd, audit_groups, format_audit
 from trainer.publishing import RecordingSink
 from trainer.service import Trainer
-from trainer.steplog import group_ends, read_step_log
+from trainer.steplog import StepLogError, group_ends, read_step_log
 
 pytestmark = pytest.mark.kafka
 
@@ -144,3 +145,83 @@ async def test_schema1_steps_get_their_group_keys_from_their_reward_records(kafk
     assert ends.unknown_steps == [1, 2] and ends.trained == []
     result = await audit_groups(kafka_config)
     assert result.unknown_steps == [1, 2] and not result.ok
+
+
+async def test_drops_are_logged_when_held_too_many_and_when_the_trainer_stops(kafka_config, tiny_model_path,
+                                                                             tmp_path, sampled):
+    # Review finding (issue 13): a drop waited for the next step's TrainStep.dropped.
+    # A trainer that cannot step held drops (and their records) without bound, and
+    # those held when it stopped were never logged: `rollway audit` of a cleanly
+    # stopped run showed them unaccounted. Now: more than held_drops_max are logged at
+    # once in a GroupsDropped entry, and a clean stop logs the rest.
+    trainable, *zero = sampled[:4]
+    async with EventProducer(kafka_config) as producer:
+        for i in range(4):
+            await producer.publish(task(i))
+    cfg = RollwayConfig(kafka=kafka_config, trainer=trainer_config(tmp_path, tiny_model_path, max_staleness=4,
+                                                                   held_drops_max=2, held_drops_max_s=3600.0))
+    trainer = Trainer(cfg.trainer, cfg.kafka, sink=RecordingSink())
+    run = asyncio.create_task(trainer.run())
+    await publish_trajectories(kafka_config, trainable)
+    await wait_for_steps(kafka_config, 1, run)
+    await publish_trajectories(kafka_config, zero[0] + zero[1], score=1.0)  # equal rewards: dropped
+
+    async def logged_drops(n: int):
+        drops = (await read_step_log(kafka_config)).drops
+        return drops if len(drops) >= n else None
+
+    # Two held: logged at once, while the trainer runs on (it cannot step).
+    held = await wait_until_async(lambda: logged_drops(2), 120, "two drops logged without a step", task=run,
+                                  poll_s=0.3)
+    assert sorted(held, key=lambda d: d[1].task_id) == [(1, GroupDrop("task-1", "g1", "zero_variance")),
+                                                        (1, GroupDrop("task-2", "g2", "zero_variance"))]
+    await publish_trajectories(kafka_config, zero[2], score=1.0)
+    await wait_until_async(lambda: trainer.assembler.counters["groups_dropped_zero_variance"] == 3, 120,
+                           "the third drop", task=run, poll_s=0.2)
+    trainer.stop()  # what SIGTERM does
+    assert await asyncio.wait_for(run, 120) == 1
+
+    steps = await read_step_log(kafka_config)
+    assert list(steps) == [1] and steps[1].event.dropped == []
+    assert steps.drops[2:] == [(1, GroupDrop("task-3", "g3", "zero_variance"))]
+    result = await audit_groups(kafka_config)
+    assert (result.issued, result.trained, result.dropped) == (4, 1, {"zero_variance": 3})
+    assert result.unaccounted == [] and result.ended_twice == [] and result.ok
+
+    # Their records were acknowledged with the entries: a restarted trainer reads none again.
+    restarted = Trainer(cfg.trainer, cfg.kafka, sink=RecordingSink())
+    assert await asyncio.wait_for(restarted.run(exit_when_idle_s=1.0), 120) == 1
+    assert restarted.assembler is not None
+    counters = restarted.assembler.counters
+    assert counters["dropped_late"] == 0 and counters["records_already_done"] == 0
+    assert restarted.assembler.closed[("task-3", "g3")] == "zero_variance"
+    assert (await read_step_log(kafka_config)).drops == steps.drops
+
+
+async def test_a_step_logged_twice_with_other_contents_is_an_error_naming_both_entries(kafka_config):
+    # Review finding (issue 13): read_step_log kept the first of two entries of a step
+    # and only warned, so the trainer, replay and the audit went on over a log holding
+    # two histories (an audit could not see the second one's groups). Now readers stop
+    # with StepLogError naming both entries; `rollway audit` exits 2 with it. The same
+    # bytes twice (a retried publish) are one step.
+    async with EventProducer(kafka_config) as producer:
+        one = TrainStep(step=1, weight_version=1, weights_hash="ab" * 32, groups=[GroupRef("task-0", "g0")])
+        first = await producer.publish(one)
+        value, headers = codec.encode(one)
+        await producer.publish_raw(first.topic, value, key=b"trainer", headers=headers)
+    steps = await read_step_log(kafka_config)
+    assert list(steps) == [1] and steps[1].ref == first
+    async with EventProducer(kafka_config) as producer:
+        other = await producer.publish(TrainStep(step=1, weight_version=1, weights_hash="cd" * 32,
+                                                 groups=[GroupRef("task-1", "g1")]))
+    where = f"{first.topic}:0@{first.offset} and {first.topic}:0@{other.offset}"
+    with pytest.raises(StepLogError, match=f"step 1 is logged twice with different contents, at {where}"):
+        await read_step_log(kafka_config)
+    env = dict(os.environ, KAFKA_BOOTSTRAP_SERVERS=kafka_config.bootstrap_servers,
+               ROLLWAY_KAFKA__TOPIC_PREFIX=kafka_config.topic_prefix, ROLLWAY_CONFIG="/dev/null")
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "rollway.cli", "audit", env=env, cwd=Path(__file__).resolve().parents[1],
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+    out, err = await asyncio.wait_for(proc.communicate(), 120)
+    assert proc.returncode == 2 and out == b""
+    assert f"step 1 is logged twice with different contents, at {where}" in err.decode()

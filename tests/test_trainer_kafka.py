@@ -11,7 +11,7 @@ import re
 import msgspec
 import pytest
 
-from bus import EventConsumer, EventProducer, fetch_records
+from bus import EventConsumer, EventProducer, codec, fetch_records
 from rollway.config import RollwayConfig
 from schemas import Metrics, Reward, TrajectoryChunk
 from syncer.hashing import state_dict_hash
@@ -212,12 +212,15 @@ async def test_weights_go_out_through_the_syncer_every_k_steps(kafka_config, tin
     assert [w.version for w in everything] == [2, 4, 4, 4]
 
 
-async def test_step_log_keeps_the_first_entry_and_refuses_an_undecodable_one(kafka_config):
+async def test_step_log_reads_a_repeated_identical_entry_once_and_refuses_an_undecodable_one(kafka_config):
+    # (Two entries of one step with other contents: tests/test_audit.py.)
     topic = kafka_config.topic_prefix + "train-steps"
     assert await read_step_log(kafka_config) == {}
     async with EventProducer(kafka_config) as producer:
-        first = await producer.publish(step_event(1, "ab" * 32, [], {"loss": 0.5}, seed=3))
-        again = await producer.publish(step_event(1, "cd" * 32, [], {}, seed=3))
+        event = step_event(1, "ab" * 32, [], {"loss": 0.5}, seed=3)
+        first = await producer.publish(event)
+        value, headers = codec.encode(event)
+        again = await producer.publish_raw(topic, value, key=b"trainer", headers=headers)  # a retried publish
     steps = await read_step_log(kafka_config)
     assert list(steps) == [1] and steps[1].ref == first and again.offset == 1
     assert (steps[1].event.weights_hash, steps[1].event.metrics, steps[1].event.seed) == ("ab" * 32, {"loss": 0.5}, 3)

@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Any, Iterable
 
 import structlog
 
-from schemas import Metrics, now
+from schemas import GroupsDropped, Metrics, now
 from trainer.assembler import Assembler
 from trainer.checkpoint import AsyncCheckpointer
 from trainer.publishing import BackgroundPublisher, WeightSink
@@ -79,6 +79,7 @@ class Trainer:
         self.producer: "EventProducer | None" = None
         self.watch: StepLogWatch | None = None
         self._stop = asyncio.Event()
+        self._drops_held_since: float | None = None  # monotonic time the oldest held drop was seen
         # Sent with every Metrics event: the live view tells trainer processes apart by it,
         # since the assembler's count_* counters start from zero in each process.
         self.process_started_at = time.time()
@@ -267,7 +268,12 @@ class Trainer:
             elif exit_when_idle_s is not None and time.monotonic() - idle_since > exit_when_idle_s:
                 log.info("idle; exiting", step=self.core.step, buffered=assembler.buffered())
                 break
+            if self._drops_overdue(assembler):
+                await self._log_drops(consumer, producer, "held drops over the bound")
         self._check_sole_writer(producer)
+        # A clean stop logs the drops it holds: nothing the trainer decided is left
+        # out of the log (a crash instead leaves them to be decided again).
+        await self._log_drops(consumer, producer, "stopping")
 
     def _check_sole_writer(self, producer: "EventProducer") -> None:
         """Raise what showed this trainer is not the only writer (fenced, a conflicting
@@ -322,40 +328,82 @@ class Trainer:
         if self.tcfg.publish_every and result.step % self.tcfg.publish_every == 0:
             await self._publish_weights()
 
+    def _drops_overdue(self, assembler: Assembler) -> bool:
+        """More drops held, or one held longer, than the trainer's bounds allow."""
+        if not assembler.drops:
+            self._drops_held_since = None
+            return False
+        if self._drops_held_since is None:
+            self._drops_held_since = time.monotonic()
+        return (len(assembler.drops) >= self.tcfg.held_drops_max
+                or time.monotonic() - self._drops_held_since >= self.tcfg.held_drops_max_s)
+
+    async def _log_drops(self, consumer: "EventConsumer", producer: "EventProducer", why: str) -> None:
+        """Log the held drops without a step (``GroupsDropped``) and acknowledge their
+        records in the same transaction."""
+        assert self.assembler is not None
+        drops, released = self.assembler.take_drops()
+        self._drops_held_since = None
+        if not drops:
+            return
+        entry = GroupsDropped(after_step=self.core.step, dropped=drops, created_at=now())
+
+        async def body() -> None:
+            await producer.publish(entry)
+            await self._ack(consumer, released)
+
+        await self._transact(producer, f"logging {len(drops)} dropped groups", body)
+        log.info("dropped groups logged", groups=len(drops), after_step=self.core.step, why=why)
+
     async def _log_step(self, event, released: list, result: "StepResult", metrics: dict,
                         consumer: "EventConsumer", producer: "EventProducer") -> None:
         """One transaction: the step, the offsets of its records and its metrics become
         visible together, or (fenced, crashed) not at all. It must commit before anything
-        depends on this step. A broker lost meanwhile is waited for: the aborted
-        transaction is retried whole (the step is in memory, its entry the same)."""
-        from bus.connect import backoff_s
-        from bus.producer import BROKER_AWAY
+        depends on this step."""
         from trainer.steplog import StepAlreadyLogged
 
         assert self.watch is not None
+        watch = self.watch
+        tries = 0
+
+        async def body() -> None:
+            nonlocal tries
+            tries += 1
+            await watch.check(event.step)  # refuses a step number already logged
+            await producer.publish(event)
+            await self._ack(consumer, released)
+            await producer.publish(Metrics(
+                source=self.tcfg.metrics_source, step=result.step, weight_version=result.weight_version,
+                values={**metrics, "process_started_at": self.process_started_at},
+                histograms=result.histograms, created_at=now(),
+            ))
+
+        try:
+            await self._transact(producer, f"logging step {event.step}", body)
+        except StepAlreadyLogged:
+            # After a commit whose acknowledgement was lost, the entry found is ours.
+            if tries > 1 and watch.hashes.get(event.step) == event.weights_hash:
+                return
+            raise
+
+    async def _transact(self, producer: "EventProducer", what: str, body) -> None:
+        """``body`` in one transaction of the trainer's producer. A broker lost meanwhile
+        is waited for: the aborted transaction is retried whole (what it writes is in
+        memory, the same each time)."""
+        from bus.connect import backoff_s
+        from bus.producer import BROKER_AWAY
+
         attempt = 0
         while True:
             try:
                 async with producer.transaction():
-                    await self.watch.check(event.step)  # refuses a step number already logged
-                    await producer.publish(event)
-                    await self._ack(consumer, released)
-                    await producer.publish(Metrics(
-                        source=self.tcfg.metrics_source, step=result.step, weight_version=result.weight_version,
-                        values={**metrics, "process_started_at": self.process_started_at},
-                        histograms=result.histograms, created_at=now(),
-                    ))
+                    await body()
                 return
-            except StepAlreadyLogged:
-                # After a commit whose acknowledgement was lost, the entry found is ours.
-                if attempt and self.watch.hashes.get(event.step) == event.weights_hash:
-                    return
-                raise
             except BROKER_AWAY as exc:
                 attempt += 1
                 delay = backoff_s(attempt)
-                log.warning(f"cannot reach Kafka at {self.kafka.bootstrap_servers}; logging step {event.step} "
-                            f"retried in {delay:g} s", error=type(exc).__name__, attempt=attempt)
+                log.warning(f"cannot reach Kafka at {self.kafka.bootstrap_servers}; {what} retried in {delay:g} s",
+                            error=type(exc).__name__, attempt=attempt)
                 await asyncio.sleep(delay)
 
     async def _publish_weights(self) -> None:

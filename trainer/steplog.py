@@ -19,8 +19,8 @@ from bus.config import KafkaConfig
 from bus.connect import start_client
 from bus.consumer import envelope_of
 from bus.topics import topic_spec
-from schemas import (DeadLetter, GroupDrop, GroupRef, RecordRef, Reward, TrainedTrajectory, TrainStep,
-                     TrajectoryChunk, now)
+from schemas import (DeadLetter, GroupDrop, GroupRef, GroupsDropped, RecordRef, Reward, TrainedTrajectory,
+                     TrainStep, TrajectoryChunk, now)
 from trainer.trajectory import Group, InvalidTrajectory, assemble, groups_from_trajectories
 
 log = structlog.get_logger(__name__)
@@ -39,6 +39,15 @@ class StepAlreadyLogged(StepLogError):
 class LoggedStep:
     event: TrainStep
     ref: RecordRef
+
+
+class StepLog(dict[int, LoggedStep]):
+    """What ``read_step_log`` returns: the logged steps by number, and ``drops``, the
+    ``GroupsDropped`` entries between them (``(after_step, GroupDrop)`` in log order)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.drops: list[tuple[int, GroupDrop]] = []
 
 
 def step_event(step: int, weights_hash: str, groups: Sequence[Group], metrics: dict[str, float], seed: int,
@@ -60,23 +69,33 @@ def step_event(step: int, weights_hash: str, groups: Sequence[Group], metrics: d
     )
 
 
-async def read_step_log(cfg: KafkaConfig, timeout_ms: int = 10_000, *, dead_letter: bool = False) -> dict[int, LoggedStep]:
-    """Every logged step, by step number (the first entry wins if a step was logged twice).
+async def read_step_log(cfg: KafkaConfig, timeout_ms: int = 10_000, *, dead_letter: bool = False) -> StepLog:
+    """Every logged step, by step number, and the ``GroupsDropped`` entries (``.drops``).
 
-    Records that are not TrainSteps are skipped with an error log; with
-    ``dead_letter`` (the trainer) each is also sent to the dead-letter topic, once
-    across restarts. A record claiming to be a TrainStep that does not decode raises
-    ``StepLogError``."""
+    A step logged twice with other contents (two trainers wrote it: the log holds two
+    histories from there on) raises ``StepLogError`` naming both entries; the same bytes
+    twice (a retried publish) are one step, with a warning. Records of any other type
+    are skipped with an error log; with ``dead_letter`` (the trainer) each is also sent
+    to the dead-letter topic, once across restarts. A record claiming to be a TrainStep
+    (or GroupsDropped) that does not decode raises ``StepLogError``."""
     topic = _full(cfg, "train-steps")
     try:
         records = await _read_raw(cfg, topic, timeout_ms)
     except RecordMissing as exc:
         raise StepLogError(str(exc)) from None
-    steps: dict[int, LoggedStep] = {}
+    steps = StepLog()
+    values: dict[int, bytes] = {}  # step -> its first entry's bytes
     foreign: list[tuple[object, str]] = []
     for record in records:
         where = f"{record.topic}:{record.partition}@{record.offset}"
         claimed = codec.header_value(record.headers, codec.TYPE_HEADER)
+        if claimed == GroupsDropped.__name__.encode():
+            try:
+                entry = envelope_of(record).event
+            except codec.DecodeFailure as exc:
+                raise StepLogError(f"undecodable GroupsDropped record at {where}: {exc}") from None
+            steps.drops.extend((entry.after_step, d) for d in entry.dropped)
+            continue
         if claimed != TrainStep.__name__.encode():
             error = (f"not a TrainStep (rollway-type {claimed.decode(errors='replace')!r})" if claimed is not None
                      else f"no {codec.TYPE_HEADER!r} header (not written by a Rollway trainer)")
@@ -94,13 +113,32 @@ async def read_step_log(cfg: KafkaConfig, timeout_ms: int = 10_000, *, dead_lett
                 + (" (a newer schema: run a Rollway build that reads it)" if exc.kind == "newer_schema" else "")
             ) from None
         assert isinstance(event, TrainStep)
-        if event.step in steps:
-            log.warning("step logged twice; first entry wins", step=event.step, offset=record.offset)
+        earlier = steps.get(event.step)
+        if earlier is not None:
+            if values[event.step] != record.value:
+                raise StepLogError(_two_histories(cfg, event.step, earlier.ref, record))
+            # The same bytes again (a producer retry outside a transaction): one step.
+            log.warning("step logged twice, identical entries; the first is used", step=event.step,
+                        first=f"{earlier.ref.topic}:{earlier.ref.partition}@{earlier.ref.offset}", again=where)
             continue
         steps[event.step] = LoggedStep(event, RecordRef(record.topic, record.partition, record.offset))
+        values[event.step] = record.value
     if foreign and dead_letter:
         await _dead_letter_once(cfg, foreign, timeout_ms)
     return steps
+
+
+def _two_histories(cfg: KafkaConfig, step: int, first: RecordRef, again) -> str:
+    topic, partition = again.topic, again.partition
+    return (
+        f"step {step} is logged twice with different contents, at {first.topic}:{first.partition}@{first.offset} "
+        f"and {topic}:{partition}@{again.offset}: two trainers wrote this log, which from there on holds two "
+        f"histories. No entry is preferred silently: a step's weights and the records it consumed would be "
+        f"ambiguous. Compare them with: kafka-console-consumer.sh --bootstrap-server {cfg.bootstrap_servers} "
+        f"--topic {topic} --partition {partition} --offset {first.offset} --max-messages "
+        f"{again.offset - first.offset + 1} --property print.headers=true. This log cannot be continued; train on "
+        f"under a new kafka.topic_prefix (a fresh log) and run exactly one trainer per prefix"
+    )
 
 
 def _full(cfg: KafkaConfig, short: str) -> str:
@@ -257,7 +295,8 @@ def is_legacy(event: TrainStep) -> bool:
 @dataclass
 class GroupEnds:
     """How the log says groups ended: ``trained`` (step, key) in step order, a key
-    listed twice if it was trained twice; ``dropped`` (step, key, reason);
+    listed twice if it was trained twice; ``dropped`` (step, key, reason; for a
+    ``GroupsDropped`` entry the step logged before it);
     ``unknown_steps``: schema-1 steps whose group keys could not be derived."""
 
     trained: list[tuple[int, tuple[str, str]]]
@@ -301,6 +340,9 @@ async def group_ends(cfg: KafkaConfig, steps: dict[int, LoggedStep]) -> GroupEnd
         keys = derived.get(s) or [(g.task_id, g.group_id) for g in logged.event.groups]
         trained.extend((s, k) for k in keys)
         dropped.extend((s, (d.task_id, d.group_id), d.reason) for d in logged.event.dropped)
+    # Drops logged between steps (GroupsDropped): a clean stop's, or a bound's flush.
+    for after, d in steps.drops if isinstance(steps, StepLog) else ():
+        dropped.append((after, (d.task_id, d.group_id), d.reason))
     return GroupEnds(trained, dropped, unknown)
 
 
