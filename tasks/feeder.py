@@ -133,8 +133,10 @@ class Feeder:
     async def run(self) -> str:
         """Publish until stopped, ``max_groups`` reached, or every task retired; returns why."""
         producer = EventProducer(self.kafka, client_id="rollway-feeder")
-        consumer = EventConsumer(self.kafka, ["rewards"], group_id=None,
-                                 from_beginning=self.cfg.replay_rewards, client_id="rollway-feeder")
+        # A reader of the trainer's topic: what does not decode is skipped, not dead-lettered
+        # (the trainer does that once; this reader sees the whole log at every start).
+        consumer = EventConsumer(self.kafka, ["rewards"], group_id=None, from_beginning=self.cfg.replay_rewards,
+                                 dead_letter_undecodable=False, client_id="rollway-feeder")
         await producer.start()
         try:
             await consumer.start()

@@ -241,3 +241,21 @@ def test_replayed_history_is_observed_in_publish_order_not_partition_order(tmp_p
     feeder._finish_replay()
     assert feeder.selector.retired() == {}
     assert feeder.rewards_seen == 12 and feeder._replay_buffer is None
+
+
+async def test_the_feeder_skips_garbage_on_the_rewards_topic_without_a_dead_letter(kafka_config, tmp_path):
+    # The trainer owns rollway.rewards and dead-letters an undecodable record there once.
+    # The feeder only reads the topic (no group, the whole log at every start): it skips
+    # such a record. Before, it dead-lettered it too, again at every start, so the
+    # dead-letter topic no longer held exactly the bad records (issue 13, chaos invariant).
+    from bus import read_topic
+
+    store = make_store(tmp_path, ["a"])
+    async with EventProducer(kafka_config) as producer:
+        await producer.publish_raw(kafka_config.topic_prefix + "rewards", b"\xffgarbage", key=b"x")
+    cfg = FeederConfig(group_size=2, groups_per_second=500, max_groups=1, metrics_interval_s=3600, seed=3)
+    for _ in range(2):  # a start and a restart, each reading the garbage
+        feeder = Feeder(cfg, kafka_config, store)
+        await run_feeder(feeder, Driver(kafka_config, lambda n, task, i: i == 0))
+        assert feeder.published == 1
+    assert await read_topic(kafka_config, "dlq") == []
