@@ -22,7 +22,15 @@ top-p/top-k left available, and the behaviour log-prob ``b_t`` the sampler recor
 * Advantages are group-normalised rewards (GRPO): ``group_std`` divides by the
   population standard deviation plus eps, ``group_mean`` only subtracts the group mean
   (Dr. GRPO: no per-group rescaling, so easy and hard groups are not re-weighted), and
-  ``none`` uses the raw reward.
+  ``none`` uses the raw reward. ``penalty_aware`` (the default) is ``group_std`` for a
+  group whose rewards carry no length or budget penalty and ``group_mean`` for one
+  that does: dividing by the group's std makes advantages scale-free, which in an
+  all-solved group differing only in length cancels the penalty coefficient (tokens
+  [100, 150, 200, 250] at 0.001/token: +-1.34 and +-0.45, as large as solve vs fail;
+  the same at 0.01/token), so the tangent-tuned coefficient of
+  ``suggest_length_penalty`` would have no effect. Centred only, the advantage is the
+  reward difference itself (+-0.075 and +-0.025 there, vs +-0.5 for solve vs fail):
+  the coefficient keeps its meaning, a token is worth k of a solve. docs/advantages.md.
 * The loss is a token-level mean: the sum over every loss token of the step divided by
   the number of loss tokens in the step (callers pass the step's count so gradient
   accumulation over micro-batches is exact). Environment tokens (loss mask 0) are not
@@ -39,9 +47,13 @@ NEG_INF = float("-inf")
 
 
 # -- advantages ------------------------------------------------------------------------
-def group_advantages(rewards: torch.Tensor, norm: str = "group_std", eps: float = 1e-6) -> torch.Tensor:
-    """Advantages of one group's rewards (1-D, one per sample)."""
+def group_advantages(rewards: torch.Tensor, norm: str = "group_std", eps: float = 1e-6, *,
+                     penalised: bool = False) -> torch.Tensor:
+    """Advantages of one group's rewards (1-D, one per sample). ``penalised``: the
+    rewards carry a length or budget penalty (``penalty_aware`` centres them only)."""
     rewards = rewards.to(torch.float64)
+    if norm == "penalty_aware":
+        norm = "group_mean" if penalised else "group_std"
     if norm == "none":
         return rewards.clone()
     centred = rewards - rewards.mean()

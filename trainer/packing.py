@@ -83,7 +83,8 @@ def pack_step(groups: Sequence[Group], current_version: int, cfg: TrainerConfig,
     out = PackedStep(micro_batches=[], loss_tokens=0, generated_tokens=0, total_tokens=0, groups=len(groups))
     for group in groups:
         rewards = torch.tensor(group.rewards(), dtype=torch.float64)
-        adv = group_advantages(rewards, cfg.advantage_norm, cfg.advantage_eps)
+        penalised = any(t.reward.length_penalty or t.reward.budget_penalty for t in group.members)
+        adv = group_advantages(rewards, cfg.advantage_norm, cfg.advantage_eps, penalised=penalised)
         for traj, a in zip(group.members, adv.tolist()):
             out.rewards.append(traj.reward.reward)
             out.scores.append(traj.reward.score)
