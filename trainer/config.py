@@ -43,6 +43,13 @@ class TrainerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     # Ready groups held at most; beyond this the version cap is relaxed for a step so
     # a backlog can never deadlock the trainer.
     max_buffered_groups: int = 256
+    # Groups dropped between steps wait for the next step's TrainStep.dropped (their
+    # records unacknowledged). More than held_drops_max of them, or one held longer than
+    # held_drops_max_s, are logged at once in a GroupsDropped entry (a trainer that cannot
+    # step, e.g. every group without reward variance, would hold them without bound);
+    # so is whatever is held when the trainer stops.
+    held_drops_max: int = 64
+    held_drops_max_s: float = 30.0
     # Rows of one forward/backward pass are packed up to this many tokens.
     micro_batch_tokens: int = 16384
 
@@ -112,6 +119,8 @@ class TrainerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
             raise ValueError("trainer.max_staleness must be >= 0")
         if not 0.0 < self.max_version_fraction <= 1.0:
             raise ValueError("trainer.max_version_fraction must be in (0, 1]")
+        if self.held_drops_max < 1 or not (math.isfinite(self.held_drops_max_s) and self.held_drops_max_s >= 0):
+            raise ValueError("trainer.held_drops_max must be >= 1 and trainer.held_drops_max_s a finite number >= 0")
         if self.checkpoint_every < 0 or self.keep_checkpoints < 1:
             raise ValueError("trainer.checkpoint_every must be >= 0 and keep_checkpoints >= 1")
         if self.is_cap <= 0 or self.clip_epsilon <= 0:
