@@ -12,6 +12,12 @@ command queue, and every output is handed back to the caller's event loop. So:
   by exactly one weight version, and the version recorded with it is exact even when
   an update lands in the middle of a rollout. After an update the prefix cache is
   reset (cached KV of the old weights must not serve new prompts).
+* scheduling is synchronous: a token is labelled with the version of the step that
+  launched its batch, which is the step that returns it only when ``step()`` computes
+  the batch it schedules. vLLM's async scheduling (on by default on GPU) launches the
+  next batch before ``step()`` returns, so an update applied between two steps would
+  label tokens with v+1 that v computed (and change weights under a batch in flight).
+  The engine is built with ``async_scheduling=False`` and refuses one that has it on.
 
 Kept sets come from one of two paths (``kept_set_source``):
 
@@ -249,6 +255,8 @@ class VLLMEngine(InProcessEngine):
             logprobs_mode="processed_logprobs",
             max_logprobs=self.kept_set_cap + 1,
             disable_log_stats=True,
+            # Exact weight versions need step() to return the batch it launched (see above).
+            async_scheduling=False,
         )
         if self.max_num_seqs:
             kwargs["max_num_seqs"] = self.max_num_seqs
@@ -277,6 +285,7 @@ class VLLMEngine(InProcessEngine):
                 raise
         self.kept_set_source = source
         self._engine = self._llm.llm_engine
+        require_sync_scheduling(self._engine)
         self._tokenizer = self._llm.get_tokenizer()
         self.vocab_size = self._llm.llm_engine.model_config.get_vocab_size()
         self._engine.set_weight_version(str(self._version))
@@ -311,10 +320,13 @@ class VLLMEngine(InProcessEngine):
                     self._wakeup.wait(0.05)
                     self._wakeup.clear()
                     continue
+                # Weights change only between steps, and step() returns the batch it
+                # launched (synchronous scheduling): its tokens are this version's.
+                launched = self._version
                 outputs = self._engine.step()
                 self.steps += 1
                 for out in outputs:
-                    self._dispatch(out)
+                    self._dispatch(out, launched)
         except BaseException as exc:  # noqa: BLE001 - every waiting request learns about it
             self._error = exc
             log.exception("vllm step thread failed")
@@ -444,12 +456,12 @@ class VLLMEngine(InProcessEngine):
         req.put(events)
         req.put(None)
 
-    def _dispatch(self, out) -> None:
+    def _dispatch(self, out, version: int) -> None:
+        """Hand one request's new tokens (computed by weights ``version``) to its caller."""
         req = self._requests.get(out.request_id)
         if req is None:
             return
         events: list[EngineEvent] = []
-        version = self._version
         for comp in out.outputs:
             idx = comp.index
             if idx in req.done:
@@ -543,6 +555,16 @@ class VLLMEngine(InProcessEngine):
         log.info("weights applied", version=version, tensors=len(tensors), mode=self.last_apply.get("mode"),
                  pause_ms=round(pause_s * 1e3, 2))
         return pause_s
+
+
+def require_sync_scheduling(engine) -> None:
+    """Refuse an ``LLMEngine`` with async scheduling: its ``step()`` returns a batch
+    launched one step earlier, so the version between two steps would mislabel it."""
+    if getattr(engine.vllm_config.scheduler_config, "async_scheduling", False):
+        raise EngineConfigError(
+            "vLLM async scheduling is on: tokens would be labelled with a weight version applied after "
+            "their batch was launched; the engine must run with async_scheduling=False"
+        )
 
 
 def _position(lps, i: int) -> tuple[list[int], list[float]]:
