@@ -10,6 +10,7 @@ from bus import EventProducer
 from sampler import tool_format as fmt
 from sampler.agent import AgentLoop, trajectory_id
 from sampler.config import SamplerConfig
+from sampler.tool_calls import ToolCall
 from sandbox.client import SandboxClient, SandboxError
 from sandbox.config import RewardConfig, SandboxConfig
 from schemas import Reward, TrajectoryChunk
@@ -223,14 +224,16 @@ async def test_tool_calls_reach_the_sandbox_and_refusals_become_replies(engine, 
     async with live_sandbox(sandbox_cfg) as sb, SandboxClient(sb.url) as client:
         agent = AgentLoop(engine, client, agent_config(), publish)
         session = await client.create_session("fix_add", TASK.files)
-        wrote = await agent._execute(session, fmt.ToolCall("write", "solution.py", "def add(x, y):\n    return x + y\n"), 5)
+        # _execute: (reply, billed tool seconds)
+        wrote, _ = await agent._execute(session, ToolCall("write", "solution.py", "def add(x, y):\n    return x + y\n"), 5)
         assert wrote == "wrote solution.py (32 bytes)"
-        assert await agent._execute(session, fmt.ToolCall("read", "solution.py"), 5) == "def add(x, y):\n    return x + y\n"
-        ran = await agent._execute(session, fmt.ToolCall("run", "python -c 'print(6*7)'; exit 3"), 5)
-        assert ran == "42\n\n[exit code 3]"
-        missing = await agent._execute(session, fmt.ToolCall("read", "nope.py"), 5)
+        read, _ = await agent._execute(session, ToolCall("read", "solution.py"), 5)
+        assert read == "def add(x, y):\n    return x + y\n"
+        ran, billed = await agent._execute(session, ToolCall("run", "python -c 'print(6*7)'; exit 3"), 5)
+        assert ran == "42\n\n[exit code 3]" and billed > 0
+        missing, _ = await agent._execute(session, ToolCall("read", "nope.py"), 5)
         assert missing.startswith("error:")
-        escape = await agent._execute(session, fmt.ToolCall("write", "../outside.py", "x"), 5)
+        escape, _ = await agent._execute(session, ToolCall("write", "../outside.py", "x"), 5)
         assert escape.startswith("error:")
         with pytest.raises(SandboxError) as info:
             await client.exec("no-such-session", "ls")
