@@ -75,7 +75,8 @@ async def run_hostile(sandbox, command: str, timeout_s: float | None = None, scr
     uid = sandbox.service.pool.get(hostile).uid
     try:
         task = asyncio.create_task(sandbox.client.exec(hostile, command, timeout_s=timeout_s))
-        await asyncio.sleep(0.3)
+        # The bystander is asked while the hostile command runs (or once it is already over).
+        await wait_until_async(lambda: uid_pids(uid) or task.done(), 30, "the hostile command to start")
         during = await sandbox.client.exec(bystander, "echo alive; cat main.py")
         assert during.exit_code == 0 and during.stdout == "alive\nprint('hello')\n", during
         result = await task
