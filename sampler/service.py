@@ -77,6 +77,11 @@ def new_attempt(replica_id: str) -> str:
     return f"{replica_id}-{uuid.uuid4().hex[:8]}"
 
 
+class SyncWaitAborted(RuntimeError):
+    """A task waiting at the sync gate when the replica stops. The consumer leaves a
+    record whose handler fails during a stop unacknowledged: the next owner takes it."""
+
+
 class SyncGate:
     """Synchronous RL on one replica (``sampler.sync_groups_per_version``): at most
     ``per_version`` groups start with each weight version; the next waits until the
@@ -95,12 +100,16 @@ class SyncGate:
         self.waited_s = 0.0
         self._lock = asyncio.Lock()  # the replica's other tasks queue behind the one waiting
 
-    async def enter(self, engine: Engine) -> int:
-        """Wait for a free start with the engine's version; that version."""
+    async def enter(self, engine: Engine, stopping: asyncio.Event | None = None) -> int:
+        """Wait for a free start with the engine's version; that version. Raises
+        :class:`SyncWaitAborted` once ``stopping`` is set (a draining replica must not
+        start, nor wait forever for, a group it was waiting to start)."""
         async with self._lock:
             t0 = time.monotonic()
             deadline = t0 + self.refill_after_s
             while True:
+                if stopping is not None and stopping.is_set():
+                    raise SyncWaitAborted("replica stopping: the task is left unacknowledged for the next owner")
                 if engine.weight_version != self.version:
                     self.version, self.started = engine.weight_version, 0
                 if self.started < self.per_version:
@@ -234,7 +243,7 @@ class SamplerService:
         if not task.task_id or not task.group_id:
             raise InvalidEvent("task_id and group_id must be non-empty")
         if self.sync_gate is not None:
-            await self.sync_gate.enter(self.engine)
+            await self.sync_gate.enter(self.engine, self._stopped)
         attempt = new_attempt(self.replica_id)
         logger = log.bind(task_id=task.task_id, group_id=task.group_id, attempt=attempt,
                           partition=env.partition, offset=env.offset)

@@ -13,7 +13,7 @@ from sampler.agent import AgentLoop
 from sampler.config import SamplerConfig, TimingConfig
 from sampler.engine import SampleDone, SampledToken
 from sampler.sampling import SamplingParams
-from sampler.service import SyncGate, make_engine
+from sampler.service import SyncGate, SyncWaitAborted, make_engine
 from sampler.timing_engine import RUN_CALL, SUBMIT_CALL, TimingEngine
 from sandbox.timing import TimingSandbox, TimingSandboxConfig
 from schemas import Task
@@ -161,6 +161,19 @@ async def test_sync_gate_refills_a_short_step():
     assert await gate.enter(engine) == 0
     assert await gate.enter(engine) == 0  # no new version came: one more group, same weights
     assert gate.refills == 1
+
+
+async def test_sync_gate_gives_up_a_waiting_task_when_the_replica_stops():
+    engine = _Versioned()
+    gate = SyncGate(per_version=1, refill_after_s=3600.0)
+    stopping = asyncio.Event()
+    assert await gate.enter(engine, stopping) == 0
+    waiting = asyncio.create_task(gate.enter(engine, stopping))
+    await asyncio.sleep(SyncGate.POLL_S)
+    stopping.set()
+    with pytest.raises(SyncWaitAborted, match="left unacknowledged"):
+        await waiting
+    assert gate.started == 1 and gate.refills == 0
 
 
 def test_sync_mode_needs_enough_task_slots():
