@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import math
 
+import msgspec
 import numpy as np
 import pytest
 import torch
@@ -182,6 +183,13 @@ def test_the_recorder_attaches_prompt_routes_to_buffered_tokens_and_counts_the_r
     assert chunks[0].routed_experts_array() is None
     table = chunks[1].routed_experts_array()  # tokens 4, 5 (prompt) and 6 (sampled)
     assert table.tolist() == [[[6], [7]], [[8], [9]], [[40], [41]]]
+    # rollway tail --decode-arrays shows the same table (it read int16 as uint8 before).
+    from bus.tail import event_to_builtins
+
+    assert event_to_builtins(chunks[1], decode_arrays=True)["routed_experts"] == table.tolist()
+    bad = msgspec.structs.replace(chunks[1], routed_experts_shape=[3, 3, 1])
+    with pytest.raises(ValueError, match="routed_experts has 12 bytes for shape"):
+        bad.validate()
 
 
 def test_packing_puts_each_route_at_the_position_that_used_it_and_ignores_unfit_tables():
