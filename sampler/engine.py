@@ -68,8 +68,9 @@ class SampleDone:
     finish_reason: str
     num_tokens: int
     stop_reason: int | str | None = None
-    # MoE routed experts of the sample's generated tokens [tokens, layers, top_k], for
-    # engines that hand them over only when the sample ends (vLLM does).
+    # MoE routed experts for engines that hand them over only when the sample ends (vLLM
+    # does): its whole sequence by position [positions, layers, top_k], row q = position
+    # q (TrajectoryRecorder.attach_routed_experts aligns it).
     routed_experts: np.ndarray | None = None
 
 

@@ -152,9 +152,14 @@ class TrajectoryRecorder:
         prompt_len = len(self.segment_tokens)
         if routes.shape[0] != prompt_len - 1:
             raise ValueError(f"prompt routes have {routes.shape[0]} rows for a prompt of {prompt_len} tokens")
-        start = prompt_len - len(self._ids)  # segment position of the first buffered token
-        self.routes_unrecorded += max(0, start - 1)
-        for pos in range(max(1, start), prompt_len):
+        self._attach_positions(routes)
+
+    def _attach_positions(self, routes: np.ndarray) -> None:
+        """Row q of ``routes`` (position q of the segment) to token q + 1, if buffered."""
+        end = routes.shape[0] + 1  # one past the last token that gets a row
+        start = len(self.segment_tokens) - len(self._ids)  # segment position of the first buffered token
+        self.routes_unrecorded += max(0, min(start, end) - 1)
+        for pos in range(max(1, start), end):
             i = pos - start
             if self._routed[i] is not None:
                 continue
@@ -166,8 +171,14 @@ class TrajectoryRecorder:
             self._bytes += 2 * row.size
 
     def attach_routed_experts(self, routed: np.ndarray) -> None:
-        """Routed experts of the last ``len(routed)`` sampled tokens still buffered
-        (engines that report them when a sample ends)."""
+        """Routes an engine reports when a sample ends. A table covering the whole
+        segment (vLLM's ``[seq_len, layers, top_k]``, row q = position q; at least
+        ``len(segment) - 1`` rows) gives row q to token q + 1 for every token still
+        buffered without one; a shorter table is the last ``len(routed)`` sampled
+        tokens' own rows."""
+        if routed.shape[0] >= len(self.segment_tokens) - 1 > 0:
+            self._attach_positions(np.asarray(routed)[: len(self.segment_tokens) - 1])
+            return
         idx = [i for i, m in enumerate(self._mask) if m == 1][-len(routed):]
         for i, row in zip(idx, routed[-len(idx):] if idx else []):
             self._routed[i] = np.asarray(row)

@@ -478,8 +478,9 @@ class VLLMEngine(InProcessEngine):
                 done = SampleDone(idx, str(comp.finish_reason), req.tokens[idx], comp.stop_reason)
                 if comp.routed_experts is not None:
                     # vLLM hands routed experts over with the final output: rows for the
-                    # whole sequence; the generated tokens are the last rows.
-                    done.routed_experts = np.asarray(comp.routed_experts)[-req.tokens[idx]:]
+                    # whole sequence by position (prompt and generated); the recorder
+                    # aligns them from the segment's start (docs/contracts.md, "Routing").
+                    done.routed_experts = np.asarray(comp.routed_experts)
                 events.append(done)
         if events:
             req.put(events)

@@ -217,3 +217,28 @@ def test_packing_puts_each_route_at_the_position_that_used_it_and_ignores_unfit_
     assert routes[0, :, 0, 0].tolist() == [0, 1, 2, 3, -1]  # position p: row p + 1
     assert (routes[1:] == -1).all()
     assert packed.routes_ignored == 2
+
+
+def test_a_whole_sequence_table_reported_at_sample_end_is_aligned_by_position():
+    """vLLM's table (row q = position q, prompt included, maybe one row past the last
+    position): token q + 1 gets row q, whatever the table's length beyond the segment."""
+    from sampler.engine import SampledToken
+    from sampler.recorder import TrajectoryIdentity, TrajectoryRecorder
+
+    async def run(extra_rows: int):
+        chunks = []
+
+        async def publish(chunk):
+            chunks.append(chunk)
+
+        rec = TrajectoryRecorder(TrajectoryIdentity("t", "task", "g", 0, 1, "a0"), publish)
+        await rec.add_env([10, 11, 12], 0)
+        for tok in (7, 8):
+            await rec.add_sampled(SampledToken(0, tok, 0.0, np.array([tok], dtype=np.int32), False, 0))
+        rows = 4 + extra_rows  # positions 0..3 produce tokens 1..4
+        rec.attach_routed_experts(np.arange(rows, dtype=np.int16).reshape(rows, 1, 1))
+        await rec.finish("stop", Cost())
+        return chunks[0].routed_experts_array()[:, 0, 0].tolist()
+
+    assert asyncio.run(run(0)) == [-1, 0, 1, 2, 3]
+    assert asyncio.run(run(1)) == [-1, 0, 1, 2, 3]
