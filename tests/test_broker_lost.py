@@ -73,7 +73,7 @@ def test_services_wait_for_a_lost_broker_and_go_on_when_it_is_back(tmp_path, tin
         procs += [trainer, feeder]
 
         model, tok = load_tiny(str(tiny_model_path))
-        before, after = make_task_groups(model, tok, 2, group_size=4, max_new_tokens=8, env_after=3, seed=5)
+        before, after = make_task_groups(model, tok, 2, group_size=4, max_new_tokens=8, env_after=3, seed=11)
         asyncio.run(publish_trajectories(kcfg, before))
         wait_until(lambda: len(asyncio.run(read_step_log(kcfg))) == 1, 300, "step 1", proc=trainer, poll_s=1.0)
         issued_before = len(asyncio.run(read_topic(kcfg, "tasks")))
