@@ -27,6 +27,7 @@ EVAL_TASKS=${EVAL_TASKS:-100}
 # evaluations of the same model; 2 halves that spread.
 EVAL_SAMPLES=${EVAL_SAMPLES:-2}
 SANDBOX_PORT=${SANDBOX_PORT:-8391}
+BROKER_PORT=${BROKER_PORT:-9092}  # another port lets a second run start while one evaluates
 
 if [ -z "${EVAL_ONLY:-}" ]; then
     rm -rf "$RUN"
@@ -36,7 +37,7 @@ export ROLLWAY_SYNCER__STORE_URL="file://$PWD/$RUN/weights"
 export ROLLWAY_TRAINER__CHECKPOINT_DIR="$RUN/checkpoints"
 for section in trainer sampler feeder; do export "ROLLWAY_${section^^}__SEED=$SEED"; done
 
-"$ROLLWAY" broker start --data-dir "$RUN/kafka" | tee "$RUN/broker.txt"
+"$ROLLWAY" broker start --data-dir "$RUN/kafka" --port "$BROKER_PORT" | tee "$RUN/broker.txt"
 eval "$(grep '^export KAFKA_BOOTSTRAP_SERVERS=' "$RUN/broker.txt")"
 sandbox_pid=
 cleanup() {
