@@ -6,10 +6,11 @@ import asyncio
 from dataclasses import dataclass, field
 
 import structlog
-from aiokafka import AIOKafkaConsumer, TopicPartition
+from aiokafka import TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.errors import TopicAlreadyExistsError
 
+from bus.clients import cluster_metadata, new_consumer
 from bus.config import KafkaConfig
 from bus.connect import start_client
 from bus.topics import TOPICS, TopicSpec
@@ -66,13 +67,12 @@ async def ensure_topics(
 
 async def wait_for_leaders(cfg: KafkaConfig, topics: list[str], timeout: float = 30.0) -> None:
     """Block until the cluster reports a leader for every partition of ``topics``."""
-    consumer = AIOKafkaConsumer(bootstrap_servers=cfg.bootstrap_servers, client_id=f"{cfg.client_id}-meta")
+    consumer = new_consumer(cfg, f"{cfg.client_id}-meta")
     await start_client(consumer, cfg.bootstrap_servers, "metadata")
     try:
         deadline = asyncio.get_running_loop().time() + timeout
         while True:
-            await consumer._client.force_metadata_update()
-            meta = consumer._client.cluster
+            meta = await cluster_metadata(consumer)
             missing = [
                 t for t in topics
                 if not meta.partitions_for_topic(t)
@@ -123,7 +123,7 @@ async def list_rollway_topics(cfg: KafkaConfig) -> list[str]:
 async def describe_topics(cfg: KafkaConfig, topics: list[str], groups: list[str] | None = None) -> list[TopicInfo]:
     """Partitions, begin/end offsets and, per consumer group, committed offsets."""
     admin = admin_client(cfg)
-    consumer = AIOKafkaConsumer(bootstrap_servers=cfg.bootstrap_servers, client_id=f"{cfg.client_id}-describe")
+    consumer = new_consumer(cfg, f"{cfg.client_id}-describe")
     await start_client(admin, cfg.bootstrap_servers, "admin")
     try:
         await start_client(consumer, cfg.bootstrap_servers, "metadata")
@@ -131,7 +131,7 @@ async def describe_topics(cfg: KafkaConfig, topics: list[str], groups: list[str]
         await admin.close()
         raise
     try:
-        cluster = await consumer._client.fetch_all_metadata()
+        cluster = await cluster_metadata(consumer)
         tps = [TopicPartition(t, p) for t in topics for p in sorted(cluster.partitions_for_topic(t) or ())]
         begins = await consumer.beginning_offsets(tps) if tps else {}
         ends = await consumer.end_offsets(tps) if tps else {}

@@ -37,6 +37,7 @@ from bus.config import KafkaConfig
 from bus.consumer import Envelope, EventConsumer, InvalidEvent
 from bus.handler import Analytics, ConsumerError, FunctionConsumer, consumer, validate
 from bus.policy import ConsumerFailed, ConsumerStats, Dispatcher, ErrorPolicy, Retryable
+from bus.reader import caught_up
 
 __all__ = [
     "Analytics", "ConsumerApp", "ConsumerError", "ConsumerFailed", "ConsumerStats", "Envelope", "ErrorPolicy",
@@ -75,10 +76,7 @@ class _CatchUp:
         new = [tp for tp in assigned if tp not in self.ends]
         if new:
             self.ends.update(await raw.end_offsets(new))
-        for tp in assigned:
-            if await raw.position(tp) < self.ends[tp]:
-                return False
-        return True
+        return await caught_up(raw, {tp: self.ends[tp] for tp in assigned})
 
 
 class ConsumerApp:

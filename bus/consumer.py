@@ -29,6 +29,7 @@ from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
 from aiokafka.structs import OffsetAndMetadata
 
 from bus import codec
+from bus.clients import new_consumer
 from bus.config import KafkaConfig
 from bus.connect import add_stop_handler, start_client
 from bus.producer import EventProducer, RecordTooLarge
@@ -144,9 +145,8 @@ class EventConsumer:
         # Built at start(): an aiokafka client that is never started still warns
         # "Unclosed AIOKafkaConsumer" when collected (a service stopped before Kafka came up).
         self._client: AIOKafkaConsumer | None = None
+        self._client_id = client_id or cfg.client_id
         self._client_kwargs = dict(
-            bootstrap_servers=cfg.bootstrap_servers,
-            client_id=client_id or cfg.client_id,
             group_id=group_id,
             enable_auto_commit=False,
             auto_offset_reset="earliest" if from_beginning else "latest",
@@ -154,7 +154,6 @@ class EventConsumer:
             session_timeout_ms=session_timeout_ms,
             heartbeat_interval_ms=heartbeat_interval_ms,
             max_poll_interval_ms=max_poll_interval_ms,
-            request_timeout_ms=cfg.request_timeout_ms,
             **({"max_poll_records": max_poll_records} if max_poll_records else {}),
         )
         self._progress: dict[TopicPartition, _PartitionProgress] = {}
@@ -169,7 +168,7 @@ class EventConsumer:
     @property
     def _consumer(self) -> AIOKafkaConsumer:
         if self._client is None:
-            self._client = AIOKafkaConsumer(**self._client_kwargs)
+            self._client = new_consumer(self.cfg, self._client_id, **self._client_kwargs)
         return self._client
 
     @property

@@ -25,6 +25,7 @@ from aiokafka.errors import (
 from aiokafka.structs import OffsetAndMetadata
 
 from bus import codec
+from bus.clients import transaction_manager
 from bus.config import KafkaConfig
 from bus.connect import backoff_s, start_client, waiting_for_broker
 from bus.topics import spec_for
@@ -103,10 +104,8 @@ class EventProducer:
     @property
     def epoch(self) -> int:
         """The producer epoch the broker granted this transactional id (-1 without one).
-        aiokafka keeps it on its transaction manager; there is no public accessor."""
-        if self._client is None:
-            return -1
-        txn = self._client._txn_manager
+        aiokafka has no public accessor: see :func:`bus.clients.transaction_manager`."""
+        txn = transaction_manager(self._client) if self._client is not None else None
         return txn.producer_epoch if txn is not None and self.transactional_id else -1
 
     @contextlib.asynccontextmanager
@@ -128,14 +127,14 @@ class EventProducer:
             except (ProducerFenced, InvalidProducerEpoch) as exc:
                 raise self._fence(exc) from None
             except Exception:
-                if self._producer._txn_manager.is_fatal_error():
+                if transaction_manager(self._producer).is_fatal_error():
                     raise self._fence(None) from None
                 raise
             finally:
                 self._txn_owner = None
 
     def _check_fenced(self) -> None:
-        if self.fenced is None and self._producer._txn_manager.is_fatal_error():
+        if self.fenced is None and transaction_manager(self._producer).is_fatal_error():
             self._fence(None)
         if self.fenced is not None:
             self._retrieve_txn_error()
@@ -156,7 +155,7 @@ class EventProducer:
         # aiokafka fails its transaction waiter future on a fatal error (again for each
         # later failure) and nobody awaits it: retrieve it, or asyncio logs "Future
         # exception was never retrieved" for an error already reported as WriterFenced.
-        waiter = self._producer._txn_manager.wait_for_transaction_end()
+        waiter = transaction_manager(self._producer).wait_for_transaction_end()
         if waiter is not None and waiter.done() and not waiter.cancelled():
             waiter.exception()
 

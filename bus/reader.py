@@ -1,6 +1,7 @@
 """Reading the log without a consumer group: exact records by position (trainer replay),
-a whole topic up to its current end (the train-step log), and raw offset ranges (tail,
-analytics catching up). The one place that reads "up to an end offset"."""
+a whole topic up to its current end (the train-step log, audits), raw offset ranges
+(tail), and whether a consumer has read up to given end offsets (catching up on a log
+before going live). The one place that reads "up to an end offset"."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from typing import AsyncIterator, Sequence
 from aiokafka import AIOKafkaConsumer, ConsumerRecord, TopicPartition
 
 from bus import codec
+from bus.clients import cluster_metadata, new_consumer
 from bus.config import KafkaConfig
 from bus.connect import start_client
 from bus.consumer import Envelope, envelope_of
@@ -23,13 +25,7 @@ class RecordMissing(LookupError):
 
 def plain_reader(cfg: KafkaConfig, role: str) -> AIOKafkaConsumer:
     """A consumer that joins no group, commits nothing and sees committed records only."""
-    return AIOKafkaConsumer(
-        bootstrap_servers=cfg.bootstrap_servers,
-        client_id=f"{cfg.client_id}-{role}",
-        enable_auto_commit=False,
-        isolation_level="read_committed",
-        request_timeout_ms=cfg.request_timeout_ms,
-    )
+    return new_consumer(cfg, f"{cfg.client_id}-{role}", enable_auto_commit=False, isolation_level="read_committed")
 
 
 async def fetch_records(cfg: KafkaConfig, refs: Sequence[RecordRef], timeout_ms: int = 10_000) -> list[Envelope]:
@@ -45,22 +41,14 @@ async def fetch_records(cfg: KafkaConfig, refs: Sequence[RecordRef], timeout_ms:
     consumer = plain_reader(cfg, "reader")
     await start_client(consumer, cfg.bootstrap_servers, "reader")
     try:
+        # Read the span [min, max] of wanted offsets once, in order: the records of one
+        # train step sit close together in the log.
+        spans = {tp: (min(offsets), max(offsets) + 1) for tp, offsets in wanted.items()}
+        async for records in read_ranges(consumer, spans, timeout_ms):
+            for record in records:
+                if record.offset in wanted[TopicPartition(record.topic, record.partition)]:
+                    found[(record.topic, record.partition, record.offset)] = envelope_of(record)
         for tp, offsets in wanted.items():
-            # Read the span [min, max] of wanted offsets once, in order: the records of
-            # one train step sit close together in the log.
-            consumer.assign([tp])
-            consumer.seek(tp, min(offsets))
-            last = max(offsets)
-            position = min(offsets)
-            while position <= last:
-                batch = await consumer.getmany(tp, timeout_ms=timeout_ms)
-                records = batch.get(tp, [])
-                if not records:
-                    break
-                for record in records:
-                    position = record.offset + 1
-                    if record.offset in offsets:
-                        found[(tp.topic, tp.partition, record.offset)] = envelope_of(record)
             for offset in sorted(offsets):
                 if (tp.topic, tp.partition, offset) not in found:
                     raise RecordMissing(f"no record at {tp.topic}:{tp.partition}@{offset}")
@@ -71,9 +59,49 @@ async def fetch_records(cfg: KafkaConfig, refs: Sequence[RecordRef], timeout_ms:
 
 async def topic_partitions(consumer: AIOKafkaConsumer, topic: str) -> list[TopicPartition]:
     """The partitions of ``topic`` (full name) as the cluster knows them; [] if it does not
-    exist. aiokafka's public partitions_for_topic only knows subscribed topics."""
-    partitions = (await consumer._client.fetch_all_metadata()).partitions_for_topic(topic) or set()
+    exist."""
+    partitions = (await cluster_metadata(consumer)).partitions_for_topic(topic) or set()
     return [TopicPartition(topic, p) for p in sorted(partitions)]
+
+
+async def partitions_of(consumer: AIOKafkaConsumer, topics: Sequence[str]) -> list[TopicPartition]:
+    """The partitions of every topic of ``topics`` (full names), topic by topic."""
+    return [tp for topic in topics for tp in await topic_partitions(consumer, topic)]
+
+
+async def caught_up(consumer: AIOKafkaConsumer, ends: dict[TopicPartition, int]) -> bool:
+    """Whether ``consumer`` has read each partition of ``ends`` up to its end offset
+    (records handed out by getmany/getone count as read). False while a partition with
+    records to read is not assigned yet (a group consumer before its first rebalance)."""
+    assigned = consumer.assignment()
+    for tp, end in ends.items():
+        if end <= 0:
+            continue
+        if tp not in assigned or await consumer.position(tp) < end:
+            return False
+    return True
+
+
+async def read_up_to(
+    consumer: AIOKafkaConsumer, ends: dict[TopicPartition, int], timeout_ms: int = 10_000,
+) -> AsyncIterator[list[ConsumerRecord]]:
+    """Raw records of each assigned partition of ``ends`` from the consumer's position up
+    to (not including) the end offset, partition by partition, in offset order, as
+    fetched batches. Raises :class:`RecordMissing` when a partition cannot be read up to
+    its end within ``timeout_ms``."""
+    for tp, end in ends.items():
+        # Position, not the last offset seen: compaction and transaction markers leave gaps.
+        while await consumer.position(tp) < end:
+            batch = await consumer.getmany(tp, timeout_ms=timeout_ms)
+            records = batch.get(tp, [])
+            if not records:
+                raise RecordMissing(f"could not read {tp.topic}:{tp.partition} up to offset {end}")
+            wanted = [r for r in records if r.offset < end]
+            if wanted:
+                yield wanted
+            if len(wanted) < len(records):
+                consumer.seek(tp, end)  # fetched past the end: leave the position at it
+                break
 
 
 async def read_ranges(
@@ -88,33 +116,19 @@ async def read_ranges(
             continue
         consumer.assign([tp])
         consumer.seek(tp, start)
-        # Position, not the last offset seen: compaction and transaction markers leave gaps.
-        while await consumer.position(tp) < end:
-            batch = await consumer.getmany(tp, timeout_ms=timeout_ms)
-            records = batch.get(tp, [])
-            if not records:
-                raise RecordMissing(f"could not read {tp.topic}:{tp.partition} up to offset {end}")
-            wanted = [r for r in records if r.offset < end]
-            if wanted:
-                yield wanted
-            if len(wanted) < len(records):
-                break
+        async for records in read_up_to(consumer, {tp: end}, timeout_ms):
+            yield records
 
 
-async def read_topic(cfg: KafkaConfig, topic: str, timeout_ms: int = 10_000) -> list[Envelope]:
-    """Every record of ``topic`` (short or full name) from its beginning up to its end
-    offsets at the time of the call, decoded; partition by partition, in offset order.
-
-    Joins no group and commits nothing. A topic that does not exist reads as empty.
-    Raises :class:`RecordMissing` when a partition cannot be read up to its end within
-    ``timeout_ms``, and ``codec.DecodeFailure`` naming the position of an undecodable
-    record.
-    """
-    if not topic.startswith(cfg.topic_prefix):
-        topic = topic_spec(topic, cfg.topic_prefix).name(cfg.topic_prefix)
+async def read_topic_records(cfg: KafkaConfig, topic: str, timeout_ms: int = 10_000) -> list[ConsumerRecord]:
+    """Every record of ``topic`` (full name) from its beginning up to its end offsets at
+    the time of the call, undecoded; partition by partition, in offset order. Joins no
+    group, commits nothing, reads committed records only. A topic that does not exist
+    reads as empty. Raises :class:`RecordMissing` when a partition cannot be read up to
+    its end within ``timeout_ms``."""
     consumer = plain_reader(cfg, "reader")
     await start_client(consumer, cfg.bootstrap_servers, "reader")
-    out: list[Envelope] = []
+    out: list[ConsumerRecord] = []
     try:
         tps = await topic_partitions(consumer, topic)
         if not tps:
@@ -122,12 +136,22 @@ async def read_topic(cfg: KafkaConfig, topic: str, timeout_ms: int = 10_000) -> 
         begins = await consumer.beginning_offsets(tps)
         ends = await consumer.end_offsets(tps)
         async for records in read_ranges(consumer, {tp: (begins[tp], ends[tp]) for tp in tps}, timeout_ms):
-            for record in records:
-                try:
-                    out.append(envelope_of(record))
-                except codec.DecodeFailure as exc:
-                    raise codec.DecodeFailure(
-                        exc.kind, f"{record.topic}:{record.partition}@{record.offset}: {exc}") from None
+            out.extend(records)
     finally:
         await consumer.stop()
+    return out
+
+
+async def read_topic(cfg: KafkaConfig, topic: str, timeout_ms: int = 10_000) -> list[Envelope]:
+    """:func:`read_topic_records` decoded; ``topic`` is a short or full name. Raises
+    ``codec.DecodeFailure`` naming the position of an undecodable record."""
+    if not topic.startswith(cfg.topic_prefix):
+        topic = topic_spec(topic, cfg.topic_prefix).name(cfg.topic_prefix)
+    out: list[Envelope] = []
+    for record in await read_topic_records(cfg, topic, timeout_ms):
+        try:
+            out.append(envelope_of(record))
+        except codec.DecodeFailure as exc:
+            raise codec.DecodeFailure(
+                exc.kind, f"{record.topic}:{record.partition}@{record.offset}: {exc}") from None
     return out

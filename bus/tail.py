@@ -31,6 +31,7 @@ from aiokafka import TopicPartition
 from bus import codec
 from bus.config import KafkaConfig
 from bus.connect import start_client
+from bus.clients import new_consumer
 from bus.reader import plain_reader, read_ranges, topic_partitions
 from bus.topics import TOPICS, topic_spec
 from schemas import TrajectoryChunk
@@ -450,10 +451,8 @@ async def _follow(consumer, tps, ends, printer: _Printer, live: asyncio.Event | 
 async def _tail_as_group(cfg: KafkaConfig, topic: str, opts: TailOptions, printer: _Printer,
                          stop: asyncio.Event) -> None:
     """Consume as a consumer group (offsets auto-committed); stops when idle unless following."""
-    from aiokafka import AIOKafkaConsumer
-
-    consumer = AIOKafkaConsumer(
-        bootstrap_servers=cfg.bootstrap_servers, client_id=f"{cfg.client_id}-tail", group_id=opts.group,
+    consumer = new_consumer(
+        cfg, f"{cfg.client_id}-tail", group_id=opts.group,
         enable_auto_commit=True, auto_offset_reset="earliest", isolation_level="read_committed",
     )
     await start_client(consumer, cfg.bootstrap_servers, "tail")

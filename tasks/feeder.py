@@ -24,6 +24,7 @@ from typing import Callable
 import structlog
 
 from bus import EventConsumer, EventProducer, KafkaConfig, RecordTooLarge
+from bus.reader import caught_up, partitions_of
 from schemas import Metrics, Reward, now
 from tasks.config import FeederConfig
 from tasks.outstanding import OutstandingGroups
@@ -108,20 +109,12 @@ class Feeder:
     async def _catch_up(self, consumer: EventConsumer, reader: asyncio.Task, timeout_s: float = 60.0) -> None:
         """Wait until the rewards already in the log are read, so the first choices use
         the rebuilt statistics rather than a cold start."""
-        from aiokafka import TopicPartition
-        from aiokafka.errors import IllegalStateError
-
         raw = consumer.raw
-        await raw.topics()  # refresh metadata
-        tps = [TopicPartition(t, p) for t in consumer.topics for p in sorted(raw.partitions_for_topic(t) or ())]
+        tps = await partitions_of(raw, consumer.topics)
         ends = await raw.end_offsets(tps) if tps else {}
         deadline = self.clock() + timeout_s
         while not self._stop.is_set() and not reader.done():
-            try:
-                positions = {tp: await raw.position(tp) for tp, end in ends.items() if end > 0}
-            except IllegalStateError:  # partitions not assigned yet
-                positions = None
-            if positions is not None and all(positions[tp] >= ends[tp] for tp in positions):
+            if await caught_up(raw, ends):
                 return
             if self.clock() > deadline:
                 log.warning("rewards log not replayed in time; starting anyway",

@@ -27,9 +27,8 @@ import structlog
 
 from bus import codec
 from bus.config import KafkaConfig
-from bus.connect import start_client
 from bus.consumer import envelope_of
-from bus.reader import plain_reader, read_ranges, topic_partitions
+from bus.reader import read_topic_records
 from bus.topics import topic_spec
 from schemas import DeadLetter, GroupRef, Task
 from trainer.steplog import group_ends, read_step_log
@@ -73,24 +72,13 @@ class GroupAudit(msgspec.Struct, kw_only=True):
 async def _read_decoded(cfg: KafkaConfig, short: str) -> tuple[list, int]:
     """Events of a whole topic (to its end offsets now) and how many records did not decode."""
     topic = topic_spec(short, cfg.topic_prefix).name(cfg.topic_prefix)
-    consumer = plain_reader(cfg, "audit")
-    await start_client(consumer, cfg.bootstrap_servers, "audit reader")
     events: list = []
     bad = 0
-    try:
-        tps = await topic_partitions(consumer, topic)
-        if not tps:
-            return events, bad
-        begins = await consumer.beginning_offsets(tps)
-        ends = await consumer.end_offsets(tps)
-        async for records in read_ranges(consumer, {tp: (begins[tp], ends[tp]) for tp in tps}):
-            for record in records:
-                try:
-                    events.append(envelope_of(record).event)
-                except codec.DecodeFailure:
-                    bad += 1
-    finally:
-        await consumer.stop()
+    for record in await read_topic_records(cfg, topic):
+        try:
+            events.append(envelope_of(record).event)
+        except codec.DecodeFailure:
+            bad += 1
     return events, bad
 
 

@@ -18,6 +18,7 @@ from bus import RecordMissing, codec, fetch_records
 from bus.config import KafkaConfig
 from bus.connect import start_client
 from bus.consumer import envelope_of
+from bus.reader import plain_reader, read_topic_records, read_up_to, topic_partitions
 from bus.topics import topic_spec
 from schemas import (DeadLetter, GroupDrop, GroupRef, GroupsDropped, RecordRef, Reward, TrainedTrajectory,
                      TrainStep, TrajectoryChunk, now)
@@ -80,7 +81,7 @@ async def read_step_log(cfg: KafkaConfig, timeout_ms: int = 10_000, *, dead_lett
     (or GroupsDropped) that does not decode raises ``StepLogError``."""
     topic = _full(cfg, "train-steps")
     try:
-        records = await _read_raw(cfg, topic, timeout_ms)
+        records = await read_topic_records(cfg, topic, timeout_ms)
     except RecordMissing as exc:
         raise StepLogError(str(exc)) from None
     steps = StepLog()
@@ -145,39 +146,6 @@ def _full(cfg: KafkaConfig, short: str) -> str:
     return topic_spec(short, cfg.topic_prefix).name(cfg.topic_prefix)
 
 
-async def _read_raw(cfg: KafkaConfig, topic: str, timeout_ms: int) -> list:
-    """Every record of ``topic`` up to its end offsets now, undecoded, partition by
-    partition in offset order; no group, no commits, committed records only."""
-    from aiokafka import AIOKafkaConsumer, TopicPartition
-
-    consumer = AIOKafkaConsumer(
-        bootstrap_servers=cfg.bootstrap_servers, client_id=f"{cfg.client_id}-steplog",
-        enable_auto_commit=False, isolation_level="read_committed", request_timeout_ms=cfg.request_timeout_ms,
-    )
-    await start_client(consumer, cfg.bootstrap_servers, "step log reader")
-    out: list = []
-    try:
-        # aiokafka's public partitions_for_topic only knows subscribed topics.
-        partitions = (await consumer._client.fetch_all_metadata()).partitions_for_topic(topic) or set()
-        tps = [TopicPartition(topic, p) for p in sorted(partitions)]
-        if not tps:
-            return out
-        consumer.assign(tps)
-        await consumer.seek_to_beginning(*tps)
-        ends = await consumer.end_offsets(tps)
-        for tp in tps:
-            # Position, not the last offset seen: transaction markers leave gaps.
-            while await consumer.position(tp) < ends[tp]:
-                batch = await consumer.getmany(tp, timeout_ms=timeout_ms)
-                records = batch.get(tp, [])
-                if not records:
-                    raise RecordMissing(f"could not read {tp.topic}:{tp.partition} up to offset {ends[tp]}")
-                out.extend(r for r in records if r.offset < ends[tp])
-    finally:
-        await consumer.stop()
-    return out
-
-
 async def _dead_letter_once(cfg: KafkaConfig, foreign: list[tuple[object, str]], timeout_ms: int) -> None:
     """Dead-letter foreign step-log records not already in the dead-letter topic (the
     log is re-read at every start; one letter per record is enough)."""
@@ -185,7 +153,7 @@ async def _dead_letter_once(cfg: KafkaConfig, foreign: list[tuple[object, str]],
 
     dlq = _full(cfg, "dlq")
     done: set[tuple[str, int, int]] = set()
-    for record in await _read_raw(cfg, dlq, timeout_ms):
+    for record in await read_topic_records(cfg, dlq, timeout_ms):
         try:
             letter = envelope_of(record).event
         except codec.DecodeFailure:
@@ -219,14 +187,9 @@ class StepLogWatch:
         self._tps: list = []
 
     async def start(self) -> None:
-        from aiokafka import TopicPartition
-
-        from bus.reader import plain_reader
-
         self._consumer = plain_reader(self.cfg, "steplog-watch")
         await start_client(self._consumer, self.cfg.bootstrap_servers, "step log watch")
-        partitions = (await self._consumer._client.fetch_all_metadata()).partitions_for_topic(self.topic) or set()
-        self._tps = [TopicPartition(self.topic, p) for p in sorted(partitions)]
+        self._tps = await topic_partitions(self._consumer, self.topic)
         self._consumer.assign(self._tps)
         await self._consumer.seek_to_beginning(*self._tps)
         await self.check(0)
@@ -242,12 +205,8 @@ class StepLogWatch:
         consumer = self._consumer
         assert consumer is not None, "StepLogWatch.check before start()"
         ends = await consumer.end_offsets(self._tps)
-        for tp in self._tps:
-            while await consumer.position(tp) < ends[tp]:
-                batch = await consumer.getmany(tp, timeout_ms=10_000)
-                records = batch.get(tp, [])
-                if not records:
-                    raise StepLogError(f"could not read {tp.topic}:{tp.partition} up to offset {ends[tp]}")
+        try:
+            async for records in read_up_to(consumer, ends):
                 for record in records:
                     if codec.header_value(record.headers, codec.TYPE_HEADER) != TrainStep.__name__.encode():
                         continue  # foreign records are read_step_log's business
@@ -257,6 +216,8 @@ class StepLogWatch:
                         continue
                     self.last_step = max(self.last_step, event.step)
                     self.hashes.setdefault(event.step, event.weights_hash)
+        except RecordMissing as exc:
+            raise StepLogError(str(exc)) from None
         if step and self.last_step >= step:
             raise StepAlreadyLogged(
                 f"step {step} is already in the train-step log {self.topic} (it holds steps up to "

@@ -1,0 +1,44 @@
+"""Building aiokafka clients, and the only place Rollway touches aiokafka's private API.
+
+Every consumer is built by :func:`new_consumer` (bootstrap address and request timeout
+from ``KafkaConfig``; the caller names the client and its group/commit settings) and
+started through ``bus.connect.start_client``. aiokafka offers no public call for two
+things Rollway needs; each is one function here, so an aiokafka upgrade that moves them
+breaks in one place (aiokafka is pinned <0.15 in pyproject.toml):
+
+* :func:`cluster_metadata` — metadata of every topic (the public
+  ``partitions_for_topic`` only knows topics the consumer subscribed to);
+* :func:`transaction_manager` — a transactional producer's state: the epoch the broker
+  granted it, whether it failed fatally (fenced), its transaction-end waiter.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+from aiokafka.cluster import ClusterMetadata
+from aiokafka.producer.transaction_manager import TransactionManager
+
+from bus.config import KafkaConfig
+
+
+def new_consumer(cfg: KafkaConfig, client_id: str, **settings: Any) -> AIOKafkaConsumer:
+    """An unstarted aiokafka consumer of ``cfg``'s cluster; ``settings`` are aiokafka's
+    consumer options (group_id, isolation_level, ...)."""
+    return AIOKafkaConsumer(
+        bootstrap_servers=cfg.bootstrap_servers, client_id=client_id,
+        request_timeout_ms=cfg.request_timeout_ms, **settings,
+    )
+
+
+async def cluster_metadata(consumer: AIOKafkaConsumer) -> ClusterMetadata:
+    """Fresh metadata of every topic of the cluster (partitions, leaders), fetched now
+    through the started ``consumer``'s connection. Private API: ``consumer._client``."""
+    return await consumer._client.fetch_all_metadata()
+
+
+def transaction_manager(producer: AIOKafkaProducer) -> TransactionManager | None:
+    """The transaction state of a producer (None for one without a transactional id).
+    Private API: ``producer._txn_manager``."""
+    return producer._txn_manager
