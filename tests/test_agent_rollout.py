@@ -15,7 +15,8 @@ from sandbox.client import SandboxClient, SandboxError
 from sandbox.config import RewardConfig, SandboxConfig
 from schemas import Reward, TrajectoryChunk
 from tasks.spec import TaskSpec
-from tests.sampler_helpers import agent_model_dir, read_topic, start_test_engine
+from tests.events import read_until
+from tests.sampler_helpers import agent_model_dir, start_test_engine
 from tests.sandbox_helpers import live_sandbox, write_task_dir
 
 pytestmark = pytest.mark.vllm
@@ -110,7 +111,7 @@ async def test_multi_turn_rollout_masks_tool_output_compacts_and_records_weight_
 
     tid = trajectory_id(task, 0, "att-1")
     assert result.trajectory_id == tid == "fix_add/fix_add/g1/0/att-1"
-    chunks = await read_topic(
+    chunks = await read_until(
         kafka_config, "trajectories",
         lambda evs: any(isinstance(e, TrajectoryChunk) and e.final for e in evs))
     chunks = [c for c in chunks if c.trajectory_id == tid]
@@ -177,7 +178,7 @@ async def test_multi_turn_rollout_masks_tool_output_compacts_and_records_weight_
     # trainer_step = the group's phase step: the version served when it started (one phase
     # per group, docs/contracts.md), although its newest tokens are from start_version + 1.
     assert result.reward.phase == "unconstrained"
-    rewards = await read_topic(kafka_config, "rewards", lambda evs: any(e.trajectory_id == tid for e in evs))
+    rewards = await read_until(kafka_config, "rewards", lambda evs: any(e.trajectory_id == tid for e in evs))
     assert [(r.cost.generated_tokens, r.phase) for r in rewards if r.trajectory_id == tid] == [
         (cost.generated_tokens, "unconstrained")]
 

@@ -6,19 +6,20 @@ from __future__ import annotations
 import asyncio
 import io
 import json
-import os
 import signal
 import subprocess
 import sys
 import textwrap
 
 import pytest
-from aiokafka import AIOKafkaConsumer, TopicPartition
+from aiokafka import TopicPartition
 
 from bus import EventProducer, encode, read_topic
 from bus.analytics import ConsumerApp, ConsumerFailed, ErrorPolicy, InvalidEvent, consumer
+from bus.clients import new_consumer
 from bus.examples.solve_rate import SolveRate
 from schemas import Cost, Reward
+from tests.cli import ROLLWAY, kafka_env
 
 pytestmark = pytest.mark.kafka
 
@@ -33,11 +34,6 @@ REWARDS = [
     reward(0, True, 100, 1), reward(1, False, 300, 1), reward(2, True, 200, 1),
     reward(3, True, 50, 2), reward(4, True, 150, 2, cheated=True), reward(5, False, 400, 2),
 ]
-
-
-def cli_env(cfg) -> dict[str, str]:
-    return {**os.environ, "KAFKA_BOOTSTRAP_SERVERS": cfg.bootstrap_servers,
-            "ROLLWAY_KAFKA__TOPIC_PREFIX": cfg.topic_prefix}
 
 
 def test_solve_rate_numbers():
@@ -55,7 +51,7 @@ def test_solve_rate_numbers():
 
 
 async def committed(cfg, group: str, partition: int) -> int | None:
-    reader = AIOKafkaConsumer(bootstrap_servers=cfg.bootstrap_servers, group_id=group, enable_auto_commit=False)
+    reader = new_consumer(cfg, "test-committed", group_id=group, enable_auto_commit=False)
     await reader.start()
     try:
         return await reader.committed(TopicPartition(cfg.topic_prefix + "rewards", partition))
@@ -171,7 +167,7 @@ async def test_run_consumers_logs_json_to_stderr_and_fails_loudly(kafka_config):
 
     def run(*argv: str) -> subprocess.CompletedProcess:
         return subprocess.run([sys.executable, "-c", SCRIPT, *argv], capture_output=True, text=True,
-                              env=cli_env(kafka_config), timeout=60)
+                              env=kafka_env(kafka_config), timeout=60)
 
     ok = run("99", "--until-end")
     assert ok.returncode == 0, ok.stderr
@@ -194,9 +190,9 @@ async def test_solve_rate_command_writes_report_and_stops_on_sigterm(kafka_confi
             await producer.publish(r, key="one-partition")
     report_path = tmp_path / "report.json"
     proc = subprocess.Popen(
-        [sys.executable, "-m", "rollway.cli", "analytics", "solve-rate", "--window", "4", "--print-every", "6",
+        [*ROLLWAY, "analytics", "solve-rate", "--window", "4", "--print-every", "6",
          "--json", str(report_path)],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=cli_env(kafka_config))
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=kafka_env(kafka_config))
     try:
         line = await asyncio.wait_for(asyncio.to_thread(proc.stdout.readline), 60)
         assert line.startswith("rewards=6 rolling_solve_rate=0.500 (last 4) mean_tokens_per_solved=125.0")

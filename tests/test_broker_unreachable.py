@@ -26,6 +26,7 @@ from bus.connect import unreachable_message
 from rollway.broker import ClusterState, free_ports, pid_alive, port_open
 from rollway.config import RollwayConfig
 from schemas import Task
+from tests.cli import log_events
 from tests.conftest import TEST_PARTITIONS, unique
 from tests.waiting import wait_until
 from tasks.config import FeederConfig
@@ -146,12 +147,4 @@ def test_service_stopped_while_waiting_for_a_broker_exits_cleanly(tmp_path):
 
 
 def _retry_lines(path: Path) -> list[dict]:
-    out = []
-    for line in path.read_text().splitlines():
-        try:
-            item = json.loads(line)
-        except json.JSONDecodeError:
-            continue
-        if str(item.get("event", "")).startswith("cannot reach Kafka at"):
-            out.append(item)
-    return out
+    return [e for e in log_events(path) if str(e.get("event", "")).startswith("cannot reach Kafka at")]

@@ -14,8 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -23,6 +21,7 @@ import pytest
 from bus import EventProducer
 from rollway.config import RollwayConfig
 from schemas import DeadLetter, Metrics, RecordRef
+from tests.cli import run_cli
 from tests.synthetic import load_tiny, make_task_groups
 from tests.trainer_helpers import one_thread, publish_trajectories  # noqa: F401  one_thread: autouse fixture
 from trainer.checkpoint import (
@@ -37,8 +36,6 @@ from trainer.config import TrainerConfig
 from trainer.publishing import RecordingSink
 from trainer.replay import CheckpointUnusable, restore_checkpoint, restore_newest_loadable
 from trainer.steplog import LoggedStep, StepLogError, read_step_log, step_event
-
-REPO = Path(__file__).resolve().parent.parent
 
 
 @pytest.fixture(scope="module")
@@ -264,13 +261,6 @@ async def test_undecodable_train_step_stops_with_the_offset_and_how_to_inspect_i
 
 
 # -- rollway replay exit codes --------------------------------------------------------------
-def replay_cli(config: Path, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "rollway.cli", "--config", str(config), "replay", *args],
-        cwd=REPO, capture_output=True, text=True, timeout=300,
-    )
-
-
 def write_config(path: Path, kafka_config, tmp_path, tiny_model_path) -> Path:
     path.write_text(
         f'[kafka]\nbootstrap_servers = "{kafka_config.bootstrap_servers}"\n'
@@ -288,14 +278,15 @@ async def test_replay_exits_2_on_a_missing_or_unloadable_checkpoint(kafka_config
         for s in (1, 2):
             await producer.publish(step_event(s, hashes[s], [], {}, seed=0))
 
-    missing = await asyncio.to_thread(replay_cli, config, "--from-step", "2", "--checkpoint-dir",
-                                      str(tmp_path / "nope"))
+    missing = await asyncio.to_thread(run_cli, "replay", "--from-step", "2", "--checkpoint-dir",
+                                      str(tmp_path / "nope"), config=config, timeout=300)
     assert missing.returncode == 2, missing.stderr[-2000:]
     assert "checkpoint folder" in missing.stderr and "does not exist" in missing.stderr
 
     write_checkpoint(tmp_path / "ckpt", snaps[1], hashes[1])
     state = tmp_path / "ckpt" / "step-00000001" / "state.pt"
     state.write_bytes(state.read_bytes()[:500])
-    corrupt = await asyncio.to_thread(replay_cli, config, "--from-step", "2", "--verify")
+    corrupt = await asyncio.to_thread(run_cli, "replay", "--from-step", "2", "--verify",
+                                      config=config, timeout=300)
     assert corrupt.returncode == 2, corrupt.stderr[-2000:]
     assert "step-00000001" in corrupt.stderr and "does not load" in corrupt.stderr

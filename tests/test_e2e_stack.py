@@ -18,7 +18,8 @@ from bus.config import KafkaConfig
 from rollway.broker import free_ports
 from schemas import Heartbeat, Metrics, TrainStep, TrajectoryChunk, WeightVersion
 from tests.conftest import unique
-from tests.sampler_helpers import agent_model_dir, read_topic
+from tests.events import read_until
+from tests.sampler_helpers import agent_model_dir
 from tests.waiting import leftover_processes
 
 pytestmark = [pytest.mark.kafka, pytest.mark.vllm, pytest.mark.slow]
@@ -80,24 +81,24 @@ async def test_rollway_up_runs_the_whole_loop_and_stops_cleanly(kafka_bootstrap,
     )
     try:
         # The sampler loads version >= 2 through the syncer and reports it.
-        beats = await read_topic(
+        beats = await read_until(
             kafka, "health",
             lambda evs: any(isinstance(e, Heartbeat) and e.role == "sampler" and e.weight_version >= 2
                             and e.updates_applied >= 1 for e in evs),
             timeout_s=240,
         )
-        steps = [e for e in await read_topic(kafka, "train-steps", lambda evs: len(evs) >= 2) if isinstance(e, TrainStep)]
-        versions = [e for e in await read_topic(kafka, "weights", lambda evs: len(evs) >= 2)
+        steps = [e for e in await read_until(kafka, "train-steps", lambda evs: len(evs) >= 2) if isinstance(e, TrainStep)]
+        versions = [e for e in await read_until(kafka, "weights", lambda evs: len(evs) >= 2)
                     if isinstance(e, WeightVersion)]
         # Trajectories sampled after the update carry the new version in their spans.
-        chunks = await read_topic(
+        chunks = await read_until(
             kafka, "trajectories",
             lambda evs: any(isinstance(e, TrajectoryChunk) and e.num_tokens and e.version_array().max() >= 1
                             for e in evs),
             timeout_s=120,
         )
         # The sampler records each applied update's pause on the metrics topic (for plots).
-        metrics = await read_topic(
+        metrics = await read_until(
             kafka, "metrics",
             lambda evs: any(isinstance(e, Metrics) and e.source == "sampler:sampler-0" for e in evs),
             timeout_s=60,

@@ -30,7 +30,8 @@ from sandbox.config import SandboxConfig
 from schemas import EvalResult, Heartbeat
 from syncer.config import SyncerConfig
 from tasks.spec import TaskSpec
-from tests.sampler_helpers import agent_model_dir, read_all, read_topic
+from tests.events import read_all, read_until
+from tests.sampler_helpers import agent_model_dir
 from tests.sandbox_helpers import live_sandbox, write_task_dir
 
 pytestmark = [pytest.mark.kafka, pytest.mark.slow]
@@ -215,11 +216,11 @@ async def test_evaluator_follows_weights_and_evaluates_every_n_versions(stack, k
     try:
         async with Weights(cfg, producer) as weights:
             # The base model first; then of versions 1..5 only 2 and 4 are due.
-            await read_topic(kafka_config, "evals", lambda evs: versions(evs) == [0], timeout_s=120)
+            await read_until(kafka_config, "evals", lambda evs: versions(evs) == [0], timeout_s=120)
             await weights.publish(1, 2)
-            await read_topic(kafka_config, "evals", lambda evs: versions(evs) == [0, 2], timeout_s=60)
+            await read_until(kafka_config, "evals", lambda evs: versions(evs) == [0, 2], timeout_s=60)
             await weights.publish(3, 4, 5)
-            events = await read_topic(kafka_config, "evals", lambda evs: versions(evs) == [0, 2, 4], timeout_s=60)
+            events = await read_until(kafka_config, "evals", lambda evs: versions(evs) == [0, 2, 4], timeout_s=60)
     finally:
         await stop(proc)
     split = f"dir:{tmp_path}/tasks"
@@ -234,7 +235,7 @@ async def test_evaluator_follows_weights_and_evaluates_every_n_versions(stack, k
     # it goes straight to waiting and evaluates nothing again.
     proc = await start()
     try:
-        await read_topic(kafka_config, "health", lambda evs: any(
+        await read_until(kafka_config, "health", lambda evs: any(
             isinstance(e, Heartbeat) and e.pid == proc.pid and e.status == "waiting" for e in evs), timeout_s=120)
     finally:
         await stop(proc)

@@ -12,8 +12,7 @@ from pathlib import Path
 import pytest
 
 from rollway.config import ConfigError, load_config
-
-REPO = Path(__file__).resolve().parent.parent
+from tests.cli import REPO, run_cli
 
 
 def test_config_defaults_file_and_env_overrides(tmp_path):
@@ -97,11 +96,6 @@ def test_components_do_not_import_the_cli_package():
              for name in imports(ast.parse(path.read_text()))
              if name == "rollway" or name.startswith("rollway.")]
     assert found == []
-
-
-def run_cli(*args: str, env: dict | None = None, timeout: float = 60) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "rollway.cli", *args], capture_output=True, text=True,
-                          env={**os.environ, **(env or {})}, timeout=timeout, cwd=REPO)
 
 
 def test_config_show_prints_effective_config():

@@ -26,7 +26,8 @@ from sandbox.config import SandboxConfig
 from schemas import Heartbeat, Reward, TrajectoryChunk
 from syncer.config import SyncerConfig
 from tasks.spec import TaskSpec
-from tests.sampler_helpers import agent_model_dir, read_all, read_topic
+from tests.events import read_all, read_until
+from tests.sampler_helpers import agent_model_dir
 from tests.sandbox_helpers import live_sandbox, write_task_dir
 
 pytestmark = [pytest.mark.vllm, pytest.mark.kafka, pytest.mark.slow]
@@ -128,7 +129,7 @@ def complete_groups(chunks: list[TrajectoryChunk]) -> dict[str, str]:
 
 async def wait_heartbeats(cfg, predicate, timeout_s: float, replicas: list[Replica]) -> list[Heartbeat]:
     try:
-        return await read_topic(cfg.kafka, "health", predicate, timeout_s)
+        return await read_until(cfg.kafka, "health", predicate, timeout_s)
     except TimeoutError:
         raise AssertionError("\n\n".join(f"--- {r.name}\n{r.tail()}" for r in replicas)) from None
 
@@ -136,7 +137,7 @@ async def wait_heartbeats(cfg, predicate, timeout_s: float, replicas: list[Repli
 def trajectories(cfg, until, timeout_s, replicas):
     async def read():
         try:
-            return [e for e in await read_topic(cfg.kafka, "trajectories", until, timeout_s)]
+            return [e for e in await read_until(cfg.kafka, "trajectories", until, timeout_s)]
         except TimeoutError:
             raise AssertionError("\n\n".join(f"--- {r.name}\n{r.tail()}" for r in replicas)) from None
     return read()
@@ -198,7 +199,7 @@ async def test_replicas_share_tasks_survive_sigkill_follow_weights_and_drain_on_
     def graded(events):
         return needed <= {(r.group_id, r.attempt, r.sample_index) for r in events if isinstance(r, Reward)}
 
-    await read_topic(cfg.kafka, "rewards", graded, 60)
+    await read_until(cfg.kafka, "rewards", graded, 60)
 
     # A new weight version published by the trainer side reaches B through the syncer.
     from safetensors.torch import load_file

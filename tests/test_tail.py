@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import io
 import json
-import os
 import subprocess
-import sys
 import time
 
 import pytest
@@ -14,6 +12,7 @@ import pytest
 from bus import EventConsumer, EventProducer, encode
 from bus.tail import TailError, TailOptions, parse_since, tail
 from schemas import Cost, Reward
+from tests.cli import ROLLWAY, kafka_env, run_cli
 from tests.samples import sample_chunk
 
 pytestmark = pytest.mark.kafka
@@ -219,16 +218,9 @@ async def test_tail_bad_options_are_named(kafka_config):
     assert parse_since("1700000000") == 1_700_000_000_000
 
 
-def cli_env(cfg) -> dict[str, str]:
-    return {**os.environ, "KAFKA_BOOTSTRAP_SERVERS": cfg.bootstrap_servers,
-            "ROLLWAY_KAFKA__TOPIC_PREFIX": cfg.topic_prefix}
-
-
 async def test_rollway_tail_and_topics_commands(rewards_topic):
-    env = cli_env(rewards_topic)
-    proc = subprocess.run([sys.executable, "-m", "rollway.cli", "tail", "rewards", "--from-beginning",
-                           "--format", "line", "--where", "sample_index=5"],
-                          capture_output=True, text=True, env=env, timeout=60)
+    env = kafka_env(rewards_topic)
+    proc = run_cli("tail", "rewards", "--from-beginning", "--format", "line", "--where", "sample_index=5", env=env)
     assert proc.returncode == 0, proc.stderr
     assert len(proc.stdout.splitlines()) == 1 and "traj-5" in proc.stdout
     async with EventConsumer(rewards_topic, ["rewards"], group_id="lag-check") as consumer:
@@ -238,8 +230,7 @@ async def test_rollway_tail_and_topics_commands(rewards_topic):
             got += 1
             if got == 5:
                 break
-    proc = subprocess.run([sys.executable, "-m", "rollway.cli", "topics", "--group", "lag-check"],
-                          capture_output=True, text=True, env=env, timeout=60)
+    proc = run_cli("topics", "--group", "lag-check", env=env)
     assert proc.returncode == 0, proc.stderr
     rows = {int(r.split()[1]): r.split() for r in proc.stdout.splitlines()
             if r.startswith(rewards_topic.topic_prefix + "rewards")}
@@ -251,13 +242,10 @@ async def test_rollway_tail_and_topics_commands(rewards_topic):
 
 
 def test_rollway_tail_where_typo_exits_2_and_help_lists_the_questions():
-    proc = subprocess.run([sys.executable, "-m", "rollway.cli", "tail", "rewards", "--where", "scor=1"],
-                          capture_output=True, text=True, timeout=60,
-                          env={**os.environ, "KAFKA_BOOTSTRAP_SERVERS": "127.0.0.1:1"})
+    proc = run_cli("tail", "rewards", "--where", "scor=1", env={"KAFKA_BOOTSTRAP_SERVERS": "127.0.0.1:1"})
     assert proc.returncode == 2 and proc.stdout == ""
     assert proc.stderr.startswith("rollway tail: --where scor=1: Reward has no field 'scor'")
-    proc = subprocess.run([sys.executable, "-m", "rollway.cli", "tail", "--help"], capture_output=True, text=True,
-                          timeout=60)
+    proc = run_cli("tail", "--help")
     assert "rollway tail rewards --last 5 --where task_id=task-3" in proc.stdout
     assert "rollway tail rewards -f" in proc.stdout
 
@@ -266,11 +254,11 @@ async def test_rollway_tail_exits_cleanly_on_ctrl_c_and_closed_pipe(rewards_topi
     import asyncio
     import signal
 
-    argv = [sys.executable, "-m", "rollway.cli", "tail", "rewards", "--from-beginning", "-f", "--skip-undecodable"]
+    argv = [*ROLLWAY, "tail", "rewards", "--from-beginning", "-f", "--skip-undecodable"]
     interrupted = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                   env=cli_env(rewards_topic))
+                                   env=kafka_env(rewards_topic))
     piped = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                             env=cli_env(rewards_topic))
+                             env=kafka_env(rewards_topic))
     try:
         for proc in (interrupted, piped):  # each is following once its first record is out
             assert "traj-" in await asyncio.wait_for(asyncio.to_thread(proc.stdout.readline), 60)

@@ -22,6 +22,7 @@ import msgspec
 import pytest
 
 from rollway.config import RollwayConfig
+from tests.cli import REPO, log_events, run_cli
 from tests.synthetic import load_tiny, make_task_groups
 from tests.trainer_helpers import publish_trajectories
 from tests.waiting import wait_until
@@ -29,8 +30,6 @@ from trainer.config import TrainerConfig
 from trainer.steplog import read_step_log
 
 pytestmark = [pytest.mark.kafka, pytest.mark.slow]
-
-REPO = Path(__file__).resolve().parent.parent
 
 
 class TrainerProcess:
@@ -44,15 +43,7 @@ class TrainerProcess:
         )
 
     def events(self, name: str | None = None) -> list[dict]:
-        out = []
-        for line in self.log.read_text().splitlines():
-            try:
-                item = json.loads(line)
-            except json.JSONDecodeError:
-                continue
-            if name is None or item.get("event") == name:
-                out.append(item)
-        return out
+        return log_events(self.log, name)
 
     def wait_for(self, predicate, timeout: float, what: str) -> None:
         try:
@@ -78,13 +69,6 @@ class TrainerProcess:
 
 async def publish(cfg, groups) -> list[str]:
     return await publish_trajectories(cfg, [t for g in groups for t in g], chunk_tokens=10)
-
-
-def replay_cli(config: Path, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "rollway.cli", "--config", str(config), "replay", *args],
-        cwd=REPO, capture_output=True, text=True, timeout=300,
-    )
 
 
 async def test_sigkilled_trainer_replays_the_log_and_loses_nothing(kafka_config, tiny_model_path, tmp_path):
@@ -138,14 +122,15 @@ async def test_sigkilled_trainer_replays_the_log_and_loses_nothing(kafka_config,
     assert all(steps[s].event.weight_version == s for s in steps)
 
     # A second trainer, from the initial model, fed the same log: same weights, every step.
-    result = replay_cli(config, "--from-step", "1", "--to-step", "12", "--verify", "--no-checkpoint", "--json")
+    result = run_cli("replay", "--from-step", "1", "--to-step", "12", "--verify", "--no-checkpoint", "--json",
+                     config=config, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
     rows = [json.loads(line) for line in result.stdout.splitlines() if line.startswith("{")]
     assert [r["step"] for r in rows] == list(range(1, 13)) and all(r["match"] for r in rows)
     assert rows[-1]["replayed_hash"] == steps[12].event.weights_hash
 
     # rollway replay from the nearest earlier checkpoint (kept: 6, 9, 12).
-    result = replay_cli(config, "--from-step", "8", "--to-step", "10", "--verify")
+    result = run_cli("replay", "--from-step", "8", "--to-step", "10", "--verify", config=config, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
     assert "started from step 6 (checkpoint); re-executed 4 steps" in result.stdout
     assert "4/4 steps match" in result.stdout

@@ -18,17 +18,19 @@ import asyncio
 import json
 import signal
 import subprocess
-import sys
 from pathlib import Path
 
 import msgspec
 import pytest
-from aiokafka import AIOKafkaConsumer, TopicPartition
+from aiokafka import TopicPartition
 
 from bus import EventProducer, WriterFenced, codec
+from bus.clients import new_consumer
+from bus.reader import read_up_to
 from rollway.config import RollwayConfig
 from schemas import Metrics, TrainStep
 from syncer.publisher import WeightConflict
+from tests.cli import run_cli
 from tests.synthetic import load_tiny, make_task_groups, to_events
 from tests.trainer_helpers import one_thread  # noqa: F401  autouse fixture
 from tests.waiting import wait_until_async
@@ -39,7 +41,6 @@ from trainer.steplog import StepAlreadyLogged, StepLogWatch, read_step_log, step
 
 pytestmark = [pytest.mark.kafka, pytest.mark.slow]
 
-REPO = Path(__file__).resolve().parent.parent
 
 
 @pytest.fixture(scope="module")
@@ -76,19 +77,14 @@ async def logged_steps(cfg) -> dict:
 async def every_train_step_record(cfg) -> list[TrainStep]:
     """Every TrainStep record in the log, committed or not (read_uncommitted)."""
     topic = cfg.topic_prefix + "train-steps"
-    consumer = AIOKafkaConsumer(bootstrap_servers=cfg.bootstrap_servers, isolation_level="read_uncommitted",
-                                enable_auto_commit=False)
+    consumer = new_consumer(cfg, "test-uncommitted", isolation_level="read_uncommitted", enable_auto_commit=False)
     await consumer.start()
     try:
         tp = TopicPartition(topic, 0)
         consumer.assign([tp])
         await consumer.seek_to_beginning(tp)
-        end = (await consumer.end_offsets([tp]))[tp]
-        out = []
-        while await consumer.position(tp) < end:
-            for record in (await consumer.getmany(tp, timeout_ms=5000)).get(tp, []):
-                out.append(codec.decode(record.value, tuple(record.headers)))
-        return out
+        ends = await consumer.end_offsets([tp])
+        return [codec.decode(r.value, tuple(r.headers)) async for batch in read_up_to(consumer, ends) for r in batch]
     finally:
         await consumer.stop()
 
@@ -99,11 +95,8 @@ def write_config(path: Path, cfg: RollwayConfig) -> Path:
 
 
 def replay_verify(config: Path, last: int) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "rollway.cli", "--config", str(config), "replay", "--from-step", "1",
-         "--to-step", str(last), "--verify", "--no-checkpoint", "--json"],
-        cwd=REPO, capture_output=True, text=True, timeout=600,
-    )
+    return run_cli("replay", "--from-step", "1", "--to-step", str(last), "--verify", "--no-checkpoint", "--json",
+                   config=config, timeout=600)
 
 
 def assert_replay_matches(config: Path, steps: dict) -> None:

@@ -11,10 +11,11 @@ import re
 import msgspec
 import pytest
 
-from bus import EventConsumer, EventProducer, codec, fetch_records
+from bus import EventProducer, codec, fetch_records
 from rollway.config import RollwayConfig
 from schemas import Metrics, Reward, TrajectoryChunk
 from syncer.hashing import state_dict_hash
+from tests.events import read_until
 from tests.synthetic import load_tiny, make_task_groups, to_events
 from tests.trainer_helpers import one_thread, publish_trajectories  # noqa: F401  one_thread: autouse fixture
 from tests.waiting import wait_until_async
@@ -40,19 +41,6 @@ async def wait_for_steps(cfg, n: int, task: asyncio.Task, timeout: float = 120.0
         return steps if len(steps) >= n else None
 
     return await wait_until_async(logged, timeout, f"the trainer to log {n} steps", task=task, poll_s=0.3)
-
-
-async def read_events(cfg, topic: str, n: int, timeout: float = 30.0) -> list:
-    """The first ``n`` events of a topic (all partitions), or fail after ``timeout``."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    out: list = []
-    async with EventConsumer(cfg, [topic], group_id=None) as consumer:
-        while len(out) < n:
-            if loop.time() > deadline:
-                raise AssertionError(f"only {len(out)} of {n} events on {topic} after {timeout}s: {out}")
-            out.extend(e.event for e in await consumer.getmany(timeout_ms=500))
-    return out
 
 
 def trainer_config(tmp_path, tiny_model_path, **kw) -> TrainerConfig:
@@ -117,7 +105,7 @@ async def test_trainer_trains_from_the_log_and_drops_what_it_must(kafka_config, 
     assert ends == {"task-2": "zero_variance", "task-3": ends.get("task-3"), "broken": "invalid"}
     assert ends["task-3"] in ("stale", "abandoned")
     assert final.metrics["count_dropped_invalid"] == 1
-    (letter,) = await read_events(kafka_config, "dlq", 1)
+    (letter,) = await read_until(kafka_config, "dlq", lambda evs: len(evs) >= 1, 30)
     assert letter.error_kind == "invalid" and "logprobs" in letter.error
     assert letter.topic == kafka_config.topic_prefix + "trajectories"
     assert final.weights_hash == trainer.core.weights_hash()
@@ -135,7 +123,7 @@ async def test_trainer_trains_from_the_log_and_drops_what_it_must(kafka_config, 
     assert all(isinstance(e.event, TrajectoryChunk) for e in chunk_envs) and chunk_envs[-1].event.final
 
     # Metrics: one event per step with the staleness histogram.
-    metrics: list[Metrics] = await read_events(kafka_config, "metrics", 3)
+    metrics: list[Metrics] = await read_until(kafka_config, "metrics", lambda evs: len(evs) >= 3, 30)
     by_step = {m.step: m for m in metrics}
     assert sorted(by_step) == [1, 2, 3]
     for key in ("loss", "reward_mean", "solve_rate", "entropy_full", "entropy_kept", "mismatch_kl_k3",
@@ -180,7 +168,7 @@ async def test_weights_go_out_through_the_syncer_every_k_steps(kafka_config, tin
     assert await asyncio.wait_for(trainer.run(max_steps=4), 120) == 4
     expected = publishable_state(trainer.core.model, "bfloat16")
 
-    announced: list[WeightVersion] = await read_events(kafka_config, "weights", 2)
+    announced: list[WeightVersion] = await read_until(kafka_config, "weights", lambda evs: len(evs) >= 2, 30)
     assert [(w.version, w.trainer_step) for w in announced] == [(2, 2), (4, 4)]
     store = open_store(store_url)
     loaded = await load_version(store, cfg.model_name, 4)
@@ -196,7 +184,7 @@ async def test_weights_go_out_through_the_syncer_every_k_steps(kafka_config, tin
     again = Trainer(cfg.trainer, cfg.kafka, syncer=cfg.syncer, model_name=cfg.model_name)
     assert await asyncio.wait_for(again.run(max_steps=4), 120) == 4
     assert [r.step for r in again.replayed] == [4]
-    everything: list[WeightVersion] = await read_events(kafka_config, "weights", 3)
+    everything: list[WeightVersion] = await read_until(kafka_config, "weights", lambda evs: len(evs) >= 3, 30)
     assert [w.version for w in everything] == [2, 4, 4]
     assert everything[2].weights_hash == everything[1].weights_hash
 
@@ -208,7 +196,7 @@ async def test_weights_go_out_through_the_syncer_every_k_steps(kafka_config, tin
     third = Trainer(cfg.trainer, cfg.kafka, syncer=cfg.syncer, model_name=cfg.model_name)
     assert await asyncio.wait_for(third.run(max_steps=4), 120) == 4
     assert third.replayed == []
-    everything = await read_events(kafka_config, "weights", 4)
+    everything = await read_until(kafka_config, "weights", lambda evs: len(evs) >= 4, 30)
     assert [w.version for w in everything] == [2, 4, 4, 4]
 
 

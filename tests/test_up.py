@@ -7,7 +7,6 @@ no model is built and no vLLM starts; the whole stack under `up` is test_e2e_sta
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
@@ -24,6 +23,7 @@ from rollway.live_view import render, status_line
 from rollway.log_follow import LogFollower
 from rollway.supervisor import ComponentSpec, ComponentStatus, CrashLoop, RestartPolicy, Supervisor
 from schemas import Cost, DeadLetter, EvalResult, Heartbeat, Metrics, Reward, Task
+from tests.cli import log_events
 from tests.conftest import TEST_PARTITIONS, unique
 from tests.waiting import leftover_processes, wait_until, wait_until_async
 
@@ -320,18 +320,7 @@ def run_up_to_exit(config: Path, tmp: Path, kafka_bootstrap: str, *extra: str, t
 
 
 def up_events(logs: Path, name: str) -> list[dict]:
-    path = logs / "up.log"
-    if not path.exists():
-        return []
-    out = []
-    for line in path.read_text().splitlines():
-        try:
-            item = json.loads(line)
-        except json.JSONDecodeError:
-            continue
-        if item.get("event") == name:
-            out.append(item)
-    return out
+    return log_events(logs / "up.log", name)
 
 
 def stop_up(proc: subprocess.Popen, timeout: float = 60) -> int:
