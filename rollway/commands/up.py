@@ -169,9 +169,7 @@ def run(args: argparse.Namespace) -> int:
 def _run(args, cfg, upcfg, env: dict[str, str], log_dir) -> int:
     import asyncio
     import signal
-    import subprocess
     import sys
-    from pathlib import Path
 
     import structlog
 
@@ -198,18 +196,8 @@ def _run(args, cfg, upcfg, env: dict[str, str], log_dir) -> int:
         env["KAFKA_BOOTSTRAP_SERVERS"] = bootstrap
         cfg.kafka.bootstrap_servers = bootstrap
         asyncio.run(ensure_topics(cfg.kafka))
-        for path in model_paths(cfg, {p.kind for p in procs}):
-            if needs_model_init(path):
-                argv = model_command(path)
-                print(f"rollway up: building the model: rollway {' '.join(argv)} (log: {log_dir}/model.log)",
-                      flush=True)
-                with open(log_dir / "model.log", "ab") as out:
-                    done = subprocess.run([sys.executable, "-m", "rollway.cli", *argv], env=env, stdout=out,
-                                          stderr=subprocess.STDOUT)
-                if done.returncode != 0:
-                    print(f"rollway up: building the model failed (exit {done.returncode}); see {log_dir}/model.log",
-                          file=sys.stderr)
-                    return 1
+        if not _build_models(model_paths(cfg, {p.kind for p in procs}), env, log_dir):
+            return 1
         specs = [ComponentSpec(name=p.name, argv=[sys.executable, "-m", "rollway.cli", *p.argv],
                                env={**env, **p.env}, log_path=log_dir / f"{p.name}.log",
                                stop_stage=p.stop_stage, done_on_success=p.done_on_success) for p in procs]
@@ -237,6 +225,27 @@ def _run(args, cfg, upcfg, env: dict[str, str], log_dir) -> int:
             _stop(sup, upcfg.grace_s)
         if kafka is not None:
             kafka.stop()
+
+
+def _build_models(paths: list[str], env: dict[str, str], log_dir) -> bool:
+    """Build each model folder that needs it (``rollway model init``, logged to
+    ``model.log``); False, after one line on stderr, when a build failed."""
+    import subprocess
+    import sys
+
+    for path in paths:
+        if not needs_model_init(path):
+            continue
+        argv = model_command(path)
+        print(f"rollway up: building the model: rollway {' '.join(argv)} (log: {log_dir}/model.log)", flush=True)
+        with open(log_dir / "model.log", "ab") as out:
+            done = subprocess.run([sys.executable, "-m", "rollway.cli", *argv], env=env, stdout=out,
+                                  stderr=subprocess.STDOUT)
+        if done.returncode != 0:
+            print(f"rollway up: building the model failed (exit {done.returncode}); see {log_dir}/model.log",
+                  file=sys.stderr)
+            return False
+    return True
 
 
 def _stop(sup, grace_s: float) -> None:
