@@ -75,7 +75,8 @@ def test_sft_lowers_the_loss_reproducibly(tokenizer):
     from tests.synthetic import load_tiny
 
     examples = [render_transcript(s, tokenizer) for s in generate("train", 4, seed=2)]
-    cfg = SFTConfig(steps=4, batch_size=4, warmup_steps=1, learning_rate=3e-3, muon_learning_rate=3e-3, log_every=0)
+    cfg = SFTConfig(steps=4, batch_size=4, warmup_steps=1, learning_rate=3e-3, muon_learning_rate=3e-3, log_every=0,
+                    premature_submit_rate=0.0)
     pad = tokenizer.convert_tokens_to_ids("<|endoftext|>")
     ids, mask = _batch(examples, pad)
     finals = []
