@@ -8,7 +8,6 @@ on SIGTERM. A 1-node cluster: losing its broker is a whole outage, the harder ca
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import signal
 import subprocess
@@ -23,6 +22,7 @@ from rollway.broker import LocalKafka, pid_alive
 from rollway.config import RollwayConfig
 from schemas import GroupRef, Task
 from tasks.config import FeederConfig
+from tests.cli import log_events
 from tests.conftest import make_kafka_config
 from tests.synthetic import load_tiny, make_task_groups
 from tests.trainer_helpers import publish_trajectories
@@ -41,16 +41,6 @@ def start(config: Path, log: Path, *args: str) -> subprocess.Popen:
     with open(log, "w") as out:
         return subprocess.Popen([sys.executable, "-m", "rollway.cli", "--config", str(config), *args],
                                 cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT)
-
-
-def log_events(log: Path) -> list[dict]:
-    out = []
-    for line in log.read_text().splitlines():
-        try:
-            out.append(json.loads(line))
-        except json.JSONDecodeError:
-            continue
-    return out
 
 
 def test_services_wait_for_a_lost_broker_and_go_on_when_it_is_back(tmp_path, tiny_model_path):
@@ -105,7 +95,7 @@ def test_services_wait_for_a_lost_broker_and_go_on_when_it_is_back(tmp_path, tin
         for log in (trainer_log, feeder_log):
             text = log.read_text()
             assert "Traceback" not in text, text[-3000:]
-        assert not [e for e in log_events(trainer_log) if e.get("event") == "trainer stopped"]
+        assert not log_events(trainer_log, "trainer stopped")
     finally:
         for proc in procs:
             if proc.poll() is None:

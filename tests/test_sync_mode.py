@@ -15,6 +15,7 @@ from bus.reader import read_topic
 from sampler.config import SamplerConfig, TimingConfig
 from sampler.service import SamplerService
 from sampler.timing_engine import TimingEngine
+from sampler.tiny_model import tiny_model_dir
 from sandbox.timing import TimingSandbox, TimingSandboxConfig
 from schemas import Task, TrajectoryChunk
 from syncer.config import SyncerConfig
@@ -30,7 +31,7 @@ async def no_wait(_seconds: float) -> None:
 
 
 async def test_sync_mode_starts_one_group_per_version(kafka_config):
-    scfg = SamplerConfig(engine="timing", model_path="var/models/tiny", group_id=f"{kafka_config.topic_prefix}s",
+    scfg = SamplerConfig(engine="timing", model_path=str(tiny_model_dir()), group_id=f"{kafka_config.topic_prefix}s",
                          max_tasks_in_flight=3, max_in_flight=6, max_turns=2, follow_weights=False,
                          sync_groups_per_version=1, sync_refill_after_s=3600.0,
                          timing=TimingConfig(median_tokens=16, length_sigma=0.0, submit_probability=1.0))

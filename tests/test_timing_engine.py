@@ -15,19 +15,19 @@ from sampler.engine import SampleDone, SampledToken
 from sampler.sampling import SamplingParams
 from sampler.service import SyncGate, SyncWaitAborted, make_engine
 from sampler.timing_engine import RUN_CALL, SUBMIT_CALL, TimingEngine
+from sampler.tiny_model import tiny_model_dir
 from sandbox.timing import TimingSandbox, TimingSandboxConfig
 from schemas import Task
 from syncer.config import SyncerConfig
-
-MODEL = "var/models/tiny"
-
 
 async def no_wait(_seconds: float) -> None:
     await asyncio.sleep(0)
 
 
 async def started_engine(**timing) -> TimingEngine:
-    engine = TimingEngine(MODEL, TimingConfig(**timing), max_model_len=1024, sleep=no_wait)
+    # The tokenizer only (the timing engine computes nothing): the suite's cached tiny model,
+    # which a fresh checkout builds, unlike var/models/tiny.
+    engine = TimingEngine(str(tiny_model_dir()), TimingConfig(**timing), max_model_len=1024, sleep=no_wait)
     return await engine.start()
 
 
