@@ -2,7 +2,7 @@
 
 Every hack (tests/hostile/hacks.py, on the demo task ``sum_to``) must score 0 with a
 reason, and earn no reward above 0 (a detected one earns the cheat floor). Every honest
-alternative solution (tests/hostile/honest.py, on several demo tasks (the call-heavy lru_cache left out: 200k bridge calls take minutes on a loaded machine), including
+alternative solution (tests/hostile/honest.py, on several demo tasks (the call-heavy lru_cache left out: its 200k bridge calls add the most time), including
 class-based tasks with callbacks and stateful objects) must pass with reward 1 and never
 be flagged. All gradings run concurrently in one module fixture, bounded by the
 service's command slots; the figure (tried / paid / honest flagged) is asserted at the end.
