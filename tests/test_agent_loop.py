@@ -20,6 +20,7 @@ from sandbox.config import SandboxConfig
 from tasks.spec import TaskSpec
 from tests.sandbox_helpers import live_sandbox, write_task_dir
 from tests.scripted_engine import ScriptedEngine, call_ids, turn_ids
+from tests.waiting import wait_until_async
 
 TASK = TaskSpec(
     task_id="fix_add",
@@ -268,8 +269,7 @@ async def test_draining_abandons_groups_still_running_at_the_deadline(tok, sandb
         task = Task(task_id="fix_add", group_id="fix_add/g", group_size=2, instruction=TASK.instruction,
                     files=TASK.files)
         handling = asyncio.ensure_future(service._handle(Envelope(task, "rollway.tasks", 0, 0, 0, b"t", ())))
-        while engine.hanging < 2:
-            await asyncio.sleep(0.01)
+        await wait_until_async(lambda: engine.hanging >= 2, 60, "both samples generating", task=handling)
         assert len(sb.service.pool) == 2
         service.request_stop()
         # A guard against the old behaviour (a drain without end), not a timing check.
