@@ -19,7 +19,7 @@ from typing import AsyncIterator, Callable
 
 import numpy as np
 
-from sampler.engine import Engine, EngineEvent, SampleDone, SampledToken, validate_prompt
+from sampler.engine import EngineEvent, InProcessEngine, SampleDone, SampledToken, validate_prompt
 from sampler.sampling import SamplingParams
 
 
@@ -31,29 +31,18 @@ class Call:
     output: list[int]
 
 
-class ScriptedEngine(Engine):
+class ScriptedEngine(InProcessEngine):
     kept_set_source = "exact"
 
     def __init__(self, tokenizer, respond: Callable[[list[int], SamplingParams], list[int] | None], *,
                  max_model_len: int = 512, weight_version: int = 0) -> None:
+        # The shared engine state (context length, version, tokenizer properties); no model.
+        super().__init__("scripted", max_model_len=max_model_len, dtype="none", seed=0,
+                         weight_version=weight_version)
         self._tokenizer = tokenizer
         self.respond = respond
-        self._max_model_len = max_model_len
-        self._version = weight_version
         self.calls: list[Call] = []
         self.hanging = 0  # generations waiting forever right now
-
-    @property
-    def weight_version(self) -> int:
-        return self._version
-
-    @property
-    def max_model_len(self) -> int:
-        return self._max_model_len
-
-    @property
-    def tokenizer(self):
-        return self._tokenizer
 
     async def generate(self, prompt_ids: list[int], params: SamplingParams,
                        request_id: str | None = None) -> AsyncIterator[EngineEvent]:
