@@ -70,6 +70,11 @@ class SandboxConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     # bridge (sandbox/bridge.py); the solution's runs as uid (session uid + this offset),
     # so it can neither signal nor read the tests' process.
     grading_solution_uid_offset: int = 20000
+    # A task whose test command is not pytest cannot be graded across the bridge: its
+    # hidden tests would run in the solution's process, where the solution can read and
+    # patch them (the reward hacks of docs/sandbox.md). Off: such a task scores 0 with a
+    # reason naming the command; on: it runs as written and only its exit code counts.
+    allow_unisolated_grading: bool = False
     # After this many messages across the grading bridge, both of its ends pin themselves
     # to one CPU (the grader picks it, round robin over the service's CPUs). A bridge call
     # is a synchronous ping-pong: on one CPU each hand-over is a local context switch,

@@ -185,6 +185,12 @@ class Grader:
                 base = grade_dir
             command = self._pytest_args(spec)
             if command is None:
+                if not self.cfg.allow_unisolated_grading:
+                    reason = (f"task {spec.task_id}'s test command {spec.test_command!r} is not pytest, so its hidden "
+                              f"tests would run in the solution's process; set sandbox.allow_unisolated_grading = "
+                              f"true to grade it by exit code anyway")
+                    log.error("grading refused", task_id=spec.task_id, reason=reason)
+                    return Verdict(score=0.0, reason=reason)
                 return await self._run_plain(spec, snapshot, base, uid=uid)
             return await self._run_bridged(spec, snapshot, base, command, uid=uid)
         finally:

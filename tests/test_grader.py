@@ -371,3 +371,38 @@ async def test_hidden_run_drops_compiled_files(sandbox, tmp_path):
     snap.files[cached] = WorkspaceFile(cached, Path(pyc).read_bytes())
     verdict = await grader.run_hidden_tests(ADD, snap, uid=sandbox.service.cfg.uid_base + 100)
     assert (verdict.score, verdict.tests_passed, verdict.tests_total) == (0.0, 0, 3)
+
+
+# --- a test command that is not pytest ------------------------------------------------
+
+EXIT_CODE_TASK = TaskSpec(
+    task_id="exit_code_add",
+    instruction="Implement add(a, b) in calc.py.",
+    test_command="python hidden_tests/check_calc.py",
+    files={"calc.py": "def add(a, b):\n    raise NotImplementedError\n"},
+    hidden_tests={"check_calc.py": "import sys\nsys.path.insert(0, '.')\nfrom calc import add\nassert add(2, 3) == 5\n"},
+    solution={"calc.py": "def add(a, b):\n    return a + b\n"},
+)
+
+
+@pytest.mark.parametrize("allowed", [False, True])
+async def test_a_non_pytest_test_command_is_graded_only_when_allowed(tmp_path, allowed):
+    tasks = tmp_path / "tasks"
+    write_task_dir(tasks, EXIT_CODE_TASK)
+    cfg = SandboxConfig(max_sessions=2, workspace_root=str(tmp_path / "ws"), tasks_dir=str(tasks),
+                        allow_unisolated_grading=allowed)
+    async with live_sandbox(cfg, RewardConfig(), TaskStore(tasks)) as live, SandboxClient(live.url) as client:
+        live.client = client
+        solved = await attempt(live, EXIT_CODE_TASK.task_id, EXIT_CODE_TASK.solution)
+        untouched = await attempt(live, EXIT_CODE_TASK.task_id, {})
+    if allowed:
+        # Only the exit code counts: one "test", passed or not.
+        assert (solved.score, solved.tests_passed, solved.tests_total, solved.cheated) == (1.0, 1, 1, False)
+        assert (untouched.score, untouched.tests_passed, untouched.tests_total) == (0.0, 0, 1)
+    else:
+        for reward in (solved, untouched):
+            assert (reward.score, reward.reward, reward.cheated) == (0.0, 0.0, False)
+            assert reward.reason == (
+                "task exit_code_add's test command 'python hidden_tests/check_calc.py' is not pytest, so its hidden "
+                "tests would run in the solution's process; set sandbox.allow_unisolated_grading = true to grade "
+                "it by exit code anyway")
