@@ -178,8 +178,10 @@ def test_trainer_step_with_identical_weights_rebuilds_every_capped_set_ratio_one
     groups = groups_from_sampled(capped)
 
     def step(**kw):
+        # The synthetic sampler draws in float32 (load_tiny), so the trainer's forward must
+        # too: precision replay (default on) would put a bf16 forward against it.
         cfg = TrainerConfig(model_path=str(tiny_model_path), max_staleness=100, micro_batch_tokens=256,
-                            num_threads=1, **kw)
+                            num_threads=1, replay_precision=False, **kw)
         return TrainCore(cfg).train_step(groups).metrics
 
     rebuilt = step()

@@ -69,8 +69,10 @@ async def _sample_group(model_dir, samples: int = 2, max_tokens: int = 24) -> Gr
 
 
 def _step_metrics(model_dir, group: Group, replay: bool) -> dict[str, float]:
-    core = TrainCore(TrainerConfig(model_path=str(model_dir), replay_routing=replay, device="cpu",
-                                   learning_rate=1e-6, muon_learning_rate=1e-6), str(model_dir))
+    # The group was sampled in float32 (_sample_group), so the trainer forwards in float32
+    # too (precision replay off): the exact-match assertions isolate routing.
+    core = TrainCore(TrainerConfig(model_path=str(model_dir), replay_routing=replay, replay_precision=False,
+                                   device="cpu", learning_rate=1e-6, muon_learning_rate=1e-6), str(model_dir))
     return core.train_step([group]).metrics
 
 

@@ -53,7 +53,9 @@ def trainer_config(tmp_path, tiny_model_path, **kw) -> TrainerConfig:
 
 async def test_trainer_trains_from_the_log_and_drops_what_it_must(kafka_config, tiny_model_path, tmp_path, sampled):
     a, b, zero, stale, fresh = sampled
-    cfg = RollwayConfig(kafka=kafka_config, trainer=trainer_config(tmp_path, tiny_model_path))
+    # The synthetic sampler draws in float32, so the on-policy ratio below is 1 only with
+    # a float32 forward (precision replay, on by default, would forward in bf16).
+    cfg = RollwayConfig(kafka=kafka_config, trainer=trainer_config(tmp_path, tiny_model_path, replay_precision=False))
     sink = RecordingSink()
     trainer = Trainer(cfg.trainer, cfg.kafka, sink=sink)
     task = asyncio.create_task(trainer.run(max_steps=3))

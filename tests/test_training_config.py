@@ -35,7 +35,7 @@ def test_the_hash_covers_training_settings_only():
     base = training_config_hash(TrainerConfig())
     assert len(base) == 16
     for changed in ({"learning_rate": 2e-5}, {"advantage_norm": "group_mean"}, {"is_cap": 3.0},
-                    {"replay_precision": True}, {"micro_batch_tokens": 8192}, {"stale_policy": "mask_tokens"}):
+                    {"replay_precision": False}, {"micro_batch_tokens": 8192}, {"stale_policy": "mask_tokens"}):
         assert training_config_hash(TrainerConfig(**changed)) != base, changed
     for same in ({"checkpoint_dir": "/elsewhere"}, {"group_id": "g2"}, {"publish_every": 2},
                  {"groups_per_step": 8}, {"on_replay_mismatch": "warn"}, {"model_path": "/m"}):
@@ -55,6 +55,19 @@ def test_a_step_logged_under_other_settings_fails_with_config_differs():
     with pytest.raises(ConfigDiffers, match=f"config differs: step 3 was trained with training config {other}, "
                                             f"this trainer's is {ours}"):
         check_training_config(steps, 1, 3, ours)
+
+
+def test_a_log_from_before_precision_replay_became_the_default_needs_it_off():
+    """Steps logged with the float32 forward (replay_precision false, the default before)
+    do not replay under today's default (bf16 forward): config differs."""
+    assert TrainerConfig().replay_precision is True
+    before = training_config_hash(TrainerConfig(replay_precision=False))
+    today = training_config_hash(TrainerConfig())
+    steps = {1: _step(1, before)}
+    with pytest.raises(ConfigDiffers, match=f"config differs: step 1 was trained with training config {before}, "
+                                            f"this trainer's is {today}"):
+        check_training_config(steps, 1, 1, today)
+    check_training_config(steps, 1, 1, training_config_hash(TrainerConfig(replay_precision=False)))
 
 
 def test_a_schema_3_train_step_decodes_without_a_config_hash():
