@@ -2,6 +2,7 @@
 
 from schemas.events import (
     EVENT_TYPES,
+    ChunkArrays,
     Cost,
     DeadLetter,
     EvalResult,
@@ -23,6 +24,7 @@ from schemas.events import (
 
 __all__ = [
     "EVENT_TYPES",
+    "ChunkArrays",
     "Cost",
     "DeadLetter",
     "EvalResult",

@@ -10,11 +10,15 @@ Per-token arrays are packed little-endian bytes (see :mod:`schemas.arrays`).
 from __future__ import annotations
 
 import time
-from typing import ClassVar
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, ClassVar
 
 import msgspec
 
 from schemas import arrays
+
+if TYPE_CHECKING:
+    import numpy as np
 
 
 def now() -> float:
@@ -146,7 +150,12 @@ class TrajectoryChunk(Event, kw_only=True):
         return arrays.unpack_spans(self.version_starts, self.versions, self.num_tokens)
 
     def validate(self) -> None:
-        """Raise ValueError when the packed arrays disagree in length."""
+        """Raise ValueError when the packed arrays disagree in length (see :meth:`arrays`)."""
+        self.arrays()
+
+    def arrays(self) -> "ChunkArrays":
+        """Every per-token array, decoded once and checked: raise ValueError when they
+        disagree in length or layout. The arrays are views over this chunk's bytes."""
         n = self.num_tokens
         if len(self.token_ids) % 4:
             raise ValueError("token_ids is not a whole number of int32")
@@ -154,31 +163,54 @@ class TrajectoryChunk(Event, kw_only=True):
             raise ValueError(f"logprobs has {len(self.logprobs) // 4} entries for {n} tokens")
         if len(self.loss_mask) != n:
             raise ValueError(f"loss_mask has {len(self.loss_mask)} entries for {n} tokens")
-        off, _ = arrays.unpack_csr(self.kept_offsets, self.kept_ids)
+        off, ids = arrays.unpack_csr(self.kept_offsets, self.kept_ids)
         if off.size != n + 1:
             raise ValueError(f"kept_offsets has {off.size} entries for {n} tokens (want n+1)")
         if self.kept_capped and len(self.kept_capped) != n:
             raise ValueError("kept_capped length differs from the token count")
+        capped = self.kept_capped_array()
+        if self.kept_sizes and len(self.kept_sizes) != 4 * n:
+            raise ValueError(f"kept_sizes has {len(self.kept_sizes) // 4} entries for {n} tokens")
+        sizes = self.kept_size_array()
         if self.kept_sizes:
-            if len(self.kept_sizes) != 4 * n:
-                raise ValueError(f"kept_sizes has {len(self.kept_sizes) // 4} entries for {n} tokens")
-            sizes = arrays.unpack(self.kept_sizes, arrays.INT32)
             recorded = off[1:] - off[:-1]
-            capped = self.kept_capped_array() == 1
+            is_capped = capped == 1
             # A complete set has exactly its recorded ids; a capped one at least as many.
-            if (sizes[~capped] != recorded[~capped]).any():
+            if (sizes[~is_capped] != recorded[~is_capped]).any():
                 raise ValueError("kept_sizes differs from the recorded ids of an uncapped kept set")
-            if ((sizes[capped] != -1) & (sizes[capped] < recorded[capped])).any():
+            if ((sizes[is_capped] != -1) & (sizes[is_capped] < recorded[is_capped])).any():
                 raise ValueError("kept_sizes is smaller than the recorded ids of a capped kept set")
+        routes = None
         if self.routed_experts or self.routed_experts_shape:
             shape = list(self.routed_experts_shape)
             if len(shape) != 3 or shape[0] != n or min(shape) < 1:
                 raise ValueError(f"routed_experts_shape {shape} is not [{n} tokens, layers, top_k]")
             if len(self.routed_experts) != 2 * shape[0] * shape[1] * shape[2]:
                 raise ValueError(f"routed_experts has {len(self.routed_experts)} bytes for shape {shape} (int16)")
-            if (self.routed_experts_array() < -1).any():
+            routes = self.routed_experts_array()
+            if (routes < -1).any():
                 raise ValueError("routed_experts holds an expert id below -1")
-        self.version_array()
+        return ChunkArrays(
+            token_ids=self.token_array(), logprobs=self.logprob_array(), loss_mask=self.loss_mask_array(),
+            kept_offsets=off, kept_ids=ids, kept_capped=capped, kept_sizes=sizes,
+            versions=self.version_array(), routed_experts=routes,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class ChunkArrays:
+    """A chunk's per-token arrays, decoded and checked (:meth:`TrajectoryChunk.arrays`):
+    n tokens each, kept sets in CSR (token i's set is ``kept_ids[kept_offsets[i]:kept_offsets[i+1]]``)."""
+
+    token_ids: "np.ndarray"  # int32 [n]
+    logprobs: "np.ndarray"  # float32 [n]
+    loss_mask: "np.ndarray"  # uint8 [n]
+    kept_offsets: "np.ndarray"  # int32 [n+1]
+    kept_ids: "np.ndarray"  # int32
+    kept_capped: "np.ndarray"  # uint8 [n]
+    kept_sizes: "np.ndarray"  # int32 [n]; recorded, or derived (schema 1): -1 unknown
+    versions: "np.ndarray"  # int64 [n]
+    routed_experts: "np.ndarray | None"  # int16 [n, moe_layers, top_k], None: not recorded
 
 
 class Reward(Event, kw_only=True):

@@ -239,13 +239,21 @@ def load_tiny(model_path: str):
     return model, AutoTokenizer.from_pretrained(model_path)
 
 
+def assemble_events(chunks: Sequence[TrajectoryChunk], refs: Sequence, reward: Reward, reward_ref):
+    """A trainer ``Trajectory`` from a trajectory's events, checked at the trainer's
+    boundary (``check_chunk``) and assembled as live records are."""
+    from trainer.trajectory import assemble, check_chunk
+
+    return assemble([check_chunk(c) for c in chunks], refs, reward, reward_ref)
+
+
 def groups_from_sampled(
     sampled: Sequence[Sequence[SampledTrajectory]], *, chunk_tokens: int = 16, topic: str = "offline"
 ) -> list:
     """Trainer ``Group`` objects straight from sampled trajectories, through the same
     event encoding and assembly as live data (record positions are made up)."""
     from schemas import RecordRef
-    from trainer.trajectory import assemble, groups_from_trajectories
+    from trainer.trajectory import groups_from_trajectories
 
     trajectories = []
     offset = 0
@@ -254,7 +262,7 @@ def groups_from_sampled(
             chunks, reward = to_events(traj, chunk_tokens=chunk_tokens)
             refs = [RecordRef(f"{topic}.trajectories", 0, offset + i) for i in range(len(chunks))]
             offset += len(chunks)
-            trajectories.append(assemble(chunks, refs, reward, RecordRef(f"{topic}.rewards", 0, offset)))
+            trajectories.append(assemble_events(chunks, refs, reward, RecordRef(f"{topic}.rewards", 0, offset)))
             offset += 1
     return groups_from_trajectories(trajectories)
 
@@ -266,7 +274,7 @@ async def engine_group(engine, prompt: Sequence[int], params: SamplingParams, *,
     sampler does (kept sets, versions, routed experts) and assembled as the trainer does.
     Stand-in rewards alternate 0, 1 so the group has variance."""
     from schemas import RecordRef
-    from trainer.trajectory import Group, assemble
+    from trainer.trajectory import Group
 
     samples = params.n
     chunks: list[list[TrajectoryChunk]] = [[] for _ in range(samples)]
@@ -295,5 +303,5 @@ async def engine_group(engine, prompt: Sequence[int], params: SamplingParams, *,
         reward = Reward(trajectory_id=tid, task_id=task_id, group_id=group_id, sample_index=i, attempt="a0",
                         score=float(i % 2), reward=float(i % 2), weight_version=rec.newest_generated_version)
         refs = [RecordRef("engine.trajectories", 0, k) for k in range(len(chunks[i]))]
-        members.append(assemble(chunks[i], refs, reward, RecordRef("engine.rewards", 0, i)))
+        members.append(assemble_events(chunks[i], refs, reward, RecordRef("engine.rewards", 0, i)))
     return Group(task_id, group_id, members)

@@ -29,7 +29,7 @@ from schemas import RecordRef
 from tasks.family import generate
 from tasks.store import TaskStore
 from tests.sandbox_helpers import live_sandbox
-from tests.synthetic import SampledTrajectory, to_events
+from tests.synthetic import SampledTrajectory, assemble_events, to_events
 from trainer.config import TrainerConfig
 from trainer.sft import render_transcript
 
@@ -79,7 +79,7 @@ def test_rl_steps_raise_the_rewarded_samples():
     import torch
 
     from trainer.core import TrainCore
-    from trainer.trajectory import assemble, groups_from_trajectories
+    from trainer.trajectory import groups_from_trajectories
 
     model_path = str(tiny_model_dir())
     core = TrainCore(TrainerConfig(model_path=model_path, device="cpu", num_threads=1, seed=0,
@@ -111,7 +111,7 @@ def test_rl_steps_raise_the_rewarded_samples():
         chunks, reward = to_events(sampled, score=score, chunk_tokens=64)
         refs = [RecordRef("learn.trajectories", 0, offset + k) for k in range(len(chunks))]
         offset += len(chunks)
-        trajectories.append(assemble(chunks, refs, reward, RecordRef("learn.rewards", 0, offset)))
+        trajectories.append(assemble_events(chunks, refs, reward, RecordRef("learn.rewards", 0, offset)))
     groups = groups_from_trajectories(trajectories)
     assert [sorted(g.rewards()) for g in groups] == [[0.0, 0.0, 1.0, 1.0]] * 2
 

@@ -61,7 +61,7 @@ import structlog
 from schemas import GroupDrop, Reward, TrajectoryChunk
 from trainer.config import TrainerConfig
 from trainer.loss import has_reward_variance
-from trainer.trajectory import Group, InvalidTrajectory, Trajectory, assemble, chunks_complete
+from trainer.trajectory import CheckedChunk, Group, InvalidTrajectory, Trajectory, assemble, check_chunk, chunks_complete
 
 log = structlog.get_logger(__name__)
 
@@ -71,7 +71,7 @@ CLOSED_MEMORY = 1_000_000  # group keys remembered as closed (duplicates after t
 
 @dataclass
 class _Pending:
-    chunks: dict[tuple[int, int], tuple[TrajectoryChunk, Any]] = field(default_factory=dict)
+    chunks: dict[tuple[int, int], tuple[CheckedChunk, Any]] = field(default_factory=dict)
     reward: tuple[Reward, Any] | None = None
     group: GroupKey | None = None
 
@@ -82,31 +82,21 @@ class _Pending:
         return out
 
     def complete(self) -> bool:
-        return self.reward is not None and chunks_complete([c for c, _ in self.chunks.values()])
+        return self.reward is not None and chunks_complete([c.chunk for c, _ in self.chunks.values()])
 
     def versions(self) -> tuple[int, int] | None:
         """(oldest, newest) version of the generated tokens seen so far. With none
         generated yet: the newest version loaded while its prompt and tool output were
         recorded, as both (an attempt killed before generating must still go stale;
         tokens it might still generate come from at least that version)."""
-        lo = hi = None
-        loaded = None
-        for chunk, _ in self.chunks.values():
-            try:
-                every = chunk.version_array()
-                v = every[chunk.loss_mask_array().astype(bool)]
-            except ValueError:
-                continue
-            if every.size:
-                loaded = int(every.max()) if loaded is None else max(loaded, int(every.max()))
-            if v.size:
-                lo = int(v.min()) if lo is None else min(lo, int(v.min()))
-                hi = int(v.max()) if hi is None else max(hi, int(v.max()))
-        if lo is None and self.reward is not None and self.reward[0].weight_version >= 0:
-            lo = hi = self.reward[0].weight_version
-        if lo is None and loaded is not None:
-            lo = hi = loaded
-        return None if lo is None else (lo, hi)
+        checked = [c for c, _ in self.chunks.values()]
+        oldest = [c.oldest_generated for c in checked if c.oldest_generated is not None]
+        if oldest:
+            return min(oldest), max(c.newest_generated for c in checked if c.newest_generated is not None)
+        if self.reward is not None and self.reward[0].weight_version >= 0:
+            return self.reward[0].weight_version, self.reward[0].weight_version
+        loaded = [c.newest_loaded for c in checked if c.newest_loaded is not None]
+        return (max(loaded), max(loaded)) if loaded else None
 
 
 @dataclass
@@ -184,7 +174,7 @@ class Assembler:
             pending = self.partial[tid] = _Pending(group=key)
         if isinstance(event, TrajectoryChunk):
             try:
-                event.validate()
+                checked = check_chunk(event)  # the one check; its arrays are kept
             except ValueError as exc:
                 self._invalidate(tid, env, f"chunk {event.chunk_index}: {exc}")
                 return
@@ -192,7 +182,7 @@ class Assembler:
             if ck in pending.chunks:
                 self._duplicate_record(pending.chunks[ck][1], env)
                 return
-            pending.chunks[ck] = (event, env)
+            pending.chunks[ck] = (checked, env)
         else:
             if pending.reward is not None:
                 self._duplicate_record(pending.reward[1], env)

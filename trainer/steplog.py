@@ -22,7 +22,7 @@ from bus.reader import plain_reader, read_topic_records, read_up_to, topic_parti
 from bus.topics import topic_spec
 from schemas import (DeadLetter, GroupDrop, GroupRef, GroupsDropped, RecordRef, Reward, TrainedTrajectory,
                      TrainStep, TrajectoryChunk, now)
-from trainer.trajectory import Group, InvalidTrajectory, assemble, groups_from_trajectories
+from trainer.trajectory import Group, assemble, check_chunk, groups_from_trajectories
 
 log = structlog.get_logger(__name__)
 
@@ -324,8 +324,9 @@ async def fetch_step_groups(cfg: KafkaConfig, event: TrainStep) -> list[Group]:
         if not all(isinstance(c, TrajectoryChunk) for c in chunks) or not isinstance(reward_env.event, Reward):
             raise StepLogError(f"step {event.step}: records of {t.trajectory_id} are not chunks + reward")
         try:
-            traj = assemble(chunks, [e.ref for e in chunk_envs], reward_env.event, reward_env.ref)
-        except InvalidTrajectory as exc:
+            checked = [check_chunk(c) for c in chunks]
+            traj = assemble(checked, [e.ref for e in chunk_envs], reward_env.event, reward_env.ref)
+        except ValueError as exc:  # InvalidTrajectory is one
             raise StepLogError(f"step {event.step}: {exc}") from None
         if traj.trajectory_id != t.trajectory_id:
             raise StepLogError(f"step {event.step}: records of {t.trajectory_id} belong to {traj.trajectory_id}")

@@ -1,5 +1,9 @@
 """A trajectory put back together from its chunks and reward, and groups of them.
 
+A chunk is checked and decoded once, where it enters the trainer (:func:`check_chunk`:
+the live assembler, which dead-letters a bad one, and the replay's record fetch); the
+:class:`CheckedChunk` keeps its arrays, so nothing decodes the bytes again.
+
 Chunks are ordered by ``(segment_index, chunk_index)``; a segment's chunks concatenate
 to its token sequence. ``chunk_index`` may count within the segment (0, 1, ... per
 segment) or across the whole trajectory (0..n-1): both layouts are accepted, anything
@@ -13,7 +17,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from schemas import RecordRef, Reward, TrajectoryChunk
+from schemas import ChunkArrays, RecordRef, Reward, TrajectoryChunk
 
 
 GREEDY_TEMPERATURE = 1e-5  # below this a sampler decodes greedily (vLLM's convention)
@@ -21,6 +25,32 @@ GREEDY_TEMPERATURE = 1e-5  # below this a sampler decodes greedily (vLLM's conve
 
 class InvalidTrajectory(ValueError):
     """The chunks and reward of a trajectory cannot be trained on (the message says why)."""
+
+
+@dataclass(frozen=True, slots=True)
+class CheckedChunk:
+    """A chunk whose arrays agree (:meth:`TrajectoryChunk.arrays`), decoded once, with
+    the weight versions the assembler's staleness rules read."""
+
+    chunk: TrajectoryChunk
+    arrays: ChunkArrays
+    # Versions of the generated tokens (None: none generated here) and the newest
+    # version loaded while any token of it was recorded (None: no tokens).
+    oldest_generated: int | None
+    newest_generated: int | None
+    newest_loaded: int | None
+
+
+def check_chunk(chunk: TrajectoryChunk) -> CheckedChunk:
+    """The trainer's one check of a chunk; raises ValueError naming what disagrees."""
+    a = chunk.arrays()
+    generated = a.versions[a.loss_mask.astype(bool)]
+    return CheckedChunk(
+        chunk, a,
+        oldest_generated=int(generated.min()) if generated.size else None,
+        newest_generated=int(generated.max()) if generated.size else None,
+        newest_loaded=int(a.versions.max()) if a.versions.size else None,
+    )
 
 
 @dataclass
@@ -146,37 +176,35 @@ def chunks_complete(chunks: Sequence[TrajectoryChunk]) -> bool:
 
 
 def assemble(
-    chunks: Sequence[TrajectoryChunk],
+    chunks: Sequence[CheckedChunk],
     chunk_refs: Sequence[RecordRef],
     reward: Reward,
     reward_ref: RecordRef,
 ) -> Trajectory:
-    """Check and concatenate a trajectory's chunks; raise :class:`InvalidTrajectory`."""
+    """Concatenate a trajectory's checked chunks; raise :class:`InvalidTrajectory` when
+    they do not make one trajectory (identity, order, kept sets, reward)."""
     if not chunks:
         raise InvalidTrajectory(f"trajectory {reward.trajectory_id}: reward without chunks")
-    first = chunks[0]
+    events = [c.chunk for c in chunks]
+    first = events[0]
     tid = first.trajectory_id
-    for c in chunks:
+    for c in events:
         same = (c.trajectory_id, c.task_id, c.group_id, c.sample_index, c.group_size, c.attempt)
         if same != (tid, first.task_id, first.group_id, first.sample_index, first.group_size, first.attempt):
             raise InvalidTrajectory(f"trajectory {tid}: chunks disagree on identity fields")
-        try:
-            c.validate()
-        except ValueError as exc:
-            raise InvalidTrajectory(f"trajectory {tid} chunk {c.chunk_index}: {exc}") from None
     if (reward.trajectory_id, reward.task_id, reward.group_id, reward.sample_index) != (
         tid, first.task_id, first.group_id, first.sample_index,
     ):
         raise InvalidTrajectory(f"trajectory {tid}: reward identity differs from the chunks'")
     if not 0 <= first.sample_index < first.group_size:
         raise InvalidTrajectory(f"trajectory {tid}: sample_index {first.sample_index} outside group of {first.group_size}")
-    order = order_chunks(chunks)
-    if not chunks[order[-1]].final:
+    order = order_chunks(events)
+    if not events[order[-1]].final:
         raise InvalidTrajectory(f"trajectory {tid}: last chunk is not final")
 
     by_segment: dict[int, list[int]] = {}
     for i in order:
-        by_segment.setdefault(chunks[i].segment_index, []).append(i)
+        by_segment.setdefault(events[i].segment_index, []).append(i)
     segments = [_segment([chunks[i] for i in idx], tid) for _, idx in sorted(by_segment.items())]
     return Trajectory(
         trajectory_id=tid,
@@ -189,29 +217,29 @@ def assemble(
         reward=reward,
         chunk_refs=[chunk_refs[i] for i in order],
         reward_ref=reward_ref,
-        finish_reason=chunks[order[-1]].finish_reason,
+        finish_reason=events[order[-1]].finish_reason,
     )
 
 
-def _segment(chunks: list[TrajectoryChunk], tid: str) -> Segment:
-    tokens = np.concatenate([c.token_array() for c in chunks]).astype(np.int64)
-    mask = np.concatenate([c.loss_mask_array() for c in chunks]).astype(bool)
-    behaviour = np.concatenate([c.logprob_array() for c in chunks]).astype(np.float32)
+def _segment(chunks: list[CheckedChunk], tid: str) -> Segment:
+    parts = [c.arrays for c in chunks]
+    tokens = np.concatenate([a.token_ids for a in parts]).astype(np.int64)
+    mask = np.concatenate([a.loss_mask for a in parts]).astype(bool)
+    behaviour = np.concatenate([a.logprobs for a in parts]).astype(np.float32)
     kept: list[np.ndarray] = []
-    for c in chunks:
-        kept.extend(c.kept_sets())
-    capped = np.concatenate([c.kept_capped_array() for c in chunks]).astype(bool)
-    kept_size = np.concatenate([c.kept_size_array() for c in chunks]).astype(np.int64)
-    versions = np.concatenate([c.version_array() for c in chunks]).astype(np.int64)
+    for a in parts:
+        off = a.kept_offsets
+        kept.extend(a.kept_ids[off[i]:off[i + 1]] for i in range(off.size - 1))
+    capped = np.concatenate([a.kept_capped for a in parts]).astype(bool)
+    kept_size = np.concatenate([a.kept_sizes for a in parts]).astype(np.int64)
+    versions = np.concatenate([a.versions for a in parts]).astype(np.int64)
     temperature = np.concatenate(
-        [np.full(c.num_tokens, c.temperature, dtype=np.float32) for c in chunks]
+        [np.full(a.token_ids.size, c.chunk.temperature, dtype=np.float32) for c, a in zip(chunks, parts)]
     )
     if tokens.size == 0:
         raise InvalidTrajectory(f"trajectory {tid}: empty segment")
     if mask[0]:
         raise InvalidTrajectory(f"trajectory {tid}: a segment starts with a generated token (no context)")
-    if versions.size != tokens.size:
-        raise InvalidTrajectory(f"trajectory {tid}: version spans cover {versions.size} of {tokens.size} tokens")
     greedy = mask & (temperature < GREEDY_TEMPERATURE)
     if greedy.any():
         # Greedy decoding (temperature 0): the kept set is the argmax alone, so the
@@ -227,20 +255,20 @@ def _segment(chunks: list[TrajectoryChunk], tid: str) -> Segment:
             raise InvalidTrajectory(f"trajectory {tid}: generated token {t} ({tokens[t]}) is not in its kept set")
     if not np.all(np.isfinite(behaviour[mask])):
         raise InvalidTrajectory(f"trajectory {tid}: non-finite behaviour log-prob")
-    return Segment(tokens, mask, behaviour, kept, capped, versions, temperature, kept_size, _routes(chunks, tid))
+    return Segment(tokens, mask, behaviour, kept, capped, versions, temperature, kept_size, _routes(parts, tid))
 
 
-def _routes(chunks: list[TrajectoryChunk], tid: str) -> np.ndarray | None:
+def _routes(parts: list[ChunkArrays], tid: str) -> np.ndarray | None:
     """The segment's route table; chunks without routes give rows of -1."""
-    tables = [c.routed_experts_array() for c in chunks]
+    tables = [a.routed_experts for a in parts]
     shapes = {t.shape[1:] for t in tables if t is not None}
     if not shapes:
         return None
     if len(shapes) > 1:
         raise InvalidTrajectory(f"trajectory {tid}: chunks' routed experts differ in [layers, top_k]: {sorted(shapes)}")
     row = shapes.pop()
-    return np.concatenate([t if t is not None else np.full((c.num_tokens, *row), -1, dtype=np.int16)
-                           for c, t in zip(chunks, tables)]).astype(np.int16)
+    return np.concatenate([t if t is not None else np.full((a.token_ids.size, *row), -1, dtype=np.int16)
+                           for a, t in zip(parts, tables)]).astype(np.int16)
 
 
 def groups_from_trajectories(trajectories: Sequence[Trajectory]) -> list[Group]:
