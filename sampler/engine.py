@@ -18,17 +18,21 @@ generation between two decoding steps (requests stay alive and continue after).
 from __future__ import annotations
 
 import abc
+import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, AsyncIterator
+from typing import TYPE_CHECKING, AsyncIterator, Awaitable, Callable
 
 import numpy as np
+import structlog
 
 from sampler.sampling import SamplingParams
 
 if TYPE_CHECKING:
     import torch
+
+log = structlog.get_logger(__name__)
 
 
 @dataclass(slots=True)
@@ -179,6 +183,24 @@ class InProcessEngine(Engine):
     @property
     def tokenizer(self):
         return self._tokenizer
+
+    async def _apply_paused(self, load: Callable[[], Awaitable[None]], version: int, tensors: int) -> float:
+        """The frame of ``apply_weights``: pause (unless already paused), ``load`` the
+        weights, set the version, resume. Returns (and logs) the seconds generation was
+        held; a failed load leaves the version as it was."""
+        t0 = time.perf_counter()
+        was_paused = self.paused
+        await self.pause()
+        try:
+            await load()
+            self._version = int(version)
+            self.updates_applied += 1
+        finally:
+            if not was_paused:
+                await self.resume()
+        self.last_pause_s = time.perf_counter() - t0
+        log.info("weights applied", version=version, tensors=tensors, pause_ms=round(self.last_pause_s * 1e3, 2))
+        return self.last_pause_s
 
     def _ensure_open(self, started: bool) -> None:
         if self._closed or not started:

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import asyncio
 import math
-import time
 from typing import TYPE_CHECKING, AsyncIterator
 
 import numpy as np
@@ -176,13 +175,8 @@ class TimingEngine(InProcessEngine):
 
     async def apply_weights(self, tensors: dict[str, "torch.Tensor"], version: int) -> float:
         """Set the version (the tensors are not used); steps wait while it happens."""
-        t0 = time.perf_counter()
-        was_paused = self.paused
-        await self.pause()
-        self._version = int(version)
-        self.updates_applied += 1
-        if not was_paused:
-            await self.resume()
-        self.last_pause_s = time.perf_counter() - t0
-        log.info("weights applied", version=version, tensors=len(tensors))
-        return self.last_pause_s
+
+        async def load() -> None:
+            pass
+
+        return await self._apply_paused(load, version, len(tensors))

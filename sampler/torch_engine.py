@@ -17,7 +17,6 @@ prefill's routes of the prompt positions (``prompt_routed_experts``).
 from __future__ import annotations
 
 import asyncio
-import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING, AsyncIterator
@@ -240,17 +239,8 @@ class TorchEngine(InProcessEngine):
     async def apply_weights(self, tensors: dict[str, "torch.Tensor"], version: int) -> float:
         from syncer.apply import apply_to_module
 
-        t0 = time.perf_counter()
-        was_paused = self.paused
-        await self.pause()
-        try:
+        async def load() -> None:
             await self._run(apply_to_module, self.model, tensors)
-            self._version = int(version)
-            self.updates_applied += 1
-        finally:
-            if not was_paused:
-                await self.resume()
-        self.last_pause_s = time.perf_counter() - t0
-        log.info("weights applied", version=version, tensors=len(tensors), pause_ms=round(self.last_pause_s * 1e3, 2))
-        return self.last_pause_s
+
+        return await self._apply_paused(load, version, len(tensors))
 
