@@ -11,7 +11,10 @@ Per token: id, behaviour log-prob (0 for environment tokens), loss mask (1 = sam
 by the policy), kept set (empty for environment tokens), capped flag and the weight
 version, and for MoE models the routed experts (docs/contracts.md, "Routing": row i holds
 the experts of the position before token i; prompt tokens get theirs when the engine
-reports the prefill, if still buffered). Environment tokens carry the engine's loaded version when they were
+reports the prefill). Environment tokens wait, unpublished, until the next sampled token
+(or a flush, a new segment, the end): the engine reports their routes with that token's
+prefill, so a prompt longer than ``chunk_tokens`` keeps the routes of its head; the
+chunks are the same, only published a prefill later. Environment tokens carry the engine's loaded version when they were
 appended, so version spans change exactly where weights changed; only loss-masked
 tokens' versions say which weights *produced* a token.
 """
@@ -75,9 +78,13 @@ class TrajectoryRecorder:
         self.generated_tokens = 0
         self.env_tokens = 0
         self.generated_versions: set[int] = set()
-        # Prompt positions whose routes came after their chunk was published (or did not
-        # fit its byte limit): recorded as unknown (-1), recomputed by the trainer.
+        # Prompt positions whose routes came after their chunk was published (a re-prefill
+        # after a flush) or did not fit the byte limit: recorded as unknown (-1),
+        # recomputed by the trainer.
         self.routes_unrecorded = 0
+        # Environment tokens not yet in the buffer: (id, version, routes), appended when
+        # the next sampled token brings their routes (_take_pending).
+        self._pending: list[tuple[int, int, np.ndarray | None]] = []
         self.finished = False
         self._reset_buffer()
 
@@ -114,17 +121,26 @@ class TrajectoryRecorder:
             raise ChunkTooLarge(f"one token needs {size} bytes; max_chunk_bytes is {self.max_chunk_bytes}")
 
     async def add_env(self, token_ids: list[int], version: int) -> None:
-        """Environment tokens (prompt, tool output, markup): loss mask 0."""
-        empty = np.zeros(0, dtype=np.int32)
+        """Environment tokens (prompt, tool output, markup): loss mask 0. Held until the
+        next sampled token, flush, new segment or finish (module docstring)."""
         for tok in token_ids:
-            await self._make_room(_BYTES_PER_TOKEN, version)
-            self._append(int(tok), 0.0, 0, empty, 0, 0, version, None)
+            self._pending.append((int(tok), version, None))
+            self.segment_tokens.append(int(tok))
         self.env_tokens += len(token_ids)
+
+    async def _take_pending(self) -> None:
+        """Move the held environment tokens into the buffer, chunking as usual."""
+        empty = np.zeros(0, dtype=np.int32)
+        pending, self._pending = self._pending, []
+        for tok, version, routed in pending:
+            await self._make_room(self._token_bytes(0, routed), version)
+            self._append(tok, 0.0, 0, empty, 0, 0, version, routed, in_segment=True)
 
     async def add_sampled(self, token: SampledToken) -> None:
         """A token sampled by the policy: loss mask 1, its kept set and log-prob."""
         if token.prompt_routed_experts is not None:
             self._attach_prompt_routes(token.prompt_routed_experts)
+        await self._take_pending()
         size = self._token_bytes(token.kept_ids.size, token.routed_experts)
         await self._make_room(size, token.weight_version)
         self._append(token.token_id, token.logprob, 1, token.kept_ids, int(token.kept_capped),
@@ -132,7 +148,7 @@ class TrajectoryRecorder:
         self.generated_tokens += 1
         self.generated_versions.add(token.weight_version)
 
-    def _append(self, tok, logprob, mask, kept, capped, size, version, routed) -> None:
+    def _append(self, tok, logprob, mask, kept, capped, size, version, routed, in_segment: bool = False) -> None:
         new_span = not self._versions or self._versions[-1] != version
         self._ids.append(tok)
         self._logprobs.append(logprob)
@@ -143,7 +159,8 @@ class TrajectoryRecorder:
         self._versions.append(version)
         self._routed.append(routed)
         self._bytes += self._token_bytes(kept.size, routed) + (_BYTES_PER_SPAN if new_span else 0)
-        self.segment_tokens.append(tok)
+        if not in_segment:  # held environment tokens joined the segment when added
+            self.segment_tokens.append(tok)
 
     def _attach_prompt_routes(self, routes: np.ndarray) -> None:
         """Routes of prompt positions 0..P-2 become the rows of segment tokens 1..P-1
@@ -155,15 +172,22 @@ class TrajectoryRecorder:
         self._attach_positions(routes)
 
     def _attach_positions(self, routes: np.ndarray) -> None:
-        """Row q of ``routes`` (position q of the segment) to token q + 1, if buffered."""
+        """Row q of ``routes`` (position q of the segment) to token q + 1, if buffered or
+        held (a held token's route counts against the byte limit when it is appended)."""
         end = routes.shape[0] + 1  # one past the last token that gets a row
-        start = len(self.segment_tokens) - len(self._ids)  # segment position of the first buffered token
+        # segment position of the first buffered token (held ones follow the buffer)
+        start = len(self.segment_tokens) - len(self._ids) - len(self._pending)
         self.routes_unrecorded += max(0, min(start, end) - 1)
         for pos in range(max(1, start), end):
             i = pos - start
+            row = np.asarray(routes[pos - 1])
+            if i >= len(self._ids):
+                tok, version, held = self._pending[i - len(self._ids)]
+                if held is None:
+                    self._pending[i - len(self._ids)] = (tok, version, row)
+                continue
             if self._routed[i] is not None:
                 continue
-            row = np.asarray(routes[pos - 1])
             if self._bytes + 2 * row.size > self.max_chunk_bytes:
                 self.routes_unrecorded += 1
                 continue
@@ -227,9 +251,10 @@ class TrajectoryRecorder:
         self._reset_buffer()
 
     async def flush(self) -> None:
-        """Publish the buffered tokens as a non-final chunk (nothing when empty)."""
+        """Publish the buffered and held tokens as non-final chunks (nothing when empty)."""
         if self.finished:
             raise RuntimeError(f"trajectory {self.identity.trajectory_id} is already final")
+        await self._take_pending()
         if self._ids:
             await self._send(self._chunk(final=False))
 
@@ -243,6 +268,7 @@ class TrajectoryRecorder:
         """Publish the final chunk: the remaining tokens (possibly none), reason, cost."""
         if self.finished:
             raise RuntimeError(f"trajectory {self.identity.trajectory_id} is already final")
+        await self._take_pending()
         await self._send(self._chunk(final=True, finish_reason=finish_reason, cost=cost))
         self.finished = True
 

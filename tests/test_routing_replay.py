@@ -57,13 +57,13 @@ def moe_dirs(tmp_path_factory):
     return original, changed
 
 
-async def _sample_group(model_dir, samples: int = 2, max_tokens: int = 24) -> Group:
+async def _sample_group(model_dir, samples: int = 2, max_tokens: int = 24, chunk_tokens: int = 256) -> Group:
     """One group sampled by TorchEngine (float32), recorded and assembled as live data."""
     engine = await TorchEngine(model_dir, dtype="float32", max_model_len=256).start()
     try:
         prompt = engine.tokenizer(PROMPT)["input_ids"]
         params = SamplingParams(n=samples, max_tokens=max_tokens, ignore_eos=True, seed=3)
-        return await engine_group(engine, prompt, params)
+        return await engine_group(engine, prompt, params, chunk_tokens=chunk_tokens)
     finally:
         await engine.close()
 
@@ -95,8 +95,10 @@ def _recomputed_differs(model_dir, group: Group) -> float:
 
 
 def test_the_sampler_records_a_route_for_every_position_it_forwarded(moe_dirs):
-    group = asyncio.run(_sample_group(moe_dirs[0]))
+    # Chunks of 4 tokens: the prompt spans several, and its head keeps its routes too.
+    group = asyncio.run(_sample_group(moe_dirs[0], chunk_tokens=4))
     for traj in group.members:
+        assert len(traj.chunk_refs) > 6
         seg = traj.segments[0]
         assert seg.routes.shape == (seg.num_tokens, 2, 1)  # [tokens, MoE layers, top_k]
         assert (seg.routes[0] == -1).all()  # position -1 produced nothing
@@ -159,30 +161,39 @@ def test_replaying_the_models_own_routes_is_bit_identical_and_the_router_still_l
         assert router.weight.grad is not None and router.weight.grad.abs().sum() > 0
 
 
-def test_the_recorder_attaches_prompt_routes_to_buffered_tokens_and_counts_the_rest():
-    """Producer convention: prompt position p's routes are token p+1's row. Positions
-    whose chunk was already published before the engine reported them stay -1."""
+def test_a_prompt_longer_than_a_chunk_keeps_every_route_and_a_flushed_one_is_counted():
+    """Producer convention: prompt position p's routes are token p+1's row. Environment
+    tokens wait for the next sampled token, which brings their prefill's routes, so a
+    6-token prompt with 4-token chunks keeps its head's routes (this was lost before:
+    3 positions -1). Positions published by an explicit flush before the report stay -1,
+    counted."""
     from sampler.engine import SampledToken
     from sampler.recorder import TrajectoryIdentity, TrajectoryRecorder
 
-    chunks = []
+    prompt_routes = np.arange(5 * 2, dtype=np.int16).reshape(5, 2, 1)  # positions 0..4, 2 layers
 
-    async def publish(chunk):
-        chunks.append(chunk)
+    async def run(flush_first: bool):
+        chunks = []
 
-    async def run():
+        async def publish(chunk):
+            chunks.append(chunk)
+
         rec = TrajectoryRecorder(TrajectoryIdentity("t", "task", "g", 0, 1, "a0"), publish, chunk_tokens=4)
-        await rec.add_env(list(range(10, 16)), 0)  # 6 prompt tokens: the first 4 are published
-        prompt_routes = np.arange(5 * 2, dtype=np.int16).reshape(5, 2, 1)  # positions 0..4, 2 layers
+        await rec.add_env(list(range(10, 16)), 0)  # 6 prompt tokens: more than a chunk
+        assert chunks == []  # held for the prefill's routes
+        if flush_first:
+            await rec.flush()
         await rec.add_sampled(SampledToken(0, 7, -0.5, np.array([7, 8], dtype=np.int32), False, 0,
                                            routed_experts=np.array([[40], [41]], dtype=np.int16),
                                            prompt_routed_experts=prompt_routes))
         await rec.finish("length", Cost(generated_tokens=1))
-        return rec
+        return rec, chunks
 
-    rec = asyncio.run(run())
-    assert rec.routes_unrecorded == 3  # prompt tokens 1..3 (token 0 never has a row)
-    assert chunks[0].routed_experts_array() is None
+    rec, chunks = asyncio.run(run(flush_first=False))
+    assert rec.routes_unrecorded == 0
+    assert [c.token_array().tolist() for c in chunks] == [[10, 11, 12, 13], [14, 15, 7]]
+    head = chunks[0].routed_experts_array()  # token 0 has no producer; tokens 1..3: positions 0..2
+    assert head.tolist() == [[[-1], [-1]], [[0], [1]], [[2], [3]], [[4], [5]]]
     table = chunks[1].routed_experts_array()  # tokens 4, 5 (prompt) and 6 (sampled)
     assert table.tolist() == [[[6], [7]], [[8], [9]], [[40], [41]]]
     # rollway tail --decode-arrays shows the same table (it read int16 as uint8 before).
@@ -192,6 +203,12 @@ def test_the_recorder_attaches_prompt_routes_to_buffered_tokens_and_counts_the_r
     bad = msgspec.structs.replace(chunks[1], routed_experts_shape=[3, 3, 1])
     with pytest.raises(ValueError, match="routed_experts has 12 bytes for shape"):
         bad.validate()
+
+    rec, chunks = asyncio.run(run(flush_first=True))
+    assert rec.routes_unrecorded == 5  # prompt tokens 1..5 were published before the report
+    assert [c.token_array().tolist() for c in chunks] == [[10, 11, 12, 13], [14, 15], [7]]
+    assert chunks[0].routed_experts_array() is None and chunks[1].routed_experts_array() is None
+    assert chunks[2].routed_experts_array().tolist() == [[[40], [41]]]
 
 
 def test_packing_puts_each_route_at_the_position_that_used_it_and_ignores_unfit_tables():
