@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING, Mapping
 
 import structlog
 
+from bus import failpoints
 from schemas import WeightVersion
 from syncer import catalog as cat
 from syncer.aio import gather_or_cancel
@@ -173,6 +174,7 @@ class WeightPublisher:
         prev_keyframe = self.keyframe_version
         await self._adopt(version, announced, state, checksums, owned)
         event = self._event(announced, trainer_step, delta_manifest.base_version if delta_manifest else -1)
+        await failpoints.reached_async("weights.before_announce")
         await self._announce(event)
         log.info(
             "published weights",

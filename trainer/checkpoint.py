@@ -33,6 +33,8 @@ from typing import Any, Mapping
 
 import structlog
 
+from bus import failpoints
+
 log = structlog.get_logger(__name__)
 
 PREFIX = "step-"
@@ -101,6 +103,7 @@ def write_checkpoint(directory: str | os.PathLike[str], snapshot: dict[str, Any]
             f.flush()
             os.fsync(f.fileno())
         _fsync_dir(tmp)
+        failpoints.reached("checkpoint.before_rename")
     except BaseException:
         # A failed write (disk full) must not keep the disk full.
         shutil.rmtree(tmp, ignore_errors=True)

@@ -1,0 +1,78 @@
+"""Named fault-injection points, for chaos runs (``benchmarks/chaos.py``).
+
+A chaos run must kill a process *inside* an operation that takes milliseconds (a
+checkpoint between writing its files and renaming them in, a weight publish between
+storing its manifest and announcing it). Timing a SIGKILL from outside cannot hit such
+a window, so the process stops there itself when asked to:
+
+    ROLLWAY_FAILPOINTS="checkpoint.before_rename@2,weights.before_announce"
+
+lists points (``@N``: at the N-th time the point is reached, default the first).
+``ROLLWAY_FAILPOINTS=@/some/file`` reads that list from the file each time a point is
+reached, so a driver can arm a point in a running process (then ``@N`` counts hits
+from the moment the point appears in the file). At an armed point the process logs
+``failpoint reached`` (with the point's name) and hangs until it is killed. Unset (the
+normal case), a point costs one dictionary lookup.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import threading
+import time
+
+import structlog
+
+log = structlog.get_logger(__name__)
+
+ENV = "ROLLWAY_FAILPOINTS"
+_hits: dict[str, int] = {}
+_lock = threading.Lock()
+
+
+def armed() -> dict[str, int]:
+    """Point name -> the hit that hangs, from ``$ROLLWAY_FAILPOINTS`` (or the file it names)."""
+    spec = os.environ.get(ENV, "").strip()
+    if spec.startswith("@"):
+        try:
+            with open(spec[1:]) as f:
+                spec = f.read()
+        except OSError:
+            spec = ""
+    points: dict[str, int] = {}
+    for item in spec.replace("\n", ",").split(","):
+        item = item.strip()
+        if not item:
+            continue
+        name, _, nth = item.partition("@")
+        points[name.strip()] = int(nth) if nth else 1
+    return points
+
+
+def _should_hang(name: str) -> bool:
+    nth = armed().get(name)
+    if nth is None:
+        with _lock:
+            _hits.pop(name, None)  # disarmed: count afresh when armed again
+        return False
+    with _lock:
+        _hits[name] = _hits.get(name, 0) + 1
+        hit = _hits[name]
+    if hit != nth:
+        return False
+    log.warning("failpoint reached", failpoint=name, hit=hit, pid=os.getpid())
+    return True
+
+
+def reached(name: str) -> None:
+    """A point in blocking code (a worker thread): hang here when armed."""
+    if _should_hang(name):
+        while True:
+            time.sleep(3600)
+
+
+async def reached_async(name: str) -> None:
+    """A point in async code: hang this task here when armed (the loop runs on)."""
+    if _should_hang(name):
+        await asyncio.Event().wait()

@@ -1,0 +1,42 @@
+"""Failpoints (bus/failpoints.py): the named points a chaos run arms to stop a process
+inside a millisecond-long operation (benchmarks/chaos.py)."""
+
+from __future__ import annotations
+
+import pytest
+
+from bus import failpoints
+
+
+@pytest.fixture(autouse=True)
+def fresh_counts():
+    failpoints._hits.clear()
+    yield
+    failpoints._hits.clear()
+
+
+def test_unset_arms_nothing(monkeypatch):
+    monkeypatch.delenv(failpoints.ENV, raising=False)
+    assert failpoints.armed() == {}
+    assert not failpoints._should_hang("checkpoint.before_rename")
+    failpoints.reached("checkpoint.before_rename")  # returns at once
+
+
+def test_listed_points_hang_at_their_hit(monkeypatch):
+    monkeypatch.setenv(failpoints.ENV, "checkpoint.before_rename@3, weights.before_announce")
+    assert failpoints.armed() == {"checkpoint.before_rename": 3, "weights.before_announce": 1}
+    assert [failpoints._should_hang("checkpoint.before_rename") for _ in range(4)] == [False, False, True, False]
+    assert failpoints._should_hang("weights.before_announce")
+    assert not failpoints._should_hang("other.point")
+
+
+def test_a_file_arms_points_in_a_running_process(monkeypatch, tmp_path):
+    spec = tmp_path / "failpoints"
+    monkeypatch.setenv(failpoints.ENV, f"@{spec}")
+    assert not failpoints._should_hang("weights.before_announce")  # no file yet
+    spec.write_text("weights.before_announce@2\n")
+    assert [failpoints._should_hang("weights.before_announce") for _ in range(2)] == [False, True]
+    spec.write_text("")  # disarmed: hits are counted afresh when armed again
+    assert not failpoints._should_hang("weights.before_announce")
+    spec.write_text("weights.before_announce@2\n")
+    assert [failpoints._should_hang("weights.before_announce") for _ in range(2)] == [False, True]
