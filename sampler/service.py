@@ -299,6 +299,8 @@ class SamplerService:
                 "tasks_done": str(self.tasks_done),
                 "rollouts_done": str(self.rollouts_done),
                 "weight_failures": str(sub.failures if sub is not None else 0),
+                # What the replica serves, for checks against the announced hash.
+                "weights_hash": sub.weights_hash if sub is not None else "",
             },
             created_at=now(),
         )

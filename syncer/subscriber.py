@@ -83,6 +83,7 @@ class WeightSubscriber:
         self._weights: dict[str, "torch.Tensor"] = {}
         self._checksums: dict[str, str] = {}
         self.version = -1
+        self.weights_hash = ""  # of the weights applied (self.version)
         # True after a failed apply: the engine may hold a mix, so send everything next.
         self._engine_dirty = False
         self.announced = -1
@@ -213,6 +214,7 @@ class WeightSubscriber:
         self._weights = recon.tensors
         self._checksums = recon.checksums
         self.version = recon.version
+        self.weights_hash = recon.weights_hash
         self.last_pause_s = float(pause)
         self.last_update_s = prefetch_s
         self.last_path = plan.describe()
