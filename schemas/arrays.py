@@ -61,16 +61,20 @@ def from_torch(tensor: "torch.Tensor", dtype: np.dtype) -> bytes:
     return pack(tensor.detach().cpu().numpy(), dtype)
 
 
+def csr_arrays(sets: Iterable[Sequence[int] | np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    """(offsets, ids) int32 arrays for a list of integer sets."""
+    parts = [np.asarray(s, dtype=INT32) for s in sets]
+    offsets = np.zeros(len(parts) + 1, dtype=INT32)
+    if parts:
+        np.cumsum([a.size for a in parts], out=offsets[1:])
+    ids = np.concatenate(parts) if offsets[-1] else np.zeros(0, dtype=INT32)
+    return offsets, ids.astype(INT32, copy=False)
+
+
 def pack_csr(sets: Iterable[Sequence[int] | np.ndarray]) -> tuple[bytes, bytes]:
     """(offsets, ids) bytes for a list of integer sets."""
-    arrays = [np.asarray(s, dtype=INT32) for s in sets]
-    offsets = np.zeros(len(arrays) + 1, dtype=INT32)
-    if arrays:
-        np.cumsum([a.size for a in arrays], out=offsets[1:])
-        ids = np.concatenate(arrays) if offsets[-1] else np.zeros(0, dtype=INT32)
-    else:
-        ids = np.zeros(0, dtype=INT32)
-    return offsets.tobytes(), ids.astype(INT32, copy=False).tobytes()
+    offsets, ids = csr_arrays(sets)
+    return offsets.tobytes(), ids.tobytes()
 
 
 def unpack_csr(offsets: bytes, ids: bytes) -> tuple[np.ndarray, np.ndarray]:
@@ -85,6 +89,18 @@ def unpack_csr(offsets: bytes, ids: bytes) -> tuple[np.ndarray, np.ndarray]:
 def csr_rows(offsets: bytes, ids: bytes) -> list[np.ndarray]:
     off, vals = unpack_csr(offsets, ids)
     return [vals[off[i] : off[i + 1]] for i in range(off.size - 1)]
+
+
+def csr_take(offsets: np.ndarray, ids: np.ndarray, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Rows ``rows`` of a CSR layout, still CSR: (their lengths, int64, and their ids
+    concatenated in row order)."""
+    rows = np.asarray(rows, dtype=np.int64)
+    starts = offsets[rows].astype(np.int64)
+    lengths = offsets[rows + 1].astype(np.int64) - starts
+    total = int(lengths.sum())
+    # Position j of the output is id starts[r] + (j - first output position of r).
+    shift = np.repeat(starts - (np.cumsum(lengths) - lengths), lengths)
+    return lengths, ids[np.arange(total, dtype=np.int64) + shift]
 
 
 def pack_spans(per_token_versions: Sequence[int] | np.ndarray) -> tuple[bytes, bytes]:

@@ -48,7 +48,7 @@ def test_penalty_aware_keeps_the_coefficient_in_penalised_groups_only():
 def _trajectory(i: int, reward: float, length_penalty: float) -> Trajectory:
     segment = Segment(token_ids=np.array([1, 2, 3], dtype=np.int64), loss_mask=np.array([False, True, True]),
                       behaviour=np.zeros(3, dtype=np.float32),
-                      kept=[np.zeros(0, np.int32), np.array([2], np.int32), np.array([3], np.int32)],
+                      kept_offsets=np.array([0, 0, 1, 2]), kept_ids=np.array([2, 3], np.int32),
                       capped=np.zeros(3, dtype=bool), versions=np.zeros(3, dtype=np.int64),
                       temperature=np.ones(3, dtype=np.float32))
     rew = Reward(trajectory_id=f"t/g/{i}/a", task_id="t", group_id="g", sample_index=i, attempt="a", score=1.0,

@@ -32,7 +32,7 @@ def sampler_record(logits: torch.Tensor, sampled: int):
 
 def trainer_ratio(logits: torch.Tensor, sampled: int, behaviour: float, kept, policy: str, rebuild: bool):
     targets = torch.tensor([sampled])
-    kept_ids, kept_lengths = L.pad_kept_sets([kept.ids], targets)
+    kept_ids, kept_lengths = L.pad_kept_sets(np.array([kept.ids.size]), kept.ids, targets)
     capped = torch.tensor([kept.capped])
     sizes = torch.tensor([kept.size])
     sets = None
@@ -98,7 +98,7 @@ def test_sampled_token_outside_the_trainers_top_size_is_forced_in_and_counted():
 def test_uncapped_and_unknown_size_rows_are_left_alone():
     logits = torch.randn(3, 50, generator=torch.Generator().manual_seed(0))
     targets = torch.tensor([1, 2, 3])
-    kept_ids, kept_lengths = L.pad_kept_sets([np.array([1, 5]), np.array([2]), np.array([3, 4])], targets)
+    kept_ids, kept_lengths = L.pad_kept_sets(np.array([2, 1, 2]), np.array([1, 5, 2, 3, 4]), targets)
     capped = torch.tensor([False, False, True])
     sizes = torch.tensor([2, 1, -1])  # row 2: capped by an engine that could not count
     sets = L.rebuild_capped_sets(logits, targets, kept_ids, kept_lengths, capped, sizes)

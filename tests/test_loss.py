@@ -4,17 +4,19 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 import torch
 
+from schemas.arrays import csr_arrays
 from trainer import loss as L
 
 F64 = torch.float64
 
 
 def kept(rows: list[list[int]], targets: list[int]):
-    ids, lengths = L.pad_kept_sets(rows, torch.tensor(targets))
-    return ids, lengths
+    offsets, ids = csr_arrays(rows)
+    return L.pad_kept_sets(np.diff(offsets), ids, torch.tensor(targets))
 
 
 # -- renormalised log-probs -----------------------------------------------------------------

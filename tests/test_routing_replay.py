@@ -219,7 +219,7 @@ def test_packing_puts_each_route_at_the_position_that_used_it_and_ignores_unfit_
     def traj(i: int, routes: np.ndarray) -> Trajectory:
         seg = Segment(token_ids=np.arange(5, dtype=np.int64), loss_mask=np.array([0, 0, 1, 1, 1], dtype=bool),
                       behaviour=np.zeros(5, dtype=np.float32),
-                      kept=[np.zeros(0, np.int32)] * 2 + [np.array([t], np.int32) for t in (2, 3, 4)],
+                      kept_offsets=np.array([0, 0, 0, 1, 2, 3]), kept_ids=np.array([2, 3, 4], np.int32),
                       capped=np.zeros(5, dtype=bool), versions=np.zeros(5, dtype=np.int64),
                       temperature=np.ones(5, dtype=np.float32), routes=routes)
         reward = Reward(trajectory_id=f"t{i}", task_id="x", group_id="g", sample_index=i, attempt="a", score=0.0)

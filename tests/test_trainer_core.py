@@ -73,8 +73,7 @@ def test_lm_head_rows_outside_every_kept_set_do_not_move(tiny_model_path, groups
     for g in groups[:2]:
         for t in g.members:
             for s in t.segments:
-                for k in s.kept:
-                    in_kept.update(int(x) for x in k)
+                in_kept.update(int(x) for x in s.kept_ids)
     core = TrainCore(config(tiny_model_path, weight_decay=0.0))
     head = core.model.get_output_embeddings().weight
     before = head.detach().clone()

@@ -70,21 +70,20 @@ def has_reward_variance(rewards: torch.Tensor) -> bool:
 
 
 # -- log-probs ---------------------------------------------------------------------------
-def pad_kept_sets(kept: list, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Ragged kept sets -> (ids [n, Kmax] padded with the target id, lengths [n])."""
+def pad_kept_sets(lengths: "np.ndarray", ids: "np.ndarray", targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Kept sets in CSR form (``lengths`` [n], ``ids`` concatenated in row order) ->
+    (ids [n, Kmax] padded with the target id, lengths [n])."""
     import numpy as np
 
-    n = len(kept)
-    lengths = np.fromiter((len(k) for k in kept), dtype=np.int64, count=n)
+    lengths = np.asarray(lengths, dtype=np.int64)
+    n = lengths.size
     width = max(int(lengths.max()) if n else 0, 1)
-    ids = np.repeat(targets.cpu().numpy().astype(np.int64).reshape(n, 1), width, axis=1)
-    if n and lengths.sum():
-        flat = np.concatenate([np.asarray(k, dtype=np.int64) for k in kept])
+    out = np.repeat(targets.cpu().numpy().astype(np.int64).reshape(n, 1), width, axis=1)
+    if ids.size:
         rows = np.repeat(np.arange(n), lengths)
-        starts = np.cumsum(lengths) - lengths
-        cols = np.arange(flat.size) - np.repeat(starts, lengths)
-        ids[rows, cols] = flat
-    return torch.from_numpy(ids), torch.from_numpy(lengths)
+        cols = np.arange(ids.size) - np.repeat(np.cumsum(lengths) - lengths, lengths)
+        out[rows, cols] = ids
+    return torch.from_numpy(out), torch.from_numpy(lengths)
 
 
 def kept_set_logprobs(

@@ -6,6 +6,9 @@ micro-batches of at most ``micro_batch_tokens`` padded tokens, in the order the 
 were given. The same groups in the same order always give the same tensors, which is
 what makes a logged step re-executable bit for bit.
 
+Kept sets stay in CSR form (the segment's ``kept_offsets``/``kept_ids``, as on the wire)
+until ``_micro_batch`` pads them into the [n, K] id matrix the loss gathers with.
+
 MoE route tables (docs/contracts.md, "Routing") go to the rows' positions: position p of
 a row gets the segment's route row p + 1 (the experts position p was routed to when it
 produced token p + 1), padding and unrecorded positions -1.
@@ -19,6 +22,7 @@ from typing import TYPE_CHECKING, Sequence
 import numpy as np
 import structlog
 
+from schemas.arrays import csr_take
 from trainer.config import TrainerConfig
 from trainer.trajectory import Group
 
@@ -104,7 +108,7 @@ def pack_step(groups: Sequence[Group], current_version: int, cfg: TrainerConfig,
                     "targets": seg.token_ids[loss_pos],
                     "behaviour": seg.behaviour[loss_pos],
                     "temperature": seg.temperature[loss_pos],
-                    "kept": [seg.kept[t] for t in loss_pos],
+                    "kept": csr_take(seg.kept_offsets, seg.kept_ids, loss_pos),
                     "capped": seg.capped[loss_pos],
                     "kept_size": seg.kept_size[loss_pos],
                     "adv": np.full(loss_pos.size, a, dtype=np.float32),
@@ -164,8 +168,8 @@ def _micro_batch(rows: list[tuple[np.ndarray, dict]], route_shape: tuple[int, in
 
     row_index = np.concatenate([np.full(info["pos"].size, i, dtype=np.int64) for i, (_, info) in enumerate(rows)])
     targets = torch.from_numpy(cat("targets", np.int64))
-    kept: list[np.ndarray] = [k for _, info in rows for k in info["kept"]]
-    kept_ids, kept_lengths = pad_kept_sets(kept, targets)
+    kept_ids, kept_lengths = pad_kept_sets(np.concatenate([info["kept"][0] for _, info in rows]),
+                                           np.concatenate([info["kept"][1] for _, info in rows]), targets)
     routes = np.zeros(0, dtype=np.int16)
     if route_shape is not None and any(info["routes"] is not None for _, info in rows):
         routes = np.full((len(rows), width, *route_shape[:2]), -1, dtype=np.int16)

@@ -60,7 +60,10 @@ class Segment:
     token_ids: np.ndarray  # int64 [n]
     loss_mask: np.ndarray  # bool [n]; True = sampled by the policy
     behaviour: np.ndarray  # float32 [n]; behaviour log-prob (over the kept set)
-    kept: list[np.ndarray]  # per token, int32 ids (empty for masked tokens)
+    # Kept sets in CSR form, as on the wire: token t's set is
+    # kept_ids[kept_offsets[t]:kept_offsets[t + 1]] (empty for masked tokens).
+    kept_offsets: np.ndarray  # int64 [n + 1]
+    kept_ids: np.ndarray  # int32
     capped: np.ndarray  # bool [n]
     versions: np.ndarray  # int64 [n]
     temperature: np.ndarray  # float32 [n]
@@ -73,8 +76,7 @@ class Segment:
 
     def __post_init__(self) -> None:
         if self.kept_size is None:
-            sizes = np.fromiter((k.size for k in self.kept), dtype=np.int64, count=len(self.kept))
-            self.kept_size = np.where(self.capped, -1, sizes)
+            self.kept_size = np.where(self.capped, -1, np.diff(self.kept_offsets))
 
     @property
     def num_tokens(self) -> int:
@@ -226,10 +228,10 @@ def _segment(chunks: list[CheckedChunk], tid: str) -> Segment:
     tokens = np.concatenate([a.token_ids for a in parts]).astype(np.int64)
     mask = np.concatenate([a.loss_mask for a in parts]).astype(bool)
     behaviour = np.concatenate([a.logprobs for a in parts]).astype(np.float32)
-    kept: list[np.ndarray] = []
-    for a in parts:
-        off = a.kept_offsets
-        kept.extend(a.kept_ids[off[i]:off[i + 1]] for i in range(off.size - 1))
+    lengths = np.concatenate([np.diff(a.kept_offsets) for a in parts]).astype(np.int64)
+    kept_offsets = np.zeros(lengths.size + 1, dtype=np.int64)
+    np.cumsum(lengths, out=kept_offsets[1:])
+    kept_ids = np.concatenate([a.kept_ids for a in parts])
     capped = np.concatenate([a.kept_capped for a in parts]).astype(bool)
     kept_size = np.concatenate([a.kept_sizes for a in parts]).astype(np.int64)
     versions = np.concatenate([a.versions for a in parts]).astype(np.int64)
@@ -245,17 +247,29 @@ def _segment(chunks: list[CheckedChunk], tid: str) -> Segment:
         # Greedy decoding (temperature 0): the kept set is the argmax alone, so the
         # token's log-prob is 0 at any temperature; 1.0 keeps the arithmetic finite.
         temperature = np.where(greedy, np.float32(1.0), temperature)
-    for t in np.flatnonzero(mask):
-        k = kept[t]
-        if k.size == 0:
-            raise InvalidTrajectory(f"trajectory {tid}: generated token {t} has an empty kept set")
-        if greedy[t] and k.size != 1:
-            raise InvalidTrajectory(f"trajectory {tid}: greedy token {t} has a kept set of {k.size}, not 1")
-        if not np.any(k == tokens[t]):
-            raise InvalidTrajectory(f"trajectory {tid}: generated token {t} ({tokens[t]}) is not in its kept set")
+    _check_kept_sets(tokens, mask, greedy, lengths, kept_ids, tid)
     if not np.all(np.isfinite(behaviour[mask])):
         raise InvalidTrajectory(f"trajectory {tid}: non-finite behaviour log-prob")
-    return Segment(tokens, mask, behaviour, kept, capped, versions, temperature, kept_size, _routes(parts, tid))
+    return Segment(tokens, mask, behaviour, kept_offsets, kept_ids, capped, versions, temperature, kept_size,
+                   _routes(parts, tid))
+
+
+def _check_kept_sets(tokens: np.ndarray, mask: np.ndarray, greedy: np.ndarray, lengths: np.ndarray,
+                     kept_ids: np.ndarray, tid: str) -> None:
+    """Every generated token has a non-empty kept set holding it (one id when greedy);
+    the first token that breaks a rule is named."""
+    owner = np.repeat(np.arange(tokens.size), lengths)
+    holds = np.zeros(tokens.size, dtype=bool)
+    holds[owner[kept_ids == tokens[owner]]] = True
+    bad = mask & ((lengths == 0) | (greedy & (lengths != 1)) | ~holds)
+    if not bad.any():
+        return
+    t = int(np.flatnonzero(bad)[0])
+    if lengths[t] == 0:
+        raise InvalidTrajectory(f"trajectory {tid}: generated token {t} has an empty kept set")
+    if greedy[t] and lengths[t] != 1:
+        raise InvalidTrajectory(f"trajectory {tid}: greedy token {t} has a kept set of {lengths[t]}, not 1")
+    raise InvalidTrajectory(f"trajectory {tid}: generated token {t} ({tokens[t]}) is not in its kept set")
 
 
 def _routes(parts: list[ChunkArrays], tid: str) -> np.ndarray | None:
