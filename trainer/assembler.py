@@ -54,7 +54,7 @@ from __future__ import annotations
 
 from collections import Counter, OrderedDict
 from dataclasses import dataclass, field
-from typing import Any, Iterable
+from typing import TYPE_CHECKING, Any, Iterable
 
 import structlog
 
@@ -62,6 +62,9 @@ from schemas import GroupDrop, Reward, TrajectoryChunk
 from trainer.config import TrainerConfig
 from trainer.loss import has_reward_variance
 from trainer.trajectory import CheckedChunk, Group, InvalidTrajectory, Trajectory, assemble, check_chunk, chunks_complete
+
+if TYPE_CHECKING:
+    from bus import Envelope
 
 log = structlog.get_logger(__name__)
 
@@ -71,11 +74,11 @@ CLOSED_MEMORY = 1_000_000  # group keys remembered as closed (duplicates after t
 
 @dataclass
 class _Pending:
-    chunks: dict[tuple[int, int], tuple[CheckedChunk, Any]] = field(default_factory=dict)
-    reward: tuple[Reward, Any] | None = None
+    chunks: dict[tuple[int, int], tuple[CheckedChunk, Envelope]] = field(default_factory=dict)
+    reward: tuple[Reward, Envelope] | None = None
     group: GroupKey | None = None
 
-    def envelopes(self) -> list[Any]:
+    def envelopes(self) -> list[Envelope]:
         out = [env for _, env in self.chunks.values()]
         if self.reward is not None:
             out.append(self.reward[1])
@@ -105,7 +108,7 @@ class _PendingDrop:
 
     drop: GroupDrop
     trajectory_ids: list[str]
-    envelopes: list[Any]
+    envelopes: list[Envelope]
     # Counters this drop incremented: a drop undone (forget_unfinished) takes them back,
     # so a group decided again after a redelivery is counted once.
     counted: Counter[str] = field(default_factory=Counter)
@@ -117,7 +120,7 @@ class _OpenGroup:
     members: dict[int, Trajectory] = field(default_factory=dict)
 
 
-def _ref(env: Any):
+def _ref(env: Envelope):
     return getattr(env, "ref", None)
 
 
@@ -134,10 +137,13 @@ class Assembler:
         self.closed: OrderedDict[GroupKey, str] = OrderedDict()
         self.drops: list[_PendingDrop] = []  # dropped since the last take_drops, in order
         self.counters: Counter[str] = Counter()
-        self.invalid: list[tuple[Any, str]] = []  # (envelope, error) to dead-letter
+        self.invalid: list[tuple[Envelope, str]] = []  # (envelope, error) to dead-letter
         self.training: dict[str, GroupKey] = {}  # trajectories of batches taken, not yet logged
-        self._held: dict[GroupKey, list[Any]] = {}
-        self._released: list[Any] = []
+        self._held: dict[GroupKey, list[Envelope]] = {}
+        # Records of each complete trajectory held (in an open group, ready or training),
+        # acknowledged when it is trained or dropped.
+        self._records: dict[str, list[Envelope]] = {}
+        self._released: list[Envelope] = []
         # Groups the step log says were trained (by any earlier process): a retry of one
         # under a new attempt id must not be trained a second time.
         for key in trained_groups:
@@ -148,7 +154,7 @@ class Assembler:
             self._mark_closed(tuple(key), reason)
 
     # -- input ----------------------------------------------------------------------------
-    def add(self, env: Any) -> None:
+    def add(self, env: Envelope) -> None:
         event = env.event
         if not isinstance(event, (TrajectoryChunk, Reward)):
             self.counters["ignored_events"] += 1
@@ -191,7 +197,7 @@ class Assembler:
         if pending.complete():
             self._complete(tid, pending, env)
 
-    def _duplicate_record(self, held: Any, env: Any) -> None:
+    def _duplicate_record(self, held: Envelope, env: Envelope) -> None:
         """The same chunk or reward again. A copy at another offset is released (the
         held one, earlier in the log, keeps the commit back until it is done); the same
         record delivered again (after a rebalance) is not released at all, so the
@@ -207,6 +213,7 @@ class Assembler:
         self.partial.clear()
         self.open_groups.clear()
         self.ready.clear()
+        self._records = {tid: records for tid, records in self._records.items() if tid in self.training}
         for key in [k for k, reason in self.closed.items() if reason == "ready"]:
             del self.closed[key]
         # Drops not yet logged are undone: none of their records was acknowledged, so
@@ -221,7 +228,7 @@ class Assembler:
         self._released.clear()
         self.invalid.clear()
 
-    def _complete(self, tid: str, pending: _Pending, last_env: Any) -> None:
+    def _complete(self, tid: str, pending: _Pending, last_env: Envelope) -> None:
         items = sorted(pending.chunks.items())
         chunks = [c for _, (c, _) in items]
         refs = [_ref(e) for _, (_, e) in items]
@@ -232,20 +239,21 @@ class Assembler:
             self._invalidate(tid, last_env, str(exc))
             return
         del self.partial[tid]
-        traj.envelopes = pending.envelopes()
+        self._records[tid] = pending.envelopes()
         self.counters["trajectories_complete"] += 1
         self._place(traj)
 
     def _place(self, traj: Trajectory) -> None:
         key = (traj.task_id, traj.group_id)
         if key in self.closed:
-            self._drop_late(traj.trajectory_id, key, traj.envelopes)
+            self._drop_late(traj.trajectory_id, key, self._take(traj.trajectory_id))
             return
         group = self.open_groups.setdefault(key, _OpenGroup(size=traj.group_size))
         if traj.group_size != group.size:
-            self._invalidate(traj.trajectory_id, traj.envelopes[-1] if traj.envelopes else None,
+            records = self._take(traj.trajectory_id)
+            self._invalidate(traj.trajectory_id, records[-1] if records else None,
                              f"group_size {traj.group_size} differs from the group's {group.size}",
-                             envelopes=traj.envelopes)
+                             envelopes=records)
             return
         holder = group.members.get(traj.sample_index)
         if holder is not None:
@@ -253,7 +261,7 @@ class Assembler:
             # hole that the retry's (already dropped) sample could no longer fill.
             loser = holder if traj.oldest_version > holder.oldest_version else traj
             self.counters["dropped_duplicate"] += 1
-            self._finish(loser.trajectory_id, loser.envelopes)
+            self._finish(loser.trajectory_id, self._take(loser.trajectory_id))
             log.info("duplicate attempt dropped", trajectory_id=loser.trajectory_id, task_id=traj.task_id,
                      group_id=traj.group_id, sample_index=traj.sample_index)
             if loser is traj:
@@ -268,25 +276,32 @@ class Assembler:
             # Rewards of two phases are not comparable: advantages would reward the phase,
             # not the behaviour. Samplers grade a group in one phase, but attempts of a
             # retried group (or graders with reward.phase_unit = "version") may not agree.
-            self._end_untrained(key, "invalid", [(t.trajectory_id, t.envelopes) for t in complete.members],
+            self._end_untrained(key, "invalid", self._take_members(complete.members),
                                 counted=["dropped_mixed_phase"], error=f"mixed reward phases {phases}")
             return
         import torch
 
         if not has_reward_variance(torch.tensor(complete.rewards(), dtype=torch.float64)):
-            self._end_untrained(key, "zero_variance", [(t.trajectory_id, t.envelopes) for t in complete.members],
+            self._end_untrained(key, "zero_variance", self._take_members(complete.members),
                                 counted=["dropped_zero_variance"], members=len(complete.members))
             return
         self._mark_closed(key, "ready")
         self.ready.append(complete)
 
-    def _drop_late(self, tid: str, key: GroupKey, envelopes: list[Any]) -> None:
+    def _take(self, tid: str) -> list[Envelope]:
+        """The records of a complete trajectory, which leaves the assembler's hold."""
+        return self._records.pop(tid, [])
+
+    def _take_members(self, members: Iterable[Trajectory]) -> list[tuple[str, list[Envelope]]]:
+        return [(t.trajectory_id, self._take(t.trajectory_id)) for t in members]
+
+    def _drop_late(self, tid: str, key: GroupKey, envelopes: list[Envelope]) -> None:
         reason = self.closed.get(key, "")
         name = "dropped_duplicate" if reason in ("ready", "training", "trained") else "dropped_late"
         self.counters[name] += 1
         self._finish(tid, envelopes)
 
-    def _invalidate(self, tid: str, env: Any, error: str, envelopes: list[Any] | None = None) -> None:
+    def _invalidate(self, tid: str, env: Envelope | None, error: str, envelopes: list[Envelope] | None = None) -> None:
         self.counters["dropped_invalid"] += 1
         log.warning("invalid trajectory dropped", trajectory_id=tid, error=error)
         pending = self.partial.pop(tid, None)
@@ -302,14 +317,14 @@ class Assembler:
         else:
             self._finish(tid, others)
 
-    def _end_untrained(self, key: GroupKey, reason: str, trajectories: Iterable[tuple[str, list[Any]]],
+    def _end_untrained(self, key: GroupKey, reason: str, trajectories: Iterable[tuple[str, list[Envelope]]],
                        counted: Iterable[str] = (), **why: Any) -> None:
         """End a group without training it: close its key (final), count the drop
         (``groups_dropped_<reason>`` and ``counted``), log it, and hold its records until
         the drop is in the step log (take_drops)."""
         self._mark_closed(key, reason)
         tids: list[str] = []
-        held: list[Any] = []
+        held: list[Envelope] = []
         for tid, envelopes in trajectories:
             self.finished_ids.add(tid)
             tids.append(tid)
@@ -320,7 +335,7 @@ class Assembler:
         self.drops.append(_PendingDrop(GroupDrop(key[0], key[1], reason), tids, held, counts))
         log.warning("group dropped", task_id=key[0], group_id=key[1], reason=reason, **why)
 
-    def _finish(self, tid: str, envelopes: Iterable[Any]) -> None:
+    def _finish(self, tid: str, envelopes: Iterable[Envelope]) -> None:
         self.finished_ids.add(tid)
         self._released.extend(envelopes)
 
@@ -330,12 +345,12 @@ class Assembler:
         while len(self.closed) > CLOSED_MEMORY:
             self.closed.popitem(last=False)
 
-    def _close_group(self, key: GroupKey, reason: str, extra: list[tuple[str, list[Any]]], **why: Any) -> None:
+    def _close_group(self, key: GroupKey, reason: str, extra: list[tuple[str, list[Envelope]]], **why: Any) -> None:
         """Drop a group that is not complete: its members and unfinished trajectories go
         with it (and ``extra``, the trajectory that caused it)."""
         group = self.open_groups.pop(key, None)
         trajectories = list(extra)
-        trajectories += [(t.trajectory_id, t.envelopes) for t in (group.members.values() if group else [])]
+        trajectories += self._take_members(group.members.values() if group else [])
         counted: list[str] = []
         for tid, pending in list(self.partial.items()):
             if pending.group == key:
@@ -345,16 +360,16 @@ class Assembler:
         self._end_untrained(key, reason, trajectories, counted=counted, **why)
 
     # -- output ----------------------------------------------------------------------------
-    def released(self) -> list[Any]:
+    def released(self) -> list[Envelope]:
         """Records this assembler is done with (safe to acknowledge), drained."""
         out, self._released = self._released, []
         return out
 
-    def take_invalid(self) -> list[tuple[Any, str]]:
+    def take_invalid(self) -> list[tuple[Envelope, str]]:
         out, self.invalid = self.invalid, []
         return out
 
-    def take_drops(self) -> tuple[list[GroupDrop], list[Any]]:
+    def take_drops(self) -> tuple[list[GroupDrop], list[Envelope]]:
         """Groups dropped since the last call (for ``TrainStep.dropped``) and their
         records, to acknowledge in the transaction that logs them; drained."""
         drops, self.drops = self.drops, []
@@ -371,13 +386,13 @@ class Assembler:
         keep: list[Group] = []
         for g in self.ready:
             if self._too_old(g.oldest_version, g.newest_version, current):
-                self._end_untrained(g.key, "stale", [(t.trajectory_id, t.envelopes) for t in g.members],
+                self._end_untrained(g.key, "stale", self._take_members(g.members),
                                     counted=["dropped_stale"], oldest_version=g.oldest_version,
                                     newest_version=g.newest_version, current=current)
             else:
                 keep.append(g)
         self.ready = keep
-        evicted: dict[GroupKey, list[tuple[str, list[Any]]]] = {}
+        evicted: dict[GroupKey, list[tuple[str, list[Envelope]]]] = {}
         # Counted with the group's drop when the eviction abandons it (so a drop undone
         # by a revoke takes them back), else at once.
         evicted_counts: dict[GroupKey, Counter[str]] = {}
@@ -386,7 +401,7 @@ class Assembler:
                 if self._too_old(t.oldest_version, t.newest_version, current):
                     del group.members[index]
                     evicted_counts.setdefault(key, Counter())["trajectories_dropped_stale"] += 1
-                    evicted.setdefault(key, []).append((t.trajectory_id, t.envelopes))
+                    evicted.setdefault(key, []).append((t.trajectory_id, self._take(t.trajectory_id)))
         for tid, pending in list(self.partial.items()):
             versions = pending.versions()
             if versions is None or not self._too_old(*versions, current):
@@ -398,7 +413,7 @@ class Assembler:
         if evicted:
             self._abandon_empty(evicted, evicted_counts, current)
 
-    def _abandon_empty(self, evicted: dict[GroupKey, list[tuple[str, list[Any]]]],
+    def _abandon_empty(self, evicted: dict[GroupKey, list[tuple[str, list[Envelope]]]],
                        evicted_counts: dict[GroupKey, Counter[str]], current: int) -> None:
         """Release the evicted trajectories; a group left with nothing held (every
         trajectory went stale, no retry streaming) is dropped as ``abandoned`` with the
@@ -456,15 +471,15 @@ class Assembler:
                 self.training[t.trajectory_id] = g.key
         return batch
 
-    def mark_trained(self, groups: Iterable[Group]) -> list[Any]:
+    def mark_trained(self, groups: Iterable[Group]) -> list[Envelope]:
         """Record a logged step's groups as trained; returns their records to ack."""
-        out: list[Any] = []
+        out: list[Envelope] = []
         for g in groups:
             self._mark_closed(g.key, "trained")
             for t in g.members:
                 self.trained_ids.add(t.trajectory_id)
                 self.training.pop(t.trajectory_id, None)
-                out.extend(t.envelopes)
+                out.extend(self._take(t.trajectory_id))
             out.extend(self._held.pop(g.key, []))
         return out
 

@@ -12,8 +12,8 @@ else (a gap, a repeat) is refused.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any, Sequence
+from dataclasses import dataclass
+from typing import Sequence
 
 import numpy as np
 
@@ -96,8 +96,6 @@ class Trajectory:
     chunk_refs: list[RecordRef]
     reward_ref: RecordRef
     finish_reason: str = ""
-    # Live records to acknowledge once this trajectory is trained or dropped.
-    envelopes: list[Any] = field(default_factory=list, repr=False)
 
     @property
     def generated_tokens(self) -> int:
