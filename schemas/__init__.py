@@ -18,7 +18,9 @@ from schemas.events import (
     TrainedTrajectory,
     TrainStep,
     TrajectoryChunk,
+    TrajectoryKey,
     WeightVersion,
+    key_of,
     now,
 )
 
@@ -40,6 +42,8 @@ __all__ = [
     "TrainedTrajectory",
     "TrainStep",
     "TrajectoryChunk",
+    "TrajectoryKey",
     "WeightVersion",
+    "key_of",
     "now",
 ]

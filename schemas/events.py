@@ -57,7 +57,24 @@ class Task(Event, kw_only=True):
     created_at: float = 0.0
 
 
-class TrajectoryChunk(Event, kw_only=True):
+class TrajectoryKey(msgspec.Struct):
+    """Who a trajectory is: the identity every one of its chunks repeats (and the
+    trainer's ``Trajectory`` carries). Declared once; ``key_of`` reads it off either."""
+
+    trajectory_id: str
+    task_id: str
+    group_id: str
+    sample_index: int
+    group_size: int
+    attempt: str
+
+
+def key_of(obj: TrajectoryKey) -> TrajectoryKey:
+    """The bare identity of a chunk, a trajectory or a key (equal when they agree)."""
+    return TrajectoryKey(*(getattr(obj, name) for name in TrajectoryKey.__struct_fields__))
+
+
+class TrajectoryChunk(Event, TrajectoryKey, kw_only=True):
     """A contiguous run of a trajectory's tokens, streamed while the rollout runs.
 
     Chunks of one segment concatenate (by ``chunk_index``) to the segment's full
@@ -75,12 +92,8 @@ class TrajectoryChunk(Event, kw_only=True):
 
     SCHEMA_VERSION: ClassVar[int] = 2
 
-    trajectory_id: str
-    task_id: str
-    group_id: str
-    sample_index: int
-    group_size: int
-    attempt: str
+    # The identity fields come first, from TrajectoryKey (same names, types and order
+    # as before it was shared: the wire format is unchanged).
     replica_id: str = ""
     chunk_index: int
     segment_index: int = 0

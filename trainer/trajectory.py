@@ -15,9 +15,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Sequence
 
+import msgspec
 import numpy as np
 
-from schemas import ChunkArrays, RecordRef, Reward, TrajectoryChunk
+from schemas import ChunkArrays, RecordRef, Reward, TrajectoryChunk, TrajectoryKey, key_of
 
 
 GREEDY_TEMPERATURE = 1e-5  # below this a sampler decodes greedily (vLLM's convention)
@@ -83,14 +84,9 @@ class Segment:
         return int(self.token_ids.size)
 
 
-@dataclass
-class Trajectory:
-    trajectory_id: str
-    task_id: str
-    group_id: str
-    sample_index: int
-    group_size: int
-    attempt: str
+class Trajectory(TrajectoryKey):
+    """A trajectory put together: its identity (the chunks'), segments and reward."""
+
     segments: list[Segment]
     reward: Reward
     chunk_refs: list[RecordRef]
@@ -188,10 +184,9 @@ def assemble(
     events = [c.chunk for c in chunks]
     first = events[0]
     tid = first.trajectory_id
-    for c in events:
-        same = (c.trajectory_id, c.task_id, c.group_id, c.sample_index, c.group_size, c.attempt)
-        if same != (tid, first.task_id, first.group_id, first.sample_index, first.group_size, first.attempt):
-            raise InvalidTrajectory(f"trajectory {tid}: chunks disagree on identity fields")
+    key = key_of(first)
+    if any(key_of(c) != key for c in events):
+        raise InvalidTrajectory(f"trajectory {tid}: chunks disagree on identity fields")
     if (reward.trajectory_id, reward.task_id, reward.group_id, reward.sample_index) != (
         tid, first.task_id, first.group_id, first.sample_index,
     ):
@@ -207,12 +202,7 @@ def assemble(
         by_segment.setdefault(events[i].segment_index, []).append(i)
     segments = [_segment([chunks[i] for i in idx], tid) for _, idx in sorted(by_segment.items())]
     return Trajectory(
-        trajectory_id=tid,
-        task_id=first.task_id,
-        group_id=first.group_id,
-        sample_index=first.sample_index,
-        group_size=first.group_size,
-        attempt=first.attempt,
+        *msgspec.structs.astuple(key),
         segments=segments,
         reward=reward,
         chunk_refs=[chunk_refs[i] for i in order],
