@@ -21,13 +21,13 @@ tokens' versions say which weights *produced* a token.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
 from typing import Awaitable, Callable
 
+import msgspec
 import numpy as np
 
 from sampler.engine import SampledToken
-from schemas import Cost, RecordRef, TrajectoryChunk, arrays, now
+from schemas import Cost, RecordRef, TrajectoryChunk, TrajectoryKey, arrays, now
 
 Publish = Callable[[TrajectoryChunk], Awaitable[RecordRef | None]]
 
@@ -41,17 +41,11 @@ class ChunkTooLarge(ValueError):
     """A single token's record alone exceeds the chunk byte limit (cap the kept set)."""
 
 
-@dataclass(frozen=True, slots=True)
-class TrajectoryIdentity:
-    """What every chunk of one trajectory repeats; each field is the ``TrajectoryChunk``
-    field of the same name (the recorder passes them on by name)."""
+class TrajectoryIdentity(TrajectoryKey, kw_only=True, frozen=True):
+    """What every chunk of one trajectory repeats: its key (``schemas.TrajectoryKey``)
+    and how it was sampled; each field is the ``TrajectoryChunk`` field of the same name
+    (the recorder passes them on by name)."""
 
-    trajectory_id: str
-    task_id: str
-    group_id: str
-    sample_index: int
-    group_size: int
-    attempt: str
     replica_id: str = ""
     temperature: float = 1.0
     top_p: float = 1.0
@@ -221,7 +215,7 @@ class TrajectoryRecorder:
                     table[i] = r
             routed, shape = arrays.pack(table, arrays.INT16), list(table.shape)
         chunk = TrajectoryChunk(
-            **{f.name: getattr(self.identity, f.name) for f in fields(TrajectoryIdentity)},
+            **msgspec.structs.asdict(self.identity),
             chunk_index=self.chunks_published,
             segment_index=self.segment_index,
             token_ids=arrays.pack(self._ids, arrays.INT32),
