@@ -429,7 +429,8 @@ class EventConsumer:
     async def run(self, handler: Handler, *, concurrency: int = 1, handle_signals: bool = False) -> None:
         """Handle every record until :meth:`stop` (or SIGTERM with ``handle_signals``).
 
-        Each record is acked after its handler returns. A handler raising
+        Each record is acked after its handler returns. Cancelling ``run`` cancels the
+        handlers in flight and acks none of their records. A handler raising
         :class:`InvalidEvent` dead-letters the record at once; any other exception is
         retried after each delay of ``cfg.handler_retry`` (seconds to minutes in all),
         then the record is dead-lettered.
@@ -438,16 +439,25 @@ class EventConsumer:
             self.install_signal_handlers()
         slots = asyncio.Semaphore(concurrency)
         running: set[asyncio.Task] = set()
-        async for env in self:
-            await slots.acquire()
-            if self.stopping:
-                # Fetched before the stop but not started: leave it unacked, so the
-                # commit stops short of it and the next owner handles it.
-                slots.release()
-                break
-            task = asyncio.create_task(self._handle(env, handler))
-            running.add(task)
-            task.add_done_callback(lambda t: (running.discard(t), slots.release()))
+        try:
+            async for env in self:
+                await slots.acquire()
+                if self.stopping:
+                    # Fetched before the stop but not started: leave it unacked, so the
+                    # commit stops short of it and the next owner handles it.
+                    slots.release()
+                    break
+                task = asyncio.create_task(self._handle(env, handler))
+                running.add(task)
+                task.add_done_callback(lambda t: (running.discard(t), slots.release()))
+        except asyncio.CancelledError:
+            # Cancelled (not stopped): the handlers go with it, unacked, so their records
+            # are the next owner's. Left running they would outlive what they use (the
+            # caller's producer closes next), fail every retry and dead-letter good records.
+            for task in running:
+                task.cancel()
+            await asyncio.gather(*running, return_exceptions=True)
+            raise
         if running:
             log.info("draining in-flight handlers", count=len(running))
             await asyncio.gather(*running, return_exceptions=True)

@@ -133,3 +133,32 @@ async def test_undecodable_garbage_too_big_for_a_letter_does_not_stop_the_consum
     assert committed == 2
     (letter,) = [e.event for e in await read_topic(kafka_config, "dlq")]
     assert (letter.offset, letter.error_kind, letter.value) == (0, "unknown_type", None)
+
+
+async def test_cancelling_run_cancels_its_handlers_and_acks_nothing(kafka_config):
+    # A cancelled run() used to leave its handlers running: the sampler's producer
+    # closed under them, every retry failed and good tasks were dead-lettered.
+    async with EventProducer(kafka_config) as producer:
+        await producer.publish_raw(kafka_config.topic_prefix + "tasks", msgspec.msgpack.encode(task(0)),
+                                   headers=[("rollway-type", b"Task")], partition=0)
+    started, cancelled = asyncio.Event(), []
+
+    async def handle(env):
+        started.set()
+        try:
+            await asyncio.Event().wait()  # a rollout that outlives the consumer
+        except asyncio.CancelledError:
+            cancelled.append(env.event.task_id)
+            raise
+
+    consumer = EventConsumer(kafka_config, ["tasks"], group_id="g-cancel")
+    await consumer.start()
+    runner = asyncio.create_task(consumer.run(handle, concurrency=2))
+    await asyncio.wait_for(started.wait(), 30)
+    runner.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await runner
+    assert cancelled == ["task-0"]  # already cancelled when run() returned, not later
+    assert await consumer.raw.committed(TopicPartition(consumer.topics[0], 0)) is None
+    await consumer.close()
+    assert await read_topic(kafka_config, "dlq") == []
