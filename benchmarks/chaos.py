@@ -1,0 +1,811 @@
+"""Chaos run: the real stack trains while a seeded schedule breaks it; then the log is audited.
+
+    flock /tmp/rollway-heavy.lock .venv/bin/python benchmarks/chaos.py            # full schedule
+    flock /tmp/rollway-heavy.lock .venv/bin/python benchmarks/chaos.py --short    # the test suite's
+
+Everything is a real process: a 3-node Kafka (``rollway.broker.LocalKafka``, RF 3,
+min.insync.replicas 2, passed to the components as ``KAFKA_BOOTSTRAP_SERVERS`` the way a
+user points ``rollway`` at an external cluster), and ``rollway sandbox``, ``rollway
+feeder``, two ``rollway sampler`` and ``rollway trainer`` (weights through the syncer
+into the file object store ``rollway up`` uses, ``file://``). Samplers run the timing
+engine: tokens are drawn, not computed, so two shared cores can run two samplers, the
+sandbox's real bwrap grading, the trainer's real step on the tiny model and three
+brokers at once; everything after the engine (agent loop, sandbox calls, chunks,
+rewards, the weight subscriber fetching, verifying and applying versions) is the real
+path. (TorchEngine on the tiny model would spend the cores on generating text the
+sandbox rejects, and slow every fault's recovery, without exercising anything the
+faults attack.)
+
+Faults (``--short`` runs the first four; the order after ``garbage`` is shuffled by
+``--seed``):
+
+* ``garbage``: undecodable records into every topic (first, so every reader that
+  restarts later meets them);
+* ``sampler``: SIGKILL a sampler; while it is down, flip a byte in one stored chunk of
+  the newest delta and truncate the delta manifest of the version before it (the
+  restarted replica's path crosses both), then restart it;
+* ``trainer-checkpoint``: arm the failpoint ``checkpoint.before_rename`` (bus/failpoints),
+  SIGKILL the trainer when it hangs there (checkpoint files written, not renamed in),
+  restart it;
+* ``trainer-freeze``: SIGSTOP the trainer, start a replacement, let it train, SIGCONT
+  the old one: it must stop fenced (exit 4) without logging anything;
+* ``trainer-publish``: as ``trainer-checkpoint`` at ``weights.before_announce`` (the
+  version's objects and manifest stored, not announced);
+* ``sandbox``, ``feeder``: SIGKILL, restart;
+* ``broker``: SIGKILL one of the three brokers, train on with two, restart it.
+
+After each fault the run waits for training to progress (``--progress-steps`` new
+steps). Then the feeder stops, the stack drains (every issued group ends), samplers
+settle on the newest version, everything stops, and the audit prints one row per
+invariant. Exit 0 only when every invariant holds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from bus import codec  # noqa: E402
+from bus.config import KafkaConfig  # noqa: E402
+from bus.topics import TOPICS  # noqa: E402
+
+FULL_SCHEDULE = ["garbage", "sampler", "trainer-checkpoint", "trainer-freeze", "trainer-publish", "sandbox",
+                 "feeder", "broker"]
+SHORT_SCHEDULE = ["garbage", "sampler", "trainer-checkpoint", "trainer-freeze"]
+# Topics whose garbage a consumer group of the running stack owns and dead-letters
+# (tasks: samplers; trajectories, rewards: the trainer; train-steps: the trainer when it
+# restarts, once across restarts). Garbage on the other topics stays in the log, skipped
+# by the readers this run has without a dead letter: weights (its owner, the evaluator,
+# is not run here; samplers read it without a group, so a letter per replica would say
+# nothing), health, metrics, evals (views: the trainer's health follower, `rollway up`'s
+# view, reports), and the dlq itself (garbage there is its own letter). The audit
+# counts those per topic and checks they are still in the log.
+DEAD_LETTERED_TOPICS = ("tasks", "trajectories", "rewards", "train-steps")
+GARBAGE_PER_TOPIC = 2
+MODEL_NAME = "chaos"
+
+
+def stack_config(work: Path, prefix: str, model: Path, sandbox_port: int, seed: int) -> str:
+    return f"""
+model_name = "{MODEL_NAME}"
+[logging]
+level = "info"
+[kafka]
+topic_prefix = "{prefix}"
+request_timeout_ms = 10000
+[kafka.partitions]
+tasks = 4
+trajectories = 3
+rewards = 3
+health = 1
+metrics = 1
+[kafka.handler_retry]
+window_s = 60.0
+[syncer]
+store_url = "file://{work}/weights"
+keyframe_every = 4
+retry_delay_s = 1.0
+[sampler]
+engine = "timing"
+model_path = "{model}"
+sandbox_url = "http://127.0.0.1:{sandbox_port}"
+max_model_len = 1024
+max_turns = 3
+max_tokens_per_turn = 48
+max_total_tokens = 640
+max_tasks_in_flight = 2
+heartbeat_interval_s = 1.0
+consumer_session_timeout_ms = 6000
+[sampler.timing]
+tokens_per_s = 100.0
+median_tokens = 24
+submit_probability = 0.5
+seed = {seed}
+[sandbox]
+port = {sandbox_port}
+tasks_dir = "{REPO}/tasks/demo"
+[reward]
+# Nothing solves a demo task here; a length penalty makes a group's rewards differ, so
+# groups are trained instead of dropped for zero variance.
+length_penalty_per_token = 0.001
+length_penalty_in_unconstrained = true
+[trainer]
+model_path = "{model}"
+checkpoint_dir = "{work}/checkpoints"
+groups_per_step = 1
+checkpoint_every = 2
+keep_checkpoints = 3
+publish_every = 1
+max_staleness = 4
+num_threads = 1
+session_timeout_ms = 6000
+held_drops_max_s = 5.0
+learning_rate = 1e-3
+muon_learning_rate = 1e-3
+[feeder]
+tasks_dir = "{REPO}/tasks/demo"
+group_size = 2
+groups_per_second = 1.0
+max_outstanding_groups = 4
+seed = {seed}
+"""
+
+
+# -- processes ---------------------------------------------------------------------------------
+
+@dataclass
+class Component:
+    name: str
+    argv: list[str]
+    env: dict[str, str] = field(default_factory=dict)
+    proc: subprocess.Popen | None = None
+    log: Path | None = None
+    starts: int = 0
+
+
+class Stack:
+    """The components as child processes; each start logs to ``logs/<name>.<n>.log``."""
+
+    def __init__(self, work: Path, config: Path, bootstrap: str) -> None:
+        self.work = work
+        self.config = config
+        self.logs = work / "logs"
+        self.logs.mkdir(parents=True, exist_ok=True)
+        self.env = {**os.environ, "KAFKA_BOOTSTRAP_SERVERS": bootstrap, "PYTHONUNBUFFERED": "1"}
+        self.components: dict[str, Component] = {}
+        self.retired: list[tuple[str, subprocess.Popen, Path]] = []  # processes replaced or killed
+
+    def add(self, name: str, argv: list[str], env: dict[str, str] | None = None) -> Component:
+        comp = Component(name, argv, env or {})
+        self.components[name] = comp
+        return comp
+
+    def start(self, name: str, extra_env: dict[str, str] | None = None) -> subprocess.Popen:
+        comp = self.components[name]
+        comp.starts += 1
+        comp.log = self.logs / f"{name}.{comp.starts}.log"
+        env = {**self.env, "ROLLWAY_REPLICA_ID": name, **comp.env, **(extra_env or {})}
+        with open(comp.log, "wb") as out:
+            comp.proc = subprocess.Popen([sys.executable, "-m", "rollway.cli", "--config", str(self.config),
+                                          *comp.argv], cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT)
+        return comp.proc
+
+    def signal(self, name: str, sig: int) -> None:
+        comp = self.components[name]
+        assert comp.proc is not None
+        comp.proc.send_signal(sig)
+
+    def retire(self, name: str) -> subprocess.Popen:
+        """Forget the running process of ``name`` (killed or left to be fenced)."""
+        comp = self.components[name]
+        assert comp.proc is not None and comp.log is not None
+        self.retired.append((name, comp.proc, comp.log))
+        proc, comp.proc = comp.proc, None
+        return proc
+
+    def kill(self, name: str) -> None:
+        self.signal(name, signal.SIGKILL)
+        self.retire(name).wait(30)
+
+    def check_alive(self) -> None:
+        for comp in self.components.values():
+            if comp.proc is not None and comp.proc.poll() is not None:
+                raise ChaosError(f"{comp.name} exited with {comp.proc.returncode} unasked; "
+                                 f"log {comp.log}:\n{tail(comp.log)}")
+
+    def stop_all(self, grace: float = 60.0) -> dict[str, int | None]:
+        order = [["feeder"], [n for n in self.components if n.startswith("sampler")], ["trainer"], ["sandbox"]]
+        codes: dict[str, int | None] = {}
+        for names in order:
+            live = [self.components[n] for n in names if n in self.components and self.components[n].proc]
+            for comp in live:
+                if comp.proc.poll() is None:
+                    comp.proc.send_signal(signal.SIGTERM)
+            for comp in live:
+                try:
+                    codes[comp.name] = comp.proc.wait(grace)
+                except subprocess.TimeoutExpired:
+                    comp.proc.kill()
+                    codes[comp.name] = comp.proc.wait(30)
+        return codes
+
+    def kill_everything(self) -> None:
+        procs = [c.proc for c in self.components.values() if c.proc is not None]
+        procs += [p for _, p, _ in self.retired]
+        for proc in procs:
+            if proc.poll() is None:
+                try:
+                    proc.send_signal(signal.SIGCONT)
+                    proc.kill()
+                    proc.wait(30)
+                except (ProcessLookupError, subprocess.TimeoutExpired):
+                    pass
+
+
+class ChaosError(RuntimeError):
+    """The run could not go on (a component died unasked, a wait timed out)."""
+
+
+def tail(path: Path | None, lines: int = 30) -> str:
+    if path is None or not path.exists():
+        return "(no log)"
+    return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+
+
+def log_events(path: Path | None, event: str) -> list[dict]:
+    if path is None or not path.exists():
+        return []
+    out = []
+    for line in path.read_text(errors="replace").splitlines():
+        try:
+            item = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(item, dict) and item.get("event") == event:
+            out.append(item)
+    return out
+
+
+# -- reading the log ---------------------------------------------------------------------------
+
+def logged_steps(kafka: KafkaConfig) -> int:
+    """Steps in the train-step log (committed entries only)."""
+    from trainer.steplog import read_step_log
+
+    return len(asyncio.run(read_step_log(kafka)))
+
+
+def decoded(kafka: KafkaConfig, short: str) -> list:
+    """The events of a topic that decode (the injected garbage is skipped)."""
+    return [event for _, event in decoded_records(kafka, short)]
+
+
+def decoded_records(kafka: KafkaConfig, short: str) -> list:
+    from bus.reader import read_topic_records
+
+    out = []
+    for rec in asyncio.run(read_topic_records(kafka, kafka.topic_prefix + short)):
+        try:
+            out.append((rec, codec.decode(rec.value, rec.headers)))
+        except codec.DecodeFailure:
+            continue
+    return out
+
+
+def weight_versions(kafka: KafkaConfig) -> list:
+    from schemas import WeightVersion
+
+    return [e for e in decoded(kafka, "weights") if isinstance(e, WeightVersion)]
+
+
+def latest_heartbeats(kafka: KafkaConfig) -> dict:
+    from schemas import Heartbeat
+
+    return {e.replica_id: e for e in decoded(kafka, "health") if isinstance(e, Heartbeat)}
+
+
+def wait_for(what: str, check, timeout: float, stack: Stack, poll: float = 2.0):
+    deadline = time.monotonic() + timeout
+    while True:
+        stack.check_alive()
+        value = check()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise ChaosError(f"timed out after {timeout:.0f} s waiting for {what}")
+        time.sleep(poll)
+
+
+# -- faults ------------------------------------------------------------------------------------
+
+@dataclass
+class FaultRow:
+    fault: str
+    detail: str = ""
+    steps_before: int = 0
+    steps_after: int = 0
+    recovery_s: float = 0.0
+    ok: bool = False
+
+
+@dataclass
+class Injected:
+    """What the driver put into the log and got acknowledged (acks=all)."""
+
+    garbage: dict[str, list[tuple[int, int, bytes]]] = field(default_factory=dict)  # topic -> (partition, offset, value)
+    zombie_exit: int | None = None
+    zombie_log: Path | None = None
+
+
+class Chaos:
+    def __init__(self, args: argparse.Namespace, stack: Stack, kafka: KafkaConfig, cluster, failpoints: Path) -> None:
+        self.args = args
+        self.stack = stack
+        self.kafka = kafka
+        self.cluster = cluster
+        self.failpoints = failpoints
+        self.rng = random.Random(args.seed)
+        self.injected = Injected()
+        self.rows: list[FaultRow] = []
+
+    def progress(self, row: FaultRow, started: float) -> None:
+        """Wait for ``--progress-steps`` steps beyond ``row.steps_before``."""
+        want = row.steps_before + self.args.progress_steps
+        row.steps_after = wait_for(f"step {want} after fault {row.fault}",
+                                   lambda: (n := logged_steps(self.kafka)) >= want and n,
+                                   self.args.fault_timeout, self.stack)
+        row.recovery_s = time.monotonic() - started
+        row.ok = True
+
+    def run(self, name: str) -> FaultRow:
+        row = FaultRow(name, steps_before=logged_steps(self.kafka))
+        started = time.monotonic()
+        print(f"[{time.strftime('%H:%M:%S')}] fault {name} at step {row.steps_before}", flush=True)
+        getattr(self, "fault_" + name.replace("-", "_"))(row)
+        self.progress(row, started)
+        print(f"[{time.strftime('%H:%M:%S')}]   {row.detail}; step {row.steps_after} after "
+              f"{row.recovery_s:.0f} s", flush=True)
+        self.rows.append(row)
+        return row
+
+    # Each fault leaves the stack running again; run() then waits for progress.
+    def fault_garbage(self, row: FaultRow) -> None:
+        from aiokafka import AIOKafkaProducer
+
+        rng = random.Random(self.args.seed + 1)
+
+        async def produce() -> None:
+            producer = AIOKafkaProducer(bootstrap_servers=self.kafka.bootstrap_servers, acks="all",
+                                        enable_idempotence=True)
+            await producer.start()
+            try:
+                for short in TOPICS:
+                    topic = self.kafka.topic_prefix + short
+                    for i in range(GARBAGE_PER_TOPIC):
+                        value = bytes(rng.randrange(256) for _ in range(rng.randrange(1, 64)))
+                        # A key: health is compacted (no null keys), and keys spread partitions.
+                        meta = await producer.send_and_wait(topic, value, key=f"chaos-garbage-{i}".encode())
+                        self.injected.garbage.setdefault(short, []).append((meta.partition, meta.offset, value))
+            finally:
+                await producer.stop()
+
+        asyncio.run(produce())
+        row.detail = f"{GARBAGE_PER_TOPIC} undecodable records into each of {len(TOPICS)} topics"
+
+    def fault_sampler(self, row: FaultRow) -> None:
+        name = self.rng.choice([n for n in self.stack.components if n.startswith("sampler")])
+        self.stack.kill(name)
+        # While it is down: two new versions, then damage the store on its way back.
+        have = len(weight_versions(self.kafka))
+        wait_for("two versions published with a sampler down",
+                 lambda: len(weight_versions(self.kafka)) >= have + 2, self.args.fault_timeout, self.stack)
+        damaged = damage_store(self.stack.work / "weights" / MODEL_NAME, self.rng)
+        self.stack.start(name)
+        row.detail = f"SIGKILL {name}; {damaged}; restarted"
+
+    def _trainer_at_failpoint(self, row: FaultRow, point: str) -> None:
+        comp = self.stack.components["trainer"]
+        self.failpoints.write_text(point + "\n")
+        try:
+            wait_for(f"the trainer at failpoint {point}",
+                     lambda: any(e.get("failpoint") == point for e in log_events(comp.log, "failpoint reached")),
+                     self.args.fault_timeout, self.stack, poll=0.5)
+        finally:
+            self.failpoints.write_text("")
+        self.stack.kill("trainer")
+        self.stack.start("trainer")
+        row.detail = f"SIGKILL trainer at {point}; restarted"
+
+    def fault_trainer_checkpoint(self, row: FaultRow) -> None:
+        self._trainer_at_failpoint(row, "checkpoint.before_rename")
+
+    def fault_trainer_publish(self, row: FaultRow) -> None:
+        self._trainer_at_failpoint(row, "weights.before_announce")
+
+    def fault_trainer_freeze(self, row: FaultRow) -> None:
+        self.stack.signal("trainer", signal.SIGSTOP)
+        zombie_log = self.stack.components["trainer"].log
+        zombie = self.stack.retire("trainer")
+        frozen_at = logged_steps(self.kafka)
+        self.stack.start("trainer")
+        wait_for("the replacement trainer to log steps", lambda: logged_steps(self.kafka) >= frozen_at + 2,
+                 self.args.fault_timeout, self.stack)
+        zombie.send_signal(signal.SIGCONT)
+        try:
+            self.injected.zombie_exit = zombie.wait(self.args.fault_timeout)
+        except subprocess.TimeoutExpired:
+            zombie.kill()
+            self.injected.zombie_exit = zombie.wait(30)
+        self.injected.zombie_log = zombie_log
+        row.detail = (f"SIGSTOP trainer, replacement trained, SIGCONT: old one exited "
+                      f"{self.injected.zombie_exit}")
+
+    def fault_sandbox(self, row: FaultRow) -> None:
+        self.stack.kill("sandbox")
+        time.sleep(self.rng.uniform(1.0, 4.0))  # samplers meet a refused connection meanwhile
+        self.stack.start("sandbox")
+        row.detail = "SIGKILL sandbox; restarted"
+
+    def fault_feeder(self, row: FaultRow) -> None:
+        self.stack.kill("feeder")
+        time.sleep(self.rng.uniform(1.0, 3.0))
+        self.stack.start("feeder")
+        row.detail = "SIGKILL feeder; restarted"
+
+    def fault_broker(self, row: FaultRow) -> None:
+        from rollway.broker import pid_alive
+
+        node = self.rng.choice(self.cluster.state.nodes)
+        os.kill(node.pid, signal.SIGKILL)
+        wait_for("the broker to die", lambda: not pid_alive(node.pid), 30, self.stack, poll=0.2)
+        # Train on with two brokers (min.insync.replicas 2), then bring it back.
+        before = row.steps_before
+        wait_for("steps with one broker down", lambda: logged_steps(self.kafka) >= before + 1,
+                 self.args.fault_timeout, self.stack)
+        self.cluster.restart_node(node.node_id, timeout=180)
+        row.detail = f"SIGKILL broker {node.node_id}; trained on two; restarted"
+
+
+def damage_store(root: Path, rng: random.Random) -> str:
+    """Flip a byte in one chunk of the newest delta and truncate the delta manifest of
+    the version before it."""
+    manifests = sorted((root / "manifests").glob("v*-delta.json"))
+    if len(manifests) < 2:
+        return "store not damaged (fewer than two deltas)"
+    newest, previous = manifests[-1], manifests[-2]
+    version = newest.name.split("-")[0]
+    chunks = sorted(p for p in (root / "chunks").glob(f"{version}-delta/**/*") if p.is_file())
+    chunk = rng.choice(chunks)
+    data = bytearray(chunk.read_bytes())
+    data[rng.randrange(len(data))] ^= 0xFF
+    chunk.write_bytes(bytes(data))
+    text = previous.read_bytes()
+    previous.write_bytes(text[: len(text) // 2])
+    return (f"flipped a byte of {chunk.relative_to(root)}, truncated {previous.relative_to(root)} "
+            f"to {len(text) // 2} of {len(text)} bytes")
+
+
+# -- acknowledged writes through the whole run -------------------------------------------------
+
+class Canary:
+    """Publishes a ``Metrics`` event every ``interval`` seconds (acks=all) from its own
+    thread for the whole run, faults included, and keeps where each acknowledged one
+    landed: the audit reads every one back."""
+
+    def __init__(self, kafka: KafkaConfig, interval: float = 0.5) -> None:
+        import threading
+
+        self.kafka = kafka
+        self.interval = interval
+        self.acked: list[tuple[int, int, bytes]] = []  # partition, offset, value
+        self.failed = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=lambda: asyncio.run(self._run()), name="canary", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(60)
+
+    async def _run(self) -> None:
+        from aiokafka import AIOKafkaProducer
+
+        from schemas import Metrics
+
+        producer = AIOKafkaProducer(bootstrap_servers=self.kafka.bootstrap_servers, acks="all",
+                                    enable_idempotence=True, request_timeout_ms=10_000)
+        await producer.start()
+        topic = self.kafka.topic_prefix + "metrics"
+        seq = 0
+        try:
+            while not self._stop.is_set():
+                value, headers = codec.encode(Metrics(source="chaos-canary", step=seq, values={"seq": float(seq)},
+                                                      created_at=time.time()))
+                try:
+                    meta = await producer.send_and_wait(topic, value, key=b"chaos-canary", headers=headers)
+                    self.acked.append((meta.partition, meta.offset, value))
+                except Exception:  # not acknowledged (a broker just died): promises nothing
+                    self.failed += 1
+                seq += 1
+                await asyncio.sleep(self.interval)
+        finally:
+            await producer.stop()
+
+
+# -- drain and audit ---------------------------------------------------------------------------
+
+@dataclass
+class Invariant:
+    name: str
+    ok: bool
+    detail: str
+
+
+def drain(stack: Stack, kafka: KafkaConfig, timeout: float) -> tuple[object, float]:
+    """Stop the feeder, then wait until every issued group has ended (or ``timeout``)."""
+    from trainer.audit import audit_groups
+
+    started = time.monotonic()
+    stack.signal("feeder", signal.SIGTERM)
+    stack.retire("feeder").wait(60)
+    result = None
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        stack.check_alive()
+        result = asyncio.run(audit_groups(kafka))
+        if not result.unaccounted:
+            break
+        time.sleep(3)
+    return result, time.monotonic() - started
+
+
+def samplers_settled(kafka: KafkaConfig, names: list[str]):
+    """(newest announced version, {replica: heartbeat}) once every sampler reports it with
+    the announced hash; None before."""
+    versions = weight_versions(kafka)
+    if not versions:
+        return None
+    newest = max(versions, key=lambda v: v.version)
+    beats = latest_heartbeats(kafka)
+    mine = {n: beats.get(n) for n in names}
+    if all(b is not None and b.weight_version == newest.version
+           and b.details.get("weights_hash") == newest.weights_hash for b in mine.values()):
+        return newest, mine
+    return None
+
+
+def read_records(kafka: KafkaConfig, short: str) -> dict[tuple[int, int], object]:
+    from bus.reader import read_topic_records
+
+    records = asyncio.run(read_topic_records(kafka, kafka.topic_prefix + short))
+    return {(r.partition, r.offset): r for r in records}
+
+
+def audit(args, stack: Stack, kafka: KafkaConfig, chaos: Chaos, canary: Canary, group_audit, drained_s: float,
+          settled, stop_codes: dict) -> list[Invariant]:
+    from schemas import DeadLetter
+    from trainer.steplog import read_step_log
+
+    out: list[Invariant] = []
+
+    # 1. Every logged step re-executes to its logged hash.
+    steps = asyncio.run(read_step_log(kafka))
+    replay = subprocess.run([sys.executable, "-m", "rollway.cli", "--config", str(stack.config), "replay",
+                             "--from-step", "1", "--verify", "--no-checkpoint", "--json"],
+                            cwd=REPO, env=stack.env, capture_output=True, text=True, timeout=1200)
+    rows = [json.loads(line) for line in replay.stdout.splitlines() if line.startswith("{")]
+    matched = sum(1 for r in rows if r["match"])
+    out.append(Invariant("every TrainStep re-executes to its hash (rollway replay --verify, all steps)",
+                         replay.returncode == 0 and matched == len(steps) > 0,
+                         f"{matched}/{len(steps)} steps match, exit {replay.returncode}"
+                         + (f": {replay.stderr.strip()[-300:]}" if replay.returncode else "")))
+
+    # 2. Nothing trained twice; every issued group ended, trained or dropped with a reason.
+    trajectories = [t.trajectory_id for s in steps.values() for t in s.event.trajectories]
+    twice = len(trajectories) - len(set(trajectories))
+    out.append(Invariant("no trajectory trained twice", twice == 0,
+                         f"{len(trajectories)} trained, {twice} twice"))
+    ga = group_audit
+    dropped = ", ".join(f"{k} {v}" for k, v in sorted(ga.dropped.items())) or "none"
+    out.append(Invariant("no group ended twice (rollway audit)", not ga.ended_twice and not ga.not_issued,
+                         f"{len(ga.ended_twice)} ended twice, {len(ga.not_issued)} ended but never issued"))
+    out.append(Invariant("every issued group trained or dropped with a reason (rollway audit)",
+                         not ga.unaccounted,
+                         f"issued {ga.issued}: trained {ga.trained}, dropped {dropped}, dead-lettered "
+                         f"{ga.dead_lettered}, unaccounted {len(ga.unaccounted)} (drain {drained_s:.0f} s)"))
+
+    # 3. Every acknowledged write is still in the log, byte for byte.
+    metrics = read_records(kafka, "metrics")
+    lost = [(p, o) for p, o, v in canary.acked if getattr(metrics.get((p, o)), "value", None) != v]
+    garbage_lost = []
+    for short, items in chaos.injected.garbage.items():
+        records = metrics if short == "metrics" else read_records(kafka, short)
+        garbage_lost += [(short, p, o) for p, o, v in items if getattr(records.get((p, o)), "value", None) != v]
+    out.append(Invariant("every acknowledged event still in the log",
+                         not lost and not garbage_lost and len(canary.acked) > 0,
+                         f"{len(canary.acked)} canaries acked ({canary.failed} not acked), {len(lost)} missing; "
+                         f"{sum(map(len, chaos.injected.garbage.values()))} garbage records acked, "
+                         f"{len(garbage_lost)} missing; every record a step names was re-read by the replay"))
+
+    # 4. The dead-letter topic holds exactly the injected garbage.
+    injected = {(short, p, o) for short, items in chaos.injected.garbage.items() for p, o, _ in items}
+    prefix = kafka.topic_prefix
+    sources: dict[tuple[str, int, int], int] = {}
+    undecodable = set()
+    for (p, o), rec in read_records(kafka, "dlq").items():
+        try:
+            letter = codec.decode(rec.value, rec.headers, DeadLetter)
+        except codec.DecodeFailure:
+            undecodable.add(("dlq", p, o))
+            continue
+        key = (letter.topic.removeprefix(prefix), letter.partition, letter.offset)
+        sources[key] = sources.get(key, 0) + 1
+    foreign = sorted(k for k in sources if k not in injected)
+    expected = {k for k in injected if k[0] in DEAD_LETTERED_TOPICS}
+    missing = sorted(expected - set(sources))
+    dlq_garbage = {k for k in injected if k[0] == "dlq"}
+    repeats = sum(n - 1 for n in sources.values())
+    per_topic = []
+    for short in TOPICS:
+        n = sum(1 for k in injected if k[0] == short)
+        got = sum(1 for k in sources if k[0] == short and k in injected)
+        per_topic.append(f"{short} {got}/{n}" + ("" if short in DEAD_LETTERED_TOPICS else "*"))
+    out.append(Invariant("dead-letter topic holds exactly the injected garbage",
+                         not foreign and not missing and undecodable == dlq_garbage,
+                         f"dead-lettered/injected per topic: {', '.join(per_topic)} (* no dead-lettering "
+                         f"reader: kept in the log); {len(foreign)} real records dead-lettered {foreign[:3]}; "
+                         f"{len(missing)} garbage not dead-lettered {missing[:3]}; {repeats} repeated letters "
+                         f"(same source, deduplicated)"))
+
+    # 5. Samplers end on the newest version with the announced hash.
+    if settled:
+        newest, beats = settled
+        detail = f"v{newest.version} {newest.weights_hash[:12]} on " + ", ".join(
+            f"{n} (updates {b.updates_applied}, weight failures {b.details.get('weight_failures')})"
+            for n, b in beats.items())
+    else:
+        detail = "samplers did not report the newest version with its hash"
+    out.append(Invariant("samplers end on the newest version with the announced hash", bool(settled), detail))
+
+    # 6. Training progressed after every fault; the frozen trainer was fenced.
+    done = [r for r in chaos.rows if r.ok]
+    out.append(Invariant("training progressed after every fault",
+                         len(done) == len(args.schedule) and all(r.steps_after > r.steps_before for r in done),
+                         f"{len(done)}/{len(args.schedule)} faults followed by new steps"))
+    if "trainer-freeze" in args.schedule:
+        inj = chaos.injected
+        fenced_lines = [e for e in log_events(inj.zombie_log, "trainer stopped: not the only writer")]
+        out.append(Invariant("the woken trainer was fenced (exit 4, nothing logged)",
+                             inj.zombie_exit == 4 and bool(fenced_lines),
+                             f"exit {inj.zombie_exit}; "
+                             + (fenced_lines[0].get("error", "").split(";")[0] if fenced_lines else "no fenced line")))
+    out.append(Invariant("every component stops cleanly on SIGTERM (exit 0)",
+                         all(c == 0 for c in stop_codes.values()),
+                         ", ".join(f"{n} {c}" for n, c in stop_codes.items())))
+    return out
+
+
+def cpu_name() -> str:
+    try:
+        out = subprocess.run(["lscpu"], capture_output=True, text=True, check=True).stdout
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown CPU"
+    name = next((line.split(":", 1)[1].strip() for line in out.splitlines() if line.startswith("Model name")), "?")
+    return name
+
+
+def print_tables(args, chaos: Chaos, invariants: list[Invariant], load_before: str, elapsed: float) -> None:
+    print(f"\nchaos run: seed {args.seed}, schedule {' '.join(args.schedule)}; {elapsed:.0f} s; "
+          f"CPU {cpu_name()}, {os.cpu_count()} cores; load average before {load_before}, "
+          f"after {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+    print("\n| fault | what happened | steps before -> after | recovery s |")
+    print("|---|---|---|---|")
+    for r in chaos.rows:
+        print(f"| {r.fault} | {r.detail} | {r.steps_before} -> {r.steps_after} | {r.recovery_s:.0f} |")
+    print("\n| invariant | holds | detail |")
+    print("|---|---|---|")
+    for inv in invariants:
+        print(f"| {inv.name} | {'yes' if inv.ok else 'NO'} | {inv.detail} |")
+    print(f"\n{sum(i.ok for i in invariants)}/{len(invariants)} invariants hold", flush=True)
+
+
+def main(args: argparse.Namespace) -> int:
+    from bus import ensure_topics
+    from rollway.broker import LocalKafka, free_ports
+    from rollway.logging import configure_logging
+    from sampler.tiny_model import tiny_model_dir
+
+    # The driver's own readers meet the injected garbage on every read: errors only.
+    configure_logging("chaos", level="critical")
+
+    load_before = " ".join(f"{x:.2f}" for x in os.getloadavg())
+    t0 = time.monotonic()
+    work = Path(args.work_dir or tempfile.mkdtemp(prefix="rollway-chaos-")).resolve()
+    work.mkdir(parents=True, exist_ok=True)
+    print(f"chaos run in {work} (logs in {work}/logs)", flush=True)
+    cluster = LocalKafka(work / "kafka", nodes=3, heap=args.broker_heap)
+    stack: Stack | None = None
+    canary: Canary | None = None
+    try:
+        bootstrap = cluster.start(timeout=240)
+        prefix = f"chaos{uuid.uuid4().hex[:6]}."
+        config = work / "rollway.toml"
+        config.write_text(stack_config(work, prefix, tiny_model_dir(), free_ports(1)[0], args.seed))
+        from rollway.config import load_config
+
+        kafka = load_config(str(config), environ={}).kafka
+        kafka.bootstrap_servers = bootstrap
+        asyncio.run(ensure_topics(kafka))
+        failpoints = work / "failpoints"
+        failpoints.write_text("")
+        stack = Stack(work, config, bootstrap)
+        stack.add("sandbox", ["sandbox"])
+        stack.add("trainer", ["trainer"], {"ROLLWAY_FAILPOINTS": f"@{failpoints}"})
+        for i in range(2):
+            stack.add(f"sampler-{i}", ["sampler"])
+        stack.add("feeder", ["feeder"])
+        for name in stack.components:
+            stack.start(name)
+        canary = Canary(kafka)
+        canary.start()
+        chaos = Chaos(args, stack, kafka, cluster, failpoints)
+        wait_for(f"{args.warmup_steps} steps before the first fault",
+                 lambda: logged_steps(kafka) >= args.warmup_steps, args.fault_timeout * 2, stack)
+        for name in args.schedule:
+            try:
+                chaos.run(name)
+            except ChaosError as exc:  # audit what there is: the table says which fault failed
+                print(f"fault {name} failed: {exc}", flush=True)
+                chaos.rows.append(FaultRow(name, detail=f"FAILED: {str(exc)[:300]}"))
+                break
+        group_audit, drained_s = drain(stack, kafka, args.drain_timeout)
+        samplers = [n for n in stack.components if n.startswith("sampler")]
+        try:
+            settled = wait_for("samplers on the newest version", lambda: samplers_settled(kafka, samplers),
+                               args.fault_timeout, stack)
+        except ChaosError as exc:
+            print(exc, flush=True)
+            settled = None
+        canary.stop()
+        stop_codes = stack.stop_all()
+        invariants = audit(args, stack, kafka, chaos, canary, group_audit, drained_s, settled, stop_codes)
+        print_tables(args, chaos, invariants, load_before, time.monotonic() - t0)
+        return 0 if all(i.ok for i in invariants) else 1
+    except ChaosError as exc:
+        print(f"chaos run failed: {exc}", flush=True)
+        return 1
+    finally:
+        if canary is not None:
+            canary.stop()
+        if stack is not None:
+            stack.kill_everything()
+        cluster.stop()
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--short", action="store_true", help=f"the test suite's schedule: {' '.join(SHORT_SCHEDULE)}")
+    p.add_argument("--schedule", help="comma-separated faults (default: all, shuffled after garbage)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--work-dir", help="keep everything here (default: a new temp folder)")
+    p.add_argument("--warmup-steps", type=int, default=2)
+    p.add_argument("--progress-steps", type=int, default=2, help="new steps that count as progress after a fault")
+    p.add_argument("--fault-timeout", type=float, default=240.0, help="seconds for each wait")
+    p.add_argument("--drain-timeout", type=float, default=180.0)
+    p.add_argument("--broker-heap", default="384m")
+    args = p.parse_args(argv)
+    if args.schedule:
+        args.schedule = [s.strip() for s in args.schedule.split(",") if s.strip()]
+        unknown = set(args.schedule) - set(FULL_SCHEDULE)
+        if unknown:
+            p.error(f"unknown faults {sorted(unknown)}; known: {FULL_SCHEDULE}")
+    else:
+        base = SHORT_SCHEDULE if args.short else FULL_SCHEDULE
+        rest = base[1:]
+        random.Random(args.seed).shuffle(rest)
+        args.schedule = base[:1] + rest
+    return args
+
+
+if __name__ == "__main__":
+    sys.exit(main(parse_args()))
