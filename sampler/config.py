@@ -63,7 +63,7 @@ class SamplerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     # Where kept sets come from: "auto" (native sampling mask when the installed vLLM
     # supports it on this platform, else processed logprobs), "native", "logprobs".
     kept_set_source: Literal["auto", "native", "logprobs"] = "auto"
-    # Kept sets are read from the top (cap + 1) processed log-probs; larger sets are
+    # Kept sets are read from the top (cap + 1) processed log-probs (or the native mask); larger sets are
     # cut to the cap and flagged per token (TrajectoryChunk.kept_capped).
     kept_set_cap: int = 64
     # Record MoE routed experts when the model is MoE and the engine offers them.

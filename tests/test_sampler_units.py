@@ -13,7 +13,7 @@ import torch
 from sampler import tool_format as fmt
 from sampler.engine import SampledToken
 from sampler.recorder import ChunkTooLarge, TrajectoryIdentity, TrajectoryRecorder
-from sampler.sampling import SamplingParams, kept_set_from_row, kept_set_from_topk, processed_logprobs
+from sampler.sampling import SamplingParams, kept_set_from_row, processed_logprobs
 from schemas import Cost, TrajectoryChunk
 from bus.codec import encode
 
@@ -57,29 +57,52 @@ def test_kept_set_from_row_cap_keeps_the_most_likely_and_the_sampled_token():
     assert np.allclose(capped.logprobs, row[[0, 1, 4]].numpy())
 
 
-def test_kept_set_from_topk_exact_when_the_finite_entries_fit_the_cap():
-    # vLLM lists the sampled token first and again among the top-k.
-    ids = [7, 3, 7, 9, 1]
-    lps = [-1.2, -0.4, -1.2, float("-inf"), float("-inf")]
-    kept = kept_set_from_topk(ids, lps, sampled=7, cap=4)
-    assert kept.ids.tolist() == [3, 7] and not kept.capped
-    assert kept.logprobs.tolist() == pytest.approx([-0.4, -1.2])
+def tap_step(rows: list[list[float]], sampled: list[int], cap: int, wanted=None):
+    """A KeptSetTap's view of one step whose processed log-probs are ``rows``."""
+    from sampler.vllm_kept_sets import KeptSetTap
+
+    req_ids = [f"r{i}" for i in range(len(rows))]
+    tap = KeptSetTap(cap)
+    tap.wanted = set(req_ids if wanted is None else wanted)
+    tap._capture(req_ids, torch.tensor(sampled), torch.tensor(rows, dtype=torch.float32))
+    return tap.step
 
 
-def test_kept_set_from_topk_flags_a_set_that_may_continue_past_the_cap():
-    ids = [50, 1, 2, 3, 4]  # sampled 50 ranked beyond the returned top-4
-    lps = [-6.0, -1.0, -1.5, -2.0, -2.5]
-    kept = kept_set_from_topk(ids, lps, sampled=50, cap=3)
-    assert kept.capped
-    assert kept.ids.tolist() == [1, 2, 3, 50]
-    # cap+1 finite entries among top-(cap+1): capped even when the sampled one is inside
-    kept = kept_set_from_topk([1, 1, 2, 3, 4], [-1.0, -1.0, -1.5, -2.0, -2.5], sampled=1, cap=3)
-    assert kept.capped and kept.ids.tolist() == [1, 2, 3]
+def test_tap_kept_set_exact_when_the_finite_entries_fit_the_cap():
+    inf = float("-inf")
+    step = tap_step([[inf, -0.4, inf, -1.2, inf, inf, inf, inf]], [3], cap=4)
+    lp, kept = step.kept_set("r0", 3)
+    assert kept.ids.tolist() == [1, 3] and not kept.capped and kept.size == 2
+    assert kept.logprobs.tolist() == pytest.approx([-0.4, -1.2]) and lp == pytest.approx(-1.2)
 
 
-def test_kept_set_from_topk_refuses_a_sampled_token_without_finite_log_prob():
-    with pytest.raises(ValueError, match="sampled token 9"):
-        kept_set_from_topk([1, 2, 3, 9], [-1.0, -1.0, -1.0, float("-inf")], sampled=9, cap=2)
+def test_tap_kept_set_flags_a_set_that_continues_past_the_cap():
+    row = [-1.0, -1.5, -2.0, -2.5, -3.0, -6.0, float("-inf"), float("-inf")]
+    step = tap_step([row, row], [5, 0], cap=3)
+    lp, kept = step.kept_set("r0", 5)  # sampled ranked beyond the top cap: appended
+    assert kept.capped and kept.size == -1 and kept.ids.tolist() == [0, 1, 2, 5] and lp == pytest.approx(-6.0)
+    assert kept.logprobs.tolist() == pytest.approx([-1.0, -1.5, -2.0, -6.0])
+    lp, kept = step.kept_set("r1", 0)  # capped also when the sampled one is inside
+    assert kept.capped and kept.ids.tolist() == [0, 1, 2]
+
+
+def test_tap_kept_set_ties_by_id_and_only_wanted_rows():
+    step = tap_step([[-2.0, -1.0, -1.0, -1.0], [-1.0] * 4, [-1.0, -1.0, -2.0, -3.0]], [1, 0, 2], cap=2,
+                    wanted={"r0", "r2"})
+    assert set(step.rows) == {"r0", "r2"}
+    assert step.kept_set("r2", 2)[1].ids.tolist() == [0, 1, 2]
+    assert step.kept_set("r0", 1)[1].ids.tolist() == [1, 2]  # three tied at the border: lowest ids
+    with pytest.raises(RuntimeError, match="did not report"):
+        step.kept_set("r1", 0)
+
+
+def test_tap_refuses_a_token_its_sampler_did_not_draw_or_without_finite_log_prob():
+    inf = float("-inf")
+    step = tap_step([[-1.0, -1.0, -1.0, inf]], [3], cap=2)
+    with pytest.raises(ValueError, match="sampled token 3"):
+        step.kept_set("r0", 3)
+    with pytest.raises(RuntimeError, match="sampler drew 3"):
+        step.kept_set("r0", 1)
 
 
 @pytest.mark.parametrize("kwargs,match", [

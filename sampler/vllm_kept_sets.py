@@ -1,0 +1,125 @@
+"""Kept sets read off vLLM's sampler tensors, one batched pass per step.
+
+On the ``logprobs`` path (vLLM without native sampling masks, i.e. CPU) a token's kept
+set is the finite entries of vLLM's processed log-probs (temperature, top-k, top-p,
+log-softmax; ``logprobs_mode="processed_logprobs"``). Asking vLLM for them as
+``logprobs = cap + 1`` per request made vLLM turn cap + 1 entries per token into Python
+objects (``LogprobsProcessor``) that the engine then turned back into arrays: at batch
+32 on the tiny model that alone cost ~30-45% of plain vLLM's tokens/s.
+
+:class:`KeptSetTap` wraps the sampler's ``sample`` instead (the engine core runs in the
+step thread: ``VLLM_ENABLE_V1_MULTIPROCESSING=0``) and, for the rows of the engine's own
+requests, takes in one batched pass per step the top ``cap + 1`` processed log-probs
+and ids, the number of finite entries over the vocabulary and the sampled token's
+log-prob. vLLM is asked for no log-probs at all. The kept sets are the same as the
+old path's: the finite entries when there are at most ``cap`` of them (or when the top
+``cap + 1`` is the whole vocabulary), else the ``cap`` most likely plus the sampled
+token, flagged capped with size unknown (-1), most likely first, ties by id.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from sampler.sampling import KeptSet
+
+
+@dataclass(slots=True)
+class StepKeptSets:
+    """One step's kept sets for the engine's rows (row r = ``rows[key]``): row r's set is
+    ``ids[r, :lengths[r]]`` with ``logprobs[r, :lengths[r]]``, most likely first, ties by
+    id, a capped set's sampled token last when the cap cut it off."""
+
+    rows: dict[str, int]  # vLLM's internal request id -> row
+    sampled: list[int]  # the token each row sampled
+    sampled_logprobs: list[float]  # its processed log-prob
+    ids: np.ndarray  # int32 [R, k], k = min(cap + 1, vocab)
+    logprobs: np.ndarray  # float32 [R, k]
+    lengths: list[int]
+    capped: list[bool]
+
+    def kept_set(self, key: str, token: int) -> tuple[float, KeptSet]:
+        """(behaviour log-prob, kept set) of the token request ``key`` sampled."""
+        r = self.rows.get(key)
+        if r is None:
+            raise RuntimeError(f"vLLM returned a token for request {key!r} that its sampler did not report")
+        if self.sampled[r] != token:
+            raise RuntimeError(f"vLLM returned token {token} for request {key!r}; its sampler drew {self.sampled[r]}")
+        lp = self.sampled_logprobs[r]
+        if not math.isfinite(lp):
+            raise ValueError(f"sampled token {token} has no finite log-prob in the engine's output")
+        n = self.lengths[r]
+        return lp, KeptSet(self.ids[r, :n], self.capped[r], self.logprobs[r, :n])
+
+    @classmethod
+    def from_top(cls, rows: dict[str, int], sampled: np.ndarray, sampled_logprobs: np.ndarray,
+                 top_ids: np.ndarray, top_logprobs: np.ndarray, cap: int, vocab: int) -> "StepKeptSets":
+        """From each row's top k = min(cap + 1, vocab) processed log-probs (any order),
+        in numpy over the whole step."""
+        order = np.lexsort((top_ids, -top_logprobs), axis=-1)  # most likely first, ties by id, -inf last
+        ids = np.take_along_axis(top_ids, order, axis=-1)
+        lps = np.take_along_axis(top_logprobs, order, axis=-1)
+        finite = np.isfinite(lps).sum(axis=-1)
+        # cap + 1 finite entries: the set may go on past them (unless they are the whole
+        # vocabulary, then every finite entry is here and the set is complete).
+        capped = (finite > cap) & (ids.shape[1] < vocab)
+        in_head = (ids[:, :cap] == sampled[:, None]).any(axis=-1)
+        appended = capped & ~in_head
+        ids[appended, cap] = sampled[appended]
+        lps[appended, cap] = sampled_logprobs[appended]
+        lengths = np.where(capped, np.where(in_head, cap, cap + 1), finite)
+        return cls(rows, sampled.tolist(), sampled_logprobs.tolist(), ids, lps, lengths.tolist(), capped.tolist())
+
+
+class KeptSetTap:
+    """Wraps a vLLM V1 worker's sampler; ``wanted`` holds the internal request ids whose
+    rows to keep, ``step`` the last step's :class:`StepKeptSets` (None before one)."""
+
+    def __init__(self, cap: int) -> None:
+        self.cap = cap
+        self.wanted: set[str] = set()
+        self.step: StepKeptSets | None = None
+
+    def install(self, worker: Any) -> None:
+        """Run on the worker (``LLMEngine.collective_rpc``): wrap its sampler's ``sample``."""
+        runner = getattr(worker, "model_runner", None)
+        sampler = getattr(runner, "sampler", None)
+        if sampler is None or not hasattr(sampler, "sample") or not hasattr(runner, "input_batch"):
+            raise RuntimeError("this vLLM's worker has no model_runner.sampler.sample / input_batch to read "
+                               "kept sets from (vLLM V1 GPUModelRunner layout expected)")
+        original = sampler.sample
+
+        def sample(logits, sampling_metadata, *args, **kwargs):
+            sampled, processed = original(logits, sampling_metadata, *args, **kwargs)
+            # None: an all-greedy batch (greedy kept sets need nothing from here).
+            if processed is not None and self.wanted:
+                self._capture(runner.input_batch.req_ids, sampled, processed)
+            return sampled, processed
+
+        sampler.sample = sample
+
+    def _capture(self, req_ids: list[str], sampled, processed) -> None:
+        import torch
+
+        rows = [i for i, rid in enumerate(req_ids[: processed.shape[0]]) if rid in self.wanted]
+        if not rows:
+            return
+        if len(rows) < processed.shape[0]:
+            index = torch.tensor(rows, dtype=torch.long)
+            processed, sampled = processed.index_select(0, index), sampled.index_select(0, index)
+        drawn = sampled.long()
+        vocab = processed.shape[-1]
+        top_lps, top_ids = processed.topk(min(self.cap + 1, vocab), dim=-1, sorted=False)
+        self.step = StepKeptSets.from_top(
+            {req_ids[i]: r for r, i in enumerate(rows)},
+            drawn.numpy(),
+            processed.gather(1, drawn.unsqueeze(1)).squeeze(1).numpy(),
+            top_ids.to(torch.int32).numpy(),
+            top_lps.numpy(),
+            self.cap,
+            vocab,
+        )
