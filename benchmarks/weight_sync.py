@@ -256,7 +256,9 @@ def print_table(rows: list[Row], params: int, total: int, args) -> None:
         print("| " + " | ".join(cells) + " |")
 
 
-def main(argv: list[str] | None = None) -> int:
+def parser() -> argparse.ArgumentParser:
+    """The arguments, model shape included (``parser().parse_args([])``: the ~125M model;
+    benchmarks/sampler_overhead.py builds the same one)."""
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--vocab", type=int, default=32000)
     p.add_argument("--hidden", type=int, default=768)
@@ -271,7 +273,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--lrs", default="1e-6,1e-5")
     p.add_argument("--threads", type=int, default=2, help="worker threads for the end-to-end run")
     p.add_argument("--small", action="store_true", help="a tiny model: a smoke run in seconds")
-    args = p.parse_args(argv)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
     if args.small:
         args.vocab, args.hidden, args.intermediate, args.layers, args.heads, args.kv_heads = 512, 64, 128, 2, 2, 1
         args.seq = 16
