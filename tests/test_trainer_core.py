@@ -42,6 +42,7 @@ def params(core: TrainCore) -> dict[str, torch.Tensor]:
 
 def test_two_trainers_fed_the_same_batches_are_bit_identical(tiny_model_path, groups):
     a, b = TrainCore(config(tiny_model_path)), TrainCore(config(tiny_model_path))
+    assert a.cfg.replay_precision  # the default: bit-identity holds for the bf16 forward
     batches = [groups[:2], groups[2:], groups[1:3]]
     hashes_a = [a.train_step(g).weights_hash for g in batches]
     hashes_b = [b.train_step(g).weights_hash for g in batches]
