@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any, Literal, Mapping
 
 import msgspec
+import structlog
 
 from bus.config import KafkaConfig
 from rollway.supervisor import RestartPolicy
@@ -34,6 +35,8 @@ from sandbox.config import RewardConfig, SandboxConfig
 from syncer.config import SyncerConfig
 from tasks.config import FeederConfig
 from trainer.config import TrainerConfig
+
+log = structlog.get_logger(__name__)
 
 
 class LoggingConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
@@ -58,6 +61,9 @@ class UpConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
                 or self.solve_window < 1:
             raise ValueError("up: need samplers >= 0, grace_s >= 0, refresh_s > 0, status_every_s > 0, "
                              "solve_window >= 1")
+
+
+_FLOAT_DTYPES = ("bfloat16", "float16", "float32")
 
 
 class RollwayConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
@@ -88,6 +94,13 @@ class RollwayConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
             # a group of one always is, so no step would ever run.
             raise ValueError(f"feeder.group_size = {self.feeder.group_size} cannot train: a group needs at least 2 "
                              "samples for its rewards to differ (the trainer drops groups without reward variance)")
+        trainer = self.trainer
+        if trainer.replay_precision and sampler.dtype in _FLOAT_DTYPES and sampler.dtype != trainer.publish_dtype:
+            # It trains, but precision replay then reproduces a precision the samplers do
+            # not run: the trainer-sampler mismatch grows instead of shrinking.
+            log.warning("precision replay does not match the samplers", sampler_dtype=sampler.dtype,
+                        publish_dtype=trainer.publish_dtype,
+                        hint="set sampler.dtype = trainer.publish_dtype, or trainer.replay_precision = false")
 
 
 class ConfigError(ValueError):

@@ -31,6 +31,27 @@ def test_a_group_of_one_is_refused():
         load_config(None, environ={}, overrides={"feeder": {"group_size": 1}})
 
 
+@pytest.mark.parametrize("sampler_dtype, replay, warned", [
+    ("float32", True, True),     # replays bf16 for a float32 sampler: warned
+    ("float32", False, False),   # replay off: nothing to match
+    ("bfloat16", True, False),   # the default: matches
+    ("auto", True, False),       # the engine decides: cannot be checked here
+])
+def test_precision_replay_that_does_not_match_the_samplers_is_warned(sampler_dtype, replay, warned):
+    from structlog.testing import capture_logs
+
+    with capture_logs() as logs:
+        load_config(None, environ={}, overrides={"sampler": {"dtype": sampler_dtype},
+                                                 "trainer": {"replay_precision": replay}})
+    mismatch = [e for e in logs if e["event"] == "precision replay does not match the samplers"]
+    if warned:
+        assert mismatch == [{"event": "precision replay does not match the samplers", "log_level": "warning",
+                             "sampler_dtype": "float32", "publish_dtype": "bfloat16",
+                             "hint": "set sampler.dtype = trainer.publish_dtype, or trainer.replay_precision = false"}]
+    else:
+        assert mismatch == []
+
+
 def test_the_hash_covers_training_settings_only():
     base = training_config_hash(TrainerConfig())
     assert len(base) == 16
