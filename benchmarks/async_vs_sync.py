@@ -69,6 +69,7 @@ class StepRecord:
     groups: int
     token_staleness_mean: float
     token_staleness_max: float
+    backlog: int  # complete groups still ready when this step began (after its batch was taken)
     # Per group: seconds from its last final chunk (reward time less grading time) to
     # the end of this step (wall clock, as events carry it).
     latencies: list[float] = field(default_factory=list)
@@ -81,9 +82,13 @@ class PacedCore(TrainCore):
         super().__init__(cfg)
         self.step_s = step_s
         self.records: list[StepRecord] = []
+        self.assembler_of = lambda: None  # set by the benchmark: the trainer's assembler, for the backlog
+
 
     def train_step(self, groups, seed=None):
         start = time.monotonic()
+        assembler = self.assembler_of()
+        backlog = len(assembler.ready) if assembler is not None else -1
         result = super().train_step(groups, seed)
         real = time.monotonic() - start
         if real < self.step_s:
@@ -92,7 +97,7 @@ class PacedCore(TrainCore):
         latencies = [now - max(m.reward.created_at - m.reward.grading_seconds for m in g.members) for g in groups]
         self.records.append(StepRecord(start, time.monotonic(), real, len(groups),
                                        result.metrics.get("staleness_mean", 0.0),
-                                       result.metrics.get("staleness_max", 0.0), latencies))
+                                       result.metrics.get("staleness_max", 0.0), backlog, latencies))
         return result
 
 
@@ -159,6 +164,7 @@ async def run_mode(mode: str, args: argparse.Namespace, bootstrap: str, workdir:
                          max_staleness=0 if sync else args.max_staleness, num_threads=1, session_timeout_ms=30_000)
     core = await asyncio.to_thread(PacedCore, tcfg, args.step_s)
     trainer = Trainer(tcfg, kafka, syncer=syncer, model_name="bench", core=core)
+    core.assembler_of = lambda: trainer.assembler
 
     async with EventProducer(kafka, client_id=f"{run_id}-feeder") as feeder:
         await feeder.publish_many([
@@ -185,8 +191,9 @@ async def run_mode(mode: str, args: argparse.Namespace, bootstrap: str, workdir:
         trainer_task = asyncio.create_task(trainer.run())
         sampler_tasks = [asyncio.create_task(s.run(install_signals=False)) for s in services]
         started = time.monotonic()
+        seconds = args.sync_seconds if sync and args.sync_seconds else args.seconds
         try:
-            while time.monotonic() - started < args.seconds:
+            while time.monotonic() - started < seconds:
                 await asyncio.sleep(0.1)
                 samples.append((time.monotonic(), [s.in_flight for s in services]))
                 for t in [trainer_task, *sampler_tasks]:
@@ -225,8 +232,27 @@ async def run_mode(mode: str, args: argparse.Namespace, bootstrap: str, workdir:
         res.replica_idle = statistics.fmean(sum(1 for x in c if x == 0) / len(c) for c in window_samples)
     counters = trainer.assembler.counters if trainer.assembler else {}
     res.dropped_stale = int(counters.get("groups_dropped_stale", 0))
-    res.dropped_other = int(sum(v for k, v in counters.items()
-                                if k.startswith("groups_dropped_") and k != "groups_dropped_stale"))
+    other = {k.removeprefix("groups_dropped_"): int(v) for k, v in counters.items()
+             if k.startswith("groups_dropped_") and k != "groups_dropped_stale" and v}
+    res.dropped_other = sum(other.values())
+    if other:
+        res.notes.append("dropped other: " + ", ".join(f"{k} {v}" for k, v in sorted(other.items())))
+    backlog = [r.backlog for r in inside]
+    if backlog:
+        starved = sum(1 for b in backlog if b < args.groups_per_step)
+        res.notes.append(f"groups ready after taking a batch: median {statistics.median(backlog):g}, "
+                         f"{starved} of {len(backlog)} steps had less than a step's worth ready")
+    # Gap between a step's end and the next one's start: pure overhead (step log
+    # transaction, acks, batch assembly) after a step that began with a full step's
+    # worth still ready; overhead plus waiting for groups otherwise.
+    fed, short = [], []
+    for a, b in zip(records, records[1:]):
+        if w0 <= a.end and b.end <= w1:
+            (fed if a.backlog >= args.groups_per_step else short).append(b.start - a.end)
+    for name, gaps in (("with a step ready", fed), ("without", short)):
+        if gaps:
+            res.notes.append(f"gap between steps {name}: mean {statistics.fmean(gaps):.2f} s "
+                             f"max {max(gaps):.2f} s ({len(gaps)} steps)")
     res.sync_refills = sum(s.sync_gate.refills for s in services if s.sync_gate is not None)
     if args.engine == "vllm" and engines:
         await engines[0].close()
@@ -246,7 +272,8 @@ def cpu_name() -> str:
 def print_table(results: list[ModeResult], args: argparse.Namespace) -> None:
     print(f"\nengine={args.engine} replicas={args.replicas} tasks_in_flight/replica={args.tasks_in_flight} "
           f"group_size={args.group_size} groups_per_step={args.groups_per_step} step_s={args.step_s} "
-          f"max_staleness(async)={args.max_staleness} seconds/mode={args.seconds}")
+          f"max_staleness(async)={args.max_staleness} seconds/mode={args.seconds}"
+          + (f" (sync {args.sync_seconds:g})" if args.sync_seconds else ""))
     print(f"CPU: {cpu_name()}; load average before: {args.load_before}")
     header = ("mode", "window s", "steps", "groups", "groups/min", "trainer busy", "slot idle", "replica idle",
               "staleness mean", "staleness max", "dropped stale", "dropped other", "real step s", "sync refills")
@@ -295,6 +322,8 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--modes", default="sync,async")
     p.add_argument("--engine", choices=("timing", "vllm"), default="timing")
     p.add_argument("--seconds", type=float, default=150.0, help="wall time per mode")
+    p.add_argument("--sync-seconds", type=float, default=0.0,
+                   help="wall time of the sync mode if not --seconds (its steps are rarer: heavy tails gate each)")
     p.add_argument("--replicas", type=int, default=4)
     p.add_argument("--tasks-in-flight", type=int, default=4, help="groups at once per replica")
     p.add_argument("--group-size", type=int, default=4)

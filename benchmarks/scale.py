@@ -70,6 +70,15 @@ def trainer_child(spec_path: str) -> None:
     syncer = msgspec.convert(spec["syncer"], SyncerConfig)
     core = PacedCore(tcfg, 0.0)
     trainer = Trainer(tcfg, kafka, syncer=syncer, model_name="bench", core=core)
+    first_step = Path(spec["out"] + ".first-step")
+    train_step = core.train_step
+
+    def marking_step(groups, seed=None):
+        result = train_step(groups, seed)
+        first_step.touch()  # the parent starts its window once the trainer is consuming
+        return result
+
+    core.train_step = marking_step
 
     async def run() -> None:
         asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, trainer.stop)
@@ -152,12 +161,16 @@ def assignment(service) -> set:
 
 
 async def wait_covered(services, partitions: int, *, need_member=None, timeout: float = 120.0) -> float:
-    """Seconds until the members' assignments cover every task partition (and
-    ``need_member`` holds some); polled every 10 ms."""
+    """Seconds until the group has settled: the members' assignments are disjoint and
+    cover every task partition (and ``need_member`` holds some); polled every 10 ms.
+    Disjoint matters: a member keeps its old assignment until its own rejoin
+    completes, so a union alone can look complete mid-rebalance."""
     t0 = time.monotonic()
     while time.monotonic() - t0 < timeout:
-        union = set().union(*(assignment(s) for s in services))
-        if len(union) == partitions and (need_member is None or assignment(need_member)):
+        held = [assignment(s) for s in services]
+        union = set().union(*held)
+        if len(union) == partitions == sum(len(h) for h in held) \
+                and (need_member is None or assignment(need_member)):
             return time.monotonic() - t0
         await asyncio.sleep(0.01)
     return float("nan")
@@ -231,6 +244,14 @@ async def run_scale(n: int, args: argparse.Namespace, bootstrap: str, workdir: s
         ticking = asyncio.create_task(ticker())
         try:
             result["initial_join_s"] = await wait_covered(services[:n], TASK_PARTITIONS)
+            t_first = time.monotonic()
+            while not Path(str(out_path) + ".first-step").exists():
+                if child.poll() is not None:
+                    raise RuntimeError(f"trainer process exited with {child.returncode} before its first step")
+                if time.monotonic() - t_first > 240:
+                    raise RuntimeError("no trainer step within 240 s")
+                await asyncio.sleep(0.2)
+            result["first_step_s"] = time.monotonic() - t_first
             await asyncio.sleep(args.warmup)
             lags.clear()
             tokens0 = sum(e.tokens_generated for e in engines)
@@ -244,9 +265,11 @@ async def run_scale(n: int, args: argparse.Namespace, bootstrap: str, workdir: s
             # Join, then leave, of one more replica.
             runs.append(asyncio.create_task(services[n].run(install_signals=False)))
             result["join_s"] = await wait_covered(services, TASK_PARTITIONS, need_member=services[n])
+            t_leave = time.monotonic()  # from the leaver's stop, its own close included
             runs[-1].cancel()
             await asyncio.gather(runs[-1], return_exceptions=True)
-            result["leave_s"] = await wait_covered(services[:n], TASK_PARTITIONS)
+            await wait_covered(services[:n], TASK_PARTITIONS)
+            result["leave_s"] = time.monotonic() - t_leave
         finally:
             stop_ticker.set()
             await ticking
@@ -290,7 +313,7 @@ def print_tables(anchor_rows, results, args) -> None:
     widths = [max(len(x) for x in col) for col in zip(header, *rows)]
     for row in (header, *rows):
         print("  ".join(x.rjust(w) for x, w in zip(row, widths)))
-    header = ["replicas", "tokens/s", "of nominal", "sampler CPU", "loop lag p99 ms", "offered groups/s",
+    header = ["replicas", "tokens/s", "of slots x rate", "sampler CPU", "loop lag p99 ms", "offered groups/s",
               "trained groups/s", "trainer busy", "dropped stale", "final->trained p50 s", "p99 s",
               "join s", "leave s", "first join s"]
     rows = [[str(r["replicas"]), f"{r['tokens_per_s']:.0f}", f"{r['tokens_per_s'] / r['nominal_tokens_per_s']:.0%}",
