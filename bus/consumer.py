@@ -290,8 +290,11 @@ class EventConsumer:
             # while a rebalance may be committing too (lock order would deadlock).
             # Offsets are computed and recorded without an await between, so a
             # concurrent commit at worst re-commits an equal or older prefix (records
-            # then re-read are recognised as done by their owner).
-            offsets = self._offsets_to_commit(partitions)
+            # then re-read are recognised as done by their owner). Offsets already
+            # recorded are sent again: they were recorded when handed to a transaction
+            # that may then have aborted (a broker lost mid-step), and the retried
+            # transaction must carry them or they are never committed.
+            offsets = self._offsets_to_commit(partitions, resend=True)
             if offsets:
                 await self._commit_offsets(offsets)
                 self._record_committed(offsets)
@@ -303,7 +306,7 @@ class EventConsumer:
             await self._consumer.commit(offsets)
             self._record_committed(offsets)
 
-    def _offsets_to_commit(self, partitions: Sequence[TopicPartition] | None) -> dict:
+    def _offsets_to_commit(self, partitions: Sequence[TopicPartition] | None, resend: bool = False) -> dict:
         assigned = self._consumer.assignment()
         offsets = {}
         for tp in partitions if partitions is not None else list(self._progress):
@@ -311,7 +314,7 @@ class EventConsumer:
             if progress is None or tp not in assigned:
                 continue  # revoked meanwhile: the new owner re-reads the unacked records
             target = progress.committable()
-            if target is not None and target != progress.committed:
+            if target is not None and (resend or target != progress.committed):
                 offsets[tp] = OffsetAndMetadata(target, "")
         return offsets
 

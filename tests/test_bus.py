@@ -270,3 +270,26 @@ async def test_sigterm_finishes_in_flight_work_commits_and_leaves(kafka_config):
     async with EventConsumer(kafka_config, ["tasks"], group_id="g-term") as again:
         envs = await collect(again, 2, timeout=10)
     assert [e.event.task_id for e in envs] == ["task-1", "task-2"]
+
+
+async def test_transactional_commits_resend_offsets_an_aborted_transaction_carried(kafka_config):
+    """A transactional writer (the trainer) commits offsets through ``commit_offsets``
+    inside its step's transaction. When that transaction aborts (a broker lost) and is
+    retried whole, the retry's commit must carry the same offsets again: before, they
+    were recorded as committed on the first try and left out of the retry, so they were
+    never committed (the records re-read after the next restart)."""
+    await publish_tasks(kafka_config, 2, key=b"same")  # one partition, offsets 0..1
+    sent: list[dict] = []
+
+    async def commit_offsets(offsets) -> None:  # stands in for send_offsets_to_transaction
+        sent.append({tp.partition: om.offset for tp, om in offsets.items()})
+
+    async with EventConsumer(kafka_config, ["tasks"], group_id="g-txn-resend",
+                             commit_offsets=commit_offsets) as consumer:
+        envs = await collect(consumer, 2)
+        for env in envs:
+            await consumer.ack(env, commit=False)
+        await consumer.commit()  # the first try of the transaction (then aborted)
+        await consumer.commit()  # its retry
+    partition = envs[0].partition
+    assert sent[:2] == [{partition: 2}, {partition: 2}]
