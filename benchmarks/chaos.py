@@ -21,9 +21,7 @@ Faults (``--short`` runs the first four; the order after ``garbage`` is shuffled
 
 * ``garbage``: undecodable records into every topic (first, so every reader that
   restarts later meets them);
-* ``sampler``: SIGKILL a sampler; while it is down, flip a byte in one stored chunk of
-  the newest delta and truncate the delta manifest of the version before it (the
-  restarted replica's path crosses both), then restart it;
+* ``sampler``: SIGKILL a sampler, restart it;
 * ``trainer-checkpoint``: arm the failpoint ``checkpoint.before_rename`` (bus/failpoints),
   SIGKILL the trainer when it hangs there (checkpoint files written, not renamed in),
   restart it;
@@ -32,7 +30,11 @@ Faults (``--short`` runs the first four; the order after ``garbage`` is shuffled
 * ``trainer-publish``: as ``trainer-checkpoint`` at ``weights.before_announce`` (the
   version's objects and manifest stored, not announced);
 * ``sandbox``, ``feeder``: SIGKILL, restart;
-* ``broker``: SIGKILL one of the three brokers, train on with two, restart it.
+* ``broker``: SIGKILL one of the three brokers, train on with two, restart it;
+* ``weights-store``: SIGKILL a sampler and SIGSTOP the trainer; flip a byte in a chunk
+  of the newest keyframe and truncate the newest version's delta manifest (every path
+  to it crosses one); restart the sampler, wait until it logs a failed update, SIGCONT
+  the trainer: it must publish a keyframe the replica can load.
 
 After each fault the run waits for training to progress (``--progress-steps`` new
 steps). Then the feeder stops, the stack drains (every issued group ends), samplers
@@ -68,7 +70,7 @@ from bus.config import KafkaConfig  # noqa: E402
 from bus.topics import TOPICS  # noqa: E402
 
 FULL_SCHEDULE = ["garbage", "sampler", "trainer-checkpoint", "trainer-freeze", "trainer-publish", "sandbox",
-                 "feeder", "broker"]
+                 "feeder", "broker", "weights-store"]
 SHORT_SCHEDULE = ["garbage", "sampler", "trainer-checkpoint", "trainer-freeze"]
 # Topics whose garbage a consumer group of the running stack owns and dead-letters
 # (tasks: samplers; trajectories, rewards: the trainer; train-steps: the trainer when it
@@ -304,13 +306,17 @@ def latest_heartbeats(kafka: KafkaConfig) -> dict:
 
 def wait_for(what: str, check, timeout: float, stack: Stack, poll: float = 2.0):
     deadline = time.monotonic() + timeout
+    error = ""
     while True:
         stack.check_alive()
-        value = check()
+        try:
+            value = check()
+        except Exception as exc:  # the driver's own reader met a broker just killed: ask again
+            value, error = None, f"; last read error: {type(exc).__name__}: {exc}"
         if value:
             return value
         if time.monotonic() > deadline:
-            raise ChaosError(f"timed out after {timeout:.0f} s waiting for {what}")
+            raise ChaosError(f"timed out after {timeout:.0f} s waiting for {what}{error}")
         time.sleep(poll)
 
 
@@ -393,13 +399,32 @@ class Chaos:
     def fault_sampler(self, row: FaultRow) -> None:
         name = self.rng.choice([n for n in self.stack.components if n.startswith("sampler")])
         self.stack.kill(name)
-        # While it is down: two new versions, then damage the store on its way back.
-        have = len(weight_versions(self.kafka))
-        wait_for("two versions published with a sampler down",
-                 lambda: len(weight_versions(self.kafka)) >= have + 2, self.args.fault_timeout, self.stack)
-        damaged = damage_store(self.stack.work / "weights" / MODEL_NAME, self.rng)
+        time.sleep(self.rng.uniform(1.0, 3.0))
         self.stack.start(name)
-        row.detail = f"SIGKILL {name}; {damaged}; restarted"
+        row.detail = f"SIGKILL {name}; restarted"
+
+    def fault_weights_store(self, row: FaultRow) -> None:
+        """A sampler restarts on a damaged store. The trainer is frozen meanwhile so no
+        new keyframe lets the replica around the damage (with versions moving on, a
+        replica that takes 20 s to start would load the next keyframe whole and never
+        meet it); woken, the trainer must see the replica's failed updates in its
+        heartbeats and publish a keyframe it can load."""
+        name = self.rng.choice([n for n in self.stack.components if n.startswith("sampler")])
+        self.stack.kill(name)
+        self.stack.signal("trainer", signal.SIGSTOP)
+        try:
+            time.sleep(1.0)  # a publish in flight is frozen too; the damage targets what was announced
+            newest = max(v.version for v in weight_versions(self.kafka))
+            damaged = damage_every_path(self.stack.work / "weights" / MODEL_NAME, newest, self.rng)
+            self.stack.start(name)
+            comp = self.stack.components[name]
+            failed = wait_for(f"{name} to fail an update on the damaged store",
+                              lambda: log_events(comp.log, "weight update failed; keeping current weights"),
+                              self.args.fault_timeout, self.stack, poll=0.5)
+        finally:
+            self.stack.signal("trainer", signal.SIGCONT)
+        row.detail = (f"SIGKILL {name}, SIGSTOP trainer at v{newest}; {damaged}; {name} restarted: "
+                      f"'{failed[0].get('event')}' ({str(failed[0].get('error', ''))[:80]}); SIGCONT trainer")
 
     def _trainer_at_failpoint(self, row: FaultRow, point: str) -> None:
         comp = self.stack.components["trainer"]
@@ -464,22 +489,21 @@ class Chaos:
         row.detail = f"SIGKILL broker {node.node_id}; trained on two; restarted"
 
 
-def damage_store(root: Path, rng: random.Random) -> str:
-    """Flip a byte in one chunk of the newest delta and truncate the delta manifest of
-    the version before it."""
-    manifests = sorted((root / "manifests").glob("v*-delta.json"))
-    if len(manifests) < 2:
-        return "store not damaged (fewer than two deltas)"
-    newest, previous = manifests[-1], manifests[-2]
-    version = newest.name.split("-")[0]
-    chunks = sorted(p for p in (root / "chunks").glob(f"{version}-delta/**/*") if p.is_file())
+def damage_every_path(root: Path, newest: int, rng: random.Random) -> str:
+    """Flip a byte in a chunk of the newest keyframe at or before ``newest`` and truncate
+    ``newest``'s delta manifest: every path to ``newest`` (that keyframe and the deltas
+    after it, or an older keyframe and the deltas up to ``newest``) meets one of them."""
+    fulls = sorted(int(p.name[1:13]) for p in (root / "manifests").glob("v*-full.json"))
+    keyframe = max(v for v in fulls if v <= newest)
+    chunks = sorted(p for p in (root / "chunks").glob(f"v{keyframe:012d}-full/**/*") if p.is_file())
     chunk = rng.choice(chunks)
     data = bytearray(chunk.read_bytes())
     data[rng.randrange(len(data))] ^= 0xFF
     chunk.write_bytes(bytes(data))
-    text = previous.read_bytes()
-    previous.write_bytes(text[: len(text) // 2])
-    return (f"flipped a byte of {chunk.relative_to(root)}, truncated {previous.relative_to(root)} "
+    manifest = root / "manifests" / f"v{newest:012d}-delta.json"
+    text = manifest.read_bytes()
+    manifest.write_bytes(text[: len(text) // 2])
+    return (f"flipped a byte of {chunk.relative_to(root)}, truncated {manifest.relative_to(root)} "
             f"to {len(text) // 2} of {len(text)} bytes")
 
 
