@@ -35,7 +35,6 @@ import argparse
 import asyncio
 import os
 import statistics
-import subprocess
 import tempfile
 import time
 import traceback
@@ -49,6 +48,7 @@ os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 
 from bus import EventProducer, ensure_topics  # noqa: E402
+from harness import benchmark_kafka, cpu_name, load_average, print_aligned  # noqa: E402
 from bus.config import KafkaConfig  # noqa: E402
 from rollway.logging import configure_logging  # noqa: E402
 from sampler.config import SamplerConfig, TimingConfig  # noqa: E402
@@ -259,16 +259,6 @@ async def run_mode(mode: str, args: argparse.Namespace, bootstrap: str, workdir:
     return res
 
 
-def cpu_name() -> str:
-    try:
-        out = subprocess.run(["lscpu"], capture_output=True, text=True, check=True).stdout
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown CPU"
-    name = next((line.split(":", 1)[1].strip() for line in out.splitlines() if line.startswith("Model name")), "?")
-    flags = next((line for line in out.splitlines() if line.startswith("Flags")), "")
-    return f"{name} ({'avx512f' if 'avx512f' in flags else 'avx2' if 'avx2' in flags else 'no avx2'})"
-
-
 def print_table(results: list[ModeResult], args: argparse.Namespace) -> None:
     print(f"\nengine={args.engine} replicas={args.replicas} tasks_in_flight/replica={args.tasks_in_flight} "
           f"group_size={args.group_size} groups_per_step={args.groups_per_step} step_s={args.step_s} "
@@ -280,9 +270,7 @@ def print_table(results: list[ModeResult], args: argparse.Namespace) -> None:
     rows = [(r.mode, f"{r.window_s:.0f}", r.steps, r.groups, f"{r.groups_per_min:.1f}", f"{r.busy:.0%}",
              f"{r.slot_idle:.0%}", f"{r.replica_idle:.0%}", f"{r.staleness_mean:.2f}", f"{r.staleness_max:.0f}",
              r.dropped_stale, r.dropped_other, f"{r.real_step_s:.2f}", r.sync_refills) for r in results]
-    widths = [max(len(str(x)) for x in col) for col in zip(header, *rows)]
-    for row in (header, *rows):
-        print("  ".join(str(x).rjust(w) for x, w in zip(row, widths)))
+    print_aligned(header, rows)
     by = {r.mode: r for r in results}
     if "sync" in by and "async" in by and by["sync"].groups_per_min > 0:
         print(f"\nasync / sync throughput: {by['async'].groups_per_min / by['sync'].groups_per_min:.2f}x")
@@ -292,17 +280,10 @@ def print_table(results: list[ModeResult], args: argparse.Namespace) -> None:
 
 
 async def main(args: argparse.Namespace) -> None:
-    from rollway.broker import LocalKafka, external_bootstrap
-
     configure_logging("bench", level=args.log_level)
-    args.load_before = " ".join(f"{x:.2f}" for x in os.getloadavg())
+    args.load_before = load_average()
     workdir = tempfile.mkdtemp(prefix="bench-async-sync-")
-    bootstrap = external_bootstrap()
-    kafka = None
-    if not bootstrap:
-        kafka = LocalKafka(f"{workdir}/kafka", nodes=1, heap="1g")
-        bootstrap = kafka.start(timeout=120)
-    try:
+    with benchmark_kafka(workdir) as bootstrap:
         results = []
         for mode in args.modes.split(","):
             try:
@@ -312,9 +293,6 @@ async def main(args: argparse.Namespace) -> None:
                 traceback.print_exc()
             print(f"{mode} done: {results[-1].groups} groups in {results[-1].window_s:.0f} s", flush=True)
         print_table(results, args)
-    finally:
-        if kafka is not None:
-            kafka.stop()
 
 
 def parse_args() -> argparse.Namespace:

@@ -23,8 +23,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import math
-import platform
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -32,6 +30,7 @@ from pathlib import Path
 # The test fixtures (tests/) live in the checkout, not in the installed packages.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from harness import cpu_name, load_average  # noqa: E402
 from sampler.sampling import SamplingParams  # noqa: E402
 from tests.synthetic import engine_group  # noqa: E402
 
@@ -75,17 +74,6 @@ def trainer_mismatch(model_dir: Path, groups: list, replay_precision: bool) -> d
     return TrainCore(cfg).train_step(groups).metrics
 
 
-def cpu_name() -> str:
-    try:
-        out = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
-    except OSError:
-        return platform.processor()
-    name = next((line.split(":", 1)[1].strip() for line in out.splitlines() if line.startswith("Model name")), "?")
-    flags = next((line for line in out.splitlines() if line.startswith("Flags")), "")
-    kind = "avx512f" if "avx512f" in flags else "avx2" if "avx2" in flags else "no avx2"
-    return f"{name} ({kind})"
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--engines", default="torch,vllm", help="comma-separated: torch, vllm")
@@ -95,7 +83,7 @@ def main() -> None:
     from tests.sampler_helpers import agent_model_dir
 
     model_dir = agent_model_dir()
-    print(f"# CPU: {cpu_name()}; load before: {Path('/proc/loadavg').read_text().split()[:3]}")
+    print(f"# CPU: {cpu_name()}; load before: {load_average()}")
     rows = []
     for kind in args.engines.split(","):
         if kind == "vllm":

@@ -45,9 +45,10 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 import msgspec  # noqa: E402
 import numpy as np  # noqa: E402
 
-from async_vs_sync import MODEL, PacedCore, cpu_name  # noqa: E402
+from async_vs_sync import MODEL, PacedCore  # noqa: E402
 from bus import EventProducer, encode, ensure_topics  # noqa: E402
 from bus.config import KafkaConfig  # noqa: E402
+from harness import benchmark_kafka, cpu_name, load_average, print_aligned  # noqa: E402
 from rollway.logging import configure_logging  # noqa: E402
 from sampler.config import SamplerConfig, TimingConfig  # noqa: E402
 from sandbox.timing import TimingSandbox, TimingSandboxConfig  # noqa: E402
@@ -310,9 +311,7 @@ def print_tables(anchor_rows, results, args) -> None:
     print("\nEvents/s | MB/s per topic (read back from the broker, window by record timestamp):")
     rows = [[str(r["replicas"]), *[f"{r['topics'][t][0]:.0f}|{r['topics'][t][1]:.3f}" for t in topics]]
             for r in results]
-    widths = [max(len(x) for x in col) for col in zip(header, *rows)]
-    for row in (header, *rows):
-        print("  ".join(x.rjust(w) for x, w in zip(row, widths)))
+    print_aligned(header, rows)
     header = ["replicas", "tokens/s", "of slots x rate", "sampler CPU", "loop lag p99 ms", "offered groups/s",
               "trained groups/s", "trainer busy", "dropped stale", "final->trained p50 s", "p99 s",
               "join s", "leave s", "first join s"]
@@ -322,44 +321,34 @@ def print_tables(anchor_rows, results, args) -> None:
              f"{r['latency_p50']:.2f}", f"{r['latency_p99']:.2f}", f"{r['join_s']:.2f}", f"{r['leave_s']:.2f}",
              f"{r['initial_join_s']:.2f}"] for r in results]
     print("\nLoad and intake:")
-    widths = [max(len(x) for x in col) for col in zip(header, *rows)]
-    for row in (header, *rows):
-        print("  ".join(x.rjust(w) for x, w in zip(row, widths)))
+    print_aligned(header, rows)
 
 
 async def main(args: argparse.Namespace) -> None:
     from transformers import AutoTokenizer
 
-    from rollway.broker import LocalKafka, external_bootstrap
-
     configure_logging("bench", level=args.log_level)
-    args.load_before = " ".join(f"{x:.2f}" for x in os.getloadavg())
+    args.load_before = load_average()
     workdir = tempfile.mkdtemp(prefix="bench-scale-")
-    bootstrap = external_bootstrap()
-    kafka = None
-    if not bootstrap:
-        kafka = LocalKafka(f"{workdir}/kafka", nodes=1, heap="1g")
-        bootstrap = kafka.start(timeout=120)
     tokenizer = AutoTokenizer.from_pretrained(MODEL)
     try:
-        anchor_rows = []
-        if args.anchor_events:
-            try:
-                anchor_rows = await anchors(bootstrap, args.anchor_events, workdir)
-            except Exception:
-                traceback.print_exc()
-        results = []
-        for n in [int(x) for x in args.replicas.split(",")]:
-            try:
-                results.append(await run_scale(n, args, bootstrap, workdir, tokenizer))
-            except Exception:  # report the counts that ran
-                traceback.print_exc()
-                break
-            print(f"{n} replicas done", flush=True)
-        print_tables(anchor_rows, results, args)
+        with benchmark_kafka(workdir) as bootstrap:
+            anchor_rows = []
+            if args.anchor_events:
+                try:
+                    anchor_rows = await anchors(bootstrap, args.anchor_events, workdir)
+                except Exception:
+                    traceback.print_exc()
+            results = []
+            for n in [int(x) for x in args.replicas.split(",")]:
+                try:
+                    results.append(await run_scale(n, args, bootstrap, workdir, tokenizer))
+                except Exception:  # report the counts that ran
+                    traceback.print_exc()
+                    break
+                print(f"{n} replicas done", flush=True)
+            print_tables(anchor_rows, results, args)
     finally:
-        if kafka is not None:
-            kafka.stop()
         shutil.rmtree(workdir, ignore_errors=True)
 
 
