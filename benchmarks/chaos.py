@@ -66,6 +66,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from bus import codec  # noqa: E402
+from harness import cpu_name, load_average  # noqa: E402
 from bus.config import KafkaConfig  # noqa: E402
 from bus.topics import TOPICS  # noqa: E402
 
@@ -709,19 +710,10 @@ def audit(args, stack: Stack, kafka: KafkaConfig, chaos: Chaos, canary: Canary, 
     return out
 
 
-def cpu_name() -> str:
-    try:
-        out = subprocess.run(["lscpu"], capture_output=True, text=True, check=True).stdout
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown CPU"
-    name = next((line.split(":", 1)[1].strip() for line in out.splitlines() if line.startswith("Model name")), "?")
-    return name
-
-
 def print_tables(args, chaos: Chaos, invariants: list[Invariant], load_before: str, elapsed: float) -> None:
     print(f"\nchaos run: seed {args.seed}, schedule {' '.join(args.schedule)}; {elapsed:.0f} s; "
           f"CPU {cpu_name()}, {os.cpu_count()} cores; load average before {load_before}, "
-          f"after {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+          f"after {load_average()}")
     print("\n| fault | what happened | steps before -> after | recovery s |")
     print("|---|---|---|---|")
     for r in chaos.rows:
@@ -742,7 +734,7 @@ def main(args: argparse.Namespace) -> int:
     # The driver's own readers meet the injected garbage on every read: errors only.
     configure_logging("chaos", level="critical")
 
-    load_before = " ".join(f"{x:.2f}" for x in os.getloadavg())
+    load_before = load_average()
     t0 = time.monotonic()
     work = Path(args.work_dir or tempfile.mkdtemp(prefix="rollway-chaos-")).resolve()
     work.mkdir(parents=True, exist_ok=True)
