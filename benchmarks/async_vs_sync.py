@@ -1,7 +1,7 @@
 """Asynchronous vs synchronous RL, side by side, on the same task stream.
 
-    flock /tmp/rollway-heavy.lock .venv/bin/python benchmarks/async_vs_sync.py [--seconds 150]
-    flock /tmp/rollway-heavy.lock .venv/bin/python benchmarks/async_vs_sync.py --engine vllm --replicas 1
+    .venv/bin/python benchmarks/async_vs_sync.py [--seconds 150]
+    .venv/bin/python benchmarks/async_vs_sync.py --engine vllm --replicas 1
 
 Both modes run the real system in one process against a real broker
 (``$KAFKA_BOOTSTRAP_SERVERS`` or one started here): sampler replicas

@@ -1,7 +1,7 @@
 """Chaos run: the real stack trains while a seeded schedule breaks it; then the log is audited.
 
-    flock /tmp/rollway-heavy.lock .venv/bin/python benchmarks/chaos.py            # full schedule
-    flock /tmp/rollway-heavy.lock .venv/bin/python benchmarks/chaos.py --short    # the test suite's
+    .venv/bin/python benchmarks/chaos.py            # full schedule
+    .venv/bin/python benchmarks/chaos.py --short    # the test suite's
 
 Everything is a real process: a 3-node Kafka (``rollway.broker.LocalKafka``, RF 3,
 min.insync.replicas 2, passed to the components as ``KAFKA_BOOTSTRAP_SERVERS`` the way a

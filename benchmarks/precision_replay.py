@@ -14,7 +14,7 @@ trainers read the same groups in the same order in one run.
 Samplers: TorchEngine (Hugging Face bf16, the same code path as the trainer) and
 VLLMEngine (vLLM's kernels, the production sampler; skipped when vLLM is missing).
 
-    flock /tmp/rollway-heavy.lock .venv/bin/python benchmarks/precision_replay.py
+    .venv/bin/python benchmarks/precision_replay.py
     .venv/bin/python benchmarks/precision_replay.py --engines torch --tokens 16   # smoke
 """
 

@@ -1,6 +1,6 @@
 """Scale simulation: many sampler replicas, the real broker, the real trainer.
 
-    flock /tmp/rollway-heavy.lock .venv/bin/python benchmarks/scale.py [--replicas 1,4,16,64] [--seconds 40]
+    .venv/bin/python benchmarks/scale.py [--replicas 1,4,16,64] [--seconds 40]
 
 Replicas are asyncio tasks in one process (one ``SamplerService`` each: its own
 producer, task-consumer-group membership, weight subscriber and heartbeats; the timing
