@@ -107,6 +107,30 @@ def test_first_complete_attempt_wins_and_duplicates_are_counted(sampled):
     assert asm2.released() == [copy]
 
 
+def test_a_copy_of_a_complete_trajectory_waiting_in_its_group_keeps_the_original_records(sampled):
+    """Every record of a complete trajectory published again (a producer retry) while
+    its group is still open: the copies are released as duplicates, and training the
+    group acknowledges the original records (a copy that replaced them left the
+    originals unacknowledged and the partition's commit stuck)."""
+    asm = Assembler(cfg())
+    group = sampled[2]
+    original = [envs(t) for t in group]
+    feed(asm, original[0])  # complete, waiting for its three siblings
+    copies = [Envelope(e.event, e.topic, e.partition, next(_offsets), 0, None, ()) for e in original[0]]
+    feed(asm, copies)
+    assert asm.counters["duplicate_records"] == len(copies)
+    assert asm.counters["dropped_duplicate"] == 0
+    assert {e.offset for e in asm.released()} == {e.offset for e in copies}
+    feed(asm, original[0][:1])  # the same record again (a redelivery): not released
+    assert asm.released() == []
+    for e in original[1:]:
+        feed(asm, e)
+    (g,) = asm.take_batch(0, 0)
+    assert [t.sample_index for t in g.members] == [0, 1, 2, 3]
+    acked = asm.mark_trained([g])
+    assert sorted(x.offset for x in acked) == sorted(x.offset for e in original for x in e)
+
+
 def test_revoked_partitions_drop_unfinished_work_but_not_the_batch_in_training(sampled):
     asm = Assembler(cfg())
     first = [envs(t) for t in sampled[0]]

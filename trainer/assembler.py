@@ -171,6 +171,15 @@ class Assembler:
             self.counters["records_already_done"] += 1
             self._released.append(env)
             return
+        held = self._records.get(tid)
+        if held is not None:
+            # Complete already and waiting in its group: this is a copy of one of its
+            # records (a producer retry). Its records stay the held ones, so they are
+            # acknowledged when the group is trained or dropped.
+            self.counters["duplicate_records"] += 1
+            if _ref(env) not in [_ref(e) for e in held]:
+                self._released.append(env)
+            return
         key = (event.task_id, event.group_id)
         pending = self.partial.get(tid)
         if pending is None:
