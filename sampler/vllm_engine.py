@@ -335,9 +335,13 @@ class VLLMEngine(InProcessEngine):
                 outputs = self._engine.step()
                 self.steps += 1
                 outbox: list[tuple[_Request, Any]] = []
-                for out in outputs:
-                    self._dispatch(out, launched, outbox)
-                _post(outbox)
+                try:
+                    for out in outputs:
+                        self._dispatch(out, launched, outbox)
+                finally:
+                    # A request dispatched before one that raised may have finished and
+                    # left self._requests already: its events and end must still reach it.
+                    _post(outbox)
         except BaseException as exc:  # noqa: BLE001 - every waiting request learns about it
             self._error = exc
             log.exception("vllm step thread failed")

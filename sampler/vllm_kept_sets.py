@@ -109,17 +109,19 @@ class KeptSetTap:
         if not rows:
             return
         if len(rows) < processed.shape[0]:
-            index = torch.tensor(rows, dtype=torch.long)
+            index = torch.tensor(rows, dtype=torch.long, device=processed.device)
             processed, sampled = processed.index_select(0, index), sampled.index_select(0, index)
         drawn = sampled.long()
         vocab = processed.shape[-1]
         top_lps, top_ids = processed.topk(min(self.cap + 1, vocab), dim=-1, sorted=False)
+        # On an accelerator the tensors live on the device: one small [R, cap + 1]
+        # copy to the host per step (.cpu() is a no-op on CPU).
         self.step = StepKeptSets.from_top(
             {req_ids[i]: r for r, i in enumerate(rows)},
-            drawn.numpy(),
-            processed.gather(1, drawn.unsqueeze(1)).squeeze(1).numpy(),
-            top_ids.to(torch.int32).numpy(),
-            top_lps.numpy(),
+            drawn.cpu().numpy(),
+            processed.gather(1, drawn.unsqueeze(1)).squeeze(1).cpu().numpy(),
+            top_ids.to(torch.int32).cpu().numpy(),
+            top_lps.cpu().numpy(),
             self.cap,
             vocab,
         )
