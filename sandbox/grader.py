@@ -53,7 +53,7 @@ from sandbox.reward import compute_reward
 from sandbox.runner import CommandResult, Jail
 from sandbox.workspace import Snapshot, Workspace, WorkspaceError, clean_relpath
 from schemas import Cost, Reward
-from tasks.spec import TaskSpec
+from tasks.spec import TaskSpec, pytest_arguments
 from tasks.store import TaskStore
 
 log = structlog.get_logger(__name__)
@@ -313,12 +313,8 @@ class Grader:
     def _pytest_args(self, spec: TaskSpec) -> list[str] | None:
         """pytest's arguments for the hidden run (report included), or None when the
         task's test command is not pytest."""
-        argv = shlex.split(spec.test_command)
-        if argv[:3] in (["python", "-m", "pytest"], ["python3", "-m", "pytest"]):
-            args = argv[3:]
-        elif argv[:1] == ["pytest"]:
-            args = argv[1:]
-        else:
+        args = pytest_arguments(spec.test_command)
+        if args is None:
             return None
         if "no:cacheprovider" not in args:
             args += ["-p", "no:cacheprovider"]

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import msgspec
 
-from tasks.spec import TaskSpec
+from tasks.spec import TaskSpec, pytest_arguments
 
 HIDDEN_TESTS_DIR = "hidden_tests"
 
@@ -60,13 +60,15 @@ def run_hidden_tests(spec: TaskSpec, *, with_solution: bool, timeout_s: float = 
     with tempfile.TemporaryDirectory(prefix=f"rollway-check-{spec.task_id}-") as tmp:
         root = Path(tmp)
         materialize(spec, root, with_solution=with_solution)
-        argv = shlex.split(spec.test_command)
-        if argv[:1] == ["python"]:
-            argv[0] = sys.executable
         report = root / ".report.xml"
-        is_pytest = argv[1:3] == ["-m", "pytest"]
+        pytest_args = pytest_arguments(spec.test_command)
+        is_pytest = pytest_args is not None
         if is_pytest:
-            argv.append(f"--junitxml={report}")
+            argv = [sys.executable, "-m", "pytest", *pytest_args, f"--junitxml={report}"]
+        else:
+            argv = shlex.split(spec.test_command)
+            if argv[:1] == ["python"]:
+                argv[0] = sys.executable
         env = {
             "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
             "PYTHONDONTWRITEBYTECODE": "1",

@@ -13,6 +13,10 @@ instruction only. Hidden tests and the solution stay with the grader's task stor
 
 from __future__ import annotations
 
+import re
+import shlex
+from pathlib import PurePosixPath
+
 import msgspec
 
 from schemas import Task
@@ -44,3 +48,21 @@ class TaskSpec(msgspec.Struct, kw_only=True):
             metadata=dict(self.metadata),
             created_at=created_at,
         )
+
+
+_PYTHON = re.compile(r"python(3(\.\d+)?)?")
+
+
+def pytest_arguments(test_command: str) -> list[str] | None:
+    """pytest's arguments when ``test_command`` runs pytest (``pytest ...``,
+    ``py.test ...`` or ``python[3[.N]] -m pytest ...``, by name or path), else None: a
+    command the grader can only run as written (sandbox/grader.py)."""
+    argv = shlex.split(test_command)
+    if not argv:
+        return None
+    program = PurePosixPath(argv[0]).name
+    if program in ("pytest", "py.test"):
+        return argv[1:]
+    if _PYTHON.fullmatch(program) and argv[1:3] == ["-m", "pytest"]:
+        return argv[3:]
+    return None
