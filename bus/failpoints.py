@@ -46,7 +46,11 @@ def armed() -> dict[str, int]:
         if not item:
             continue
         name, _, nth = item.partition("@")
-        points[name.strip()] = int(nth) if nth else 1
+        try:
+            points[name.strip()] = int(nth) if nth else 1
+        except ValueError:
+            # A typo in a chaos run's list must not fail the operation it guards.
+            log.error("failpoint spec not understood, ignored", item=item, expected="NAME or NAME@N")
     return points
 
 

@@ -63,7 +63,10 @@ class UpConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
                              "solve_window >= 1")
 
 
-_FLOAT_DTYPES = ("bfloat16", "float16", "float32")
+# vLLM's names for a dtype (its --dtype choices) -> the published dtype's name; "auto"
+# (the model's own dtype) cannot be checked from the config.
+_ENGINE_DTYPES = {"bfloat16": "bfloat16", "half": "float16", "float16": "float16", "float": "float32",
+                  "float32": "float32"}
 
 
 class RollwayConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
@@ -95,7 +98,8 @@ class RollwayConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
             raise ValueError(f"feeder.group_size = {self.feeder.group_size} cannot train: a group needs at least 2 "
                              "samples for its rewards to differ (the trainer drops groups without reward variance)")
         trainer = self.trainer
-        if trainer.replay_precision and sampler.dtype in _FLOAT_DTYPES and sampler.dtype != trainer.publish_dtype:
+        engine_dtype = _ENGINE_DTYPES.get(sampler.dtype)
+        if trainer.replay_precision and engine_dtype is not None and engine_dtype != trainer.publish_dtype:
             # It trains, but precision replay then reproduces a precision the samplers do
             # not run: the trainer-sampler mismatch grows instead of shrinking.
             log.warning("precision replay does not match the samplers", sampler_dtype=sampler.dtype,

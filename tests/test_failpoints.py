@@ -40,3 +40,9 @@ def test_a_file_arms_points_in_a_running_process(monkeypatch, tmp_path):
     assert not failpoints._should_hang("weights.before_announce")
     spec.write_text("weights.before_announce@2\n")
     assert [failpoints._should_hang("weights.before_announce") for _ in range(2)] == [False, True]
+
+
+def test_a_malformed_item_is_ignored_and_the_operation_goes_on(monkeypatch):
+    monkeypatch.setenv(failpoints.ENV, "checkpoint.before_rename@abc, weights.before_announce@2")
+    assert failpoints.armed() == {"weights.before_announce": 2}
+    failpoints.reached("checkpoint.before_rename")  # returns: the typo arms nothing

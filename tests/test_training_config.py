@@ -33,6 +33,8 @@ def test_a_group_of_one_is_refused():
 
 @pytest.mark.parametrize("sampler_dtype, replay, warned", [
     ("float32", True, True),     # replays bf16 for a float32 sampler: warned
+    ("float", True, True),       # vLLM's name for float32
+    ("half", True, True),        # vLLM's name for float16
     ("float32", False, False),   # replay off: nothing to match
     ("bfloat16", True, False),   # the default: matches
     ("auto", True, False),       # the engine decides: cannot be checked here
@@ -46,7 +48,7 @@ def test_precision_replay_that_does_not_match_the_samplers_is_warned(sampler_dty
     mismatch = [e for e in logs if e["event"] == "precision replay does not match the samplers"]
     if warned:
         assert mismatch == [{"event": "precision replay does not match the samplers", "log_level": "warning",
-                             "sampler_dtype": "float32", "publish_dtype": "bfloat16",
+                             "sampler_dtype": sampler_dtype, "publish_dtype": "bfloat16",
                              "hint": "set sampler.dtype = trainer.publish_dtype, or trainer.replay_precision = false"}]
     else:
         assert mismatch == []
