@@ -292,6 +292,11 @@ class VLLMEngine(InProcessEngine):
         if source == "logprobs":
             self._tap = KeptSetTap(self.kept_set_cap)
             self._engine.collective_rpc(self._tap.install)
+            if not self._tap.installed:
+                # The worker runs in another process (VLLM_ENABLE_V1_MULTIPROCESSING=1):
+                # it wrapped a copy of the tap, and this one would never see a step.
+                raise RuntimeError("the logprobs kept-set path needs vLLM's engine core in this process: "
+                                   "unset VLLM_ENABLE_V1_MULTIPROCESSING or set it to 0")
         require_sync_scheduling(self._engine)
         self._tokenizer = self._llm.get_tokenizer()
         self.vocab_size = self._llm.llm_engine.model_config.get_vocab_size()

@@ -83,6 +83,7 @@ class KeptSetTap:
         self.cap = cap
         self.wanted: set[str] = set()
         self.step: StepKeptSets | None = None
+        self.installed = False  # set by install() on this very object: the worker is in-process
 
     def install(self, worker: Any) -> None:
         """Run on the worker (``LLMEngine.collective_rpc``): wrap its sampler's ``sample``."""
@@ -101,6 +102,7 @@ class KeptSetTap:
             return sampled, processed
 
         sampler.sample = sample
+        self.installed = True
 
     def _capture(self, req_ids: list[str], sampled, processed) -> None:
         import torch
