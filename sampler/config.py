@@ -6,6 +6,8 @@ from typing import Literal
 
 import msgspec
 
+from sampler.sampling import temperature_error
+
 
 class TimingConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """The timing engine (:mod:`sampler.timing_engine`): emulates an accelerator's
@@ -123,8 +125,9 @@ class SamplerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     def __post_init__(self) -> None:
         if not 0.0 < self.top_p <= 1.0:
             raise ValueError(f"sampler.top_p must be in (0, 1], not {self.top_p}")
-        if self.temperature < 0:
-            raise ValueError(f"sampler.temperature must be >= 0, not {self.temperature}")
+        error = temperature_error("sampler.temperature", self.temperature)
+        if error is not None:
+            raise ValueError(error)
         if not 0.1 <= self.compaction_fraction <= 1.0:
             raise ValueError(f"sampler.compaction_fraction must be in [0.1, 1], not {self.compaction_fraction}")
         if self.kept_set_cap < 1:
@@ -178,6 +181,9 @@ class EvalConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
             (self.max_tasks >= 0, f"eval.max_tasks must not be negative, got {self.max_tasks}"),
             (self.concurrency >= 1, f"eval.concurrency must be at least 1, got {self.concurrency}"),
             (self.every_n_versions >= 1, f"eval.every_n_versions must be at least 1, got {self.every_n_versions}"),
+            # Negative: the sampler's temperature (checked there).
+            (self.temperature < 0 or temperature_error("eval.temperature", self.temperature) is None,
+             temperature_error("eval.temperature", self.temperature) or ""),
         ]
         for ok, message in checks:
             if not ok:

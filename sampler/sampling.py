@@ -23,6 +23,19 @@ if TYPE_CHECKING:
     import torch
 
 GREEDY_EPS = 1e-5  # vLLM's _SAMPLING_EPS: temperatures below this are greedy
+# vLLM raises any temperature in (0, 0.01) to 0.01 (its _MAX_TEMP) before sampling,
+# so a chunk would record a temperature other than the one sampled with: refused.
+MIN_TEMPERATURE = 1e-2
+
+
+def temperature_error(name: str, temperature: float) -> str | None:
+    """Why ``temperature`` cannot be sampled with as recorded, or None."""
+    if temperature < 0:
+        return f"{name} must be >= 0, not {temperature}"
+    if 0 < temperature < MIN_TEMPERATURE:
+        return (f"{name} = {temperature} cannot be recorded truthfully: vLLM samples with 0.01 for any temperature "
+                f"in (0, 0.01); use 0 (greedy) or at least 0.01")
+    return None
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,8 +53,9 @@ class SamplingParams:
     ignore_eos: bool = False
 
     def __post_init__(self) -> None:
-        if self.temperature < 0:
-            raise ValueError(f"temperature must be >= 0, not {self.temperature}")
+        error = temperature_error("temperature", self.temperature)
+        if error is not None:
+            raise ValueError(error)
         if not 0.0 < self.top_p <= 1.0:
             raise ValueError(f"top_p must be in (0, 1], not {self.top_p}")
         if self.top_k < -1:

@@ -114,6 +114,23 @@ def test_sampling_params_reject_bad_values(kwargs, match):
         SamplingParams(**kwargs)
 
 
+@pytest.mark.parametrize("temperature", [1e-6, 0.005, 0.0099])
+def test_a_temperature_vllm_would_raise_to_0_01_is_refused(temperature):
+    """vLLM samples with 0.01 for any temperature in (0, 0.01) (even below its greedy
+    threshold): the chunk would record another temperature than the one sampled with."""
+    from rollway.config import ConfigError, load_config
+
+    expected = (f"temperature = {temperature} cannot be recorded truthfully: vLLM samples with 0.01 for any "
+                f"temperature in (0, 0.01); use 0 (greedy) or at least 0.01")
+    with pytest.raises(ValueError) as exc:
+        SamplingParams(temperature=temperature)
+    assert str(exc.value) == expected
+    for section in ("sampler", "eval"):
+        with pytest.raises(ConfigError, match=re.escape(f"{section}.{expected}")):
+            load_config(None, environ={}, overrides={section: {"temperature": temperature}})
+    assert SamplingParams(temperature=0.0).greedy and not SamplingParams(temperature=0.01).greedy
+
+
 @pytest.mark.parametrize("field,value,match", [
     ("engine", "tgi", "sampler.engine = 'tgi'; expected one of vllm, torch"),
     ("kept_set_source", "mask", "sampler.kept_set_source = 'mask'; expected one of auto, native, logprobs"),
