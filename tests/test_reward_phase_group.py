@@ -110,13 +110,21 @@ async def test_a_lone_rollout_is_graded_at_the_version_it_started_with(engine):
 
     cfg = SamplerConfig(engine="torch", model_path="unused", max_model_len=512, max_turns=1,
                         max_tokens_per_turn=1, assistant_prefill="<tool>run\nls</tool>")
-    sandbox = SolvingSandbox()
     start = engine.weight_version
     weights = {k: v.clone() for k, v in engine.model.state_dict().items()}
 
+    class NewWeightsAtSessionStart(SolvingSandbox):
+        async def create_session(self, task_id: str, files: dict[str, str]) -> str:
+            # After the rollout took its phase step, before its first token (the
+            # recorder publishes the prompt's chunks only with the first sampled token,
+            # so a chunk callback is too late for this).
+            await engine.apply_weights(weights, start + 1)
+            return await super().create_session(task_id, files)
+
+    sandbox = NewWeightsAtSessionStart()
+
     async def publish(chunk):
-        if chunk.chunk_index == 0:
-            await engine.apply_weights(weights, start + 1)  # lands before the generated token
+        return None
 
     task = Task(task_id="t", group_id="t/g2", group_size=1, instruction="Fix it.")
     result = await AgentLoop(engine, sandbox, msgspec.structs.replace(cfg, chunk_tokens=8), publish).run(task, 0, "a")
