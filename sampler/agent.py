@@ -47,7 +47,7 @@ import structlog
 from sampler import tool_format as fmt
 from sampler.tool_calls import ToolCall, ToolCallError, ToolCallParser, format_hint
 from sampler.config import SamplerConfig
-from sampler.engine import Engine, SampleDone, SampledToken
+from sampler.engine import Engine
 from sampler.recorder import Publish, TrajectoryIdentity, TrajectoryRecorder
 from sampler.sampling import SamplingParams
 from sandbox.client import SandboxBusy, SandboxClient, SandboxError
@@ -235,7 +235,7 @@ class AgentLoop:
             room = self.context_limit - len(rec.segment_tokens) - self.reply_markup
             budget = cfg.max_total_tokens - rec.generated_tokens
             params = self.sampling(min(cfg.max_tokens_per_turn, room, budget), [self._tool_stop, self._im_end], ())
-            generated, _ = await self._generate(rec, params)
+            generated, _ = await self.engine.record(rec, params)
             state.turns += 1
             closed = bool(generated) and generated[-1] == self._im_end
             # The header's ids carry the prefill (which may open the call).
@@ -251,22 +251,6 @@ class AgentLoop:
                 reply = [(body, False)]
             await rec.add_env(self._reply_tokens(reply, closed, rec), self.engine.weight_version)
 
-    async def _generate(self, rec: TrajectoryRecorder, params: SamplingParams) -> tuple[list[int], SampleDone | None]:
-        """Stream one completion of the segment into the recorder."""
-        generated: list[int] = []
-        done: SampleDone | None = None
-        stream = self.engine.generate(list(rec.segment_tokens), params)
-        async with contextlib.aclosing(stream):
-            async for event in stream:
-                if isinstance(event, SampledToken):
-                    await rec.add_sampled(event)
-                    generated.append(event.token_id)
-                elif isinstance(event, SampleDone):
-                    done = event
-                    if event.routed_experts is not None:
-                        rec.attach_routed_experts(event.routed_experts)
-        return generated, done
-
     async def _compact(self, task: Task, rec: TrajectoryRecorder) -> str:
         """Ask for a summary, then start a new segment from the task and the summary."""
         await rec.add_env(self.encode(fmt.compaction_request()), self.engine.weight_version)
@@ -274,7 +258,7 @@ class AgentLoop:
         budget = self.cfg.max_total_tokens - rec.generated_tokens
         params = self.sampling(min(self.cfg.summary_max_tokens, room, max(budget, 1)),
                                [self._summary_stop, self._im_end], ())
-        generated, _ = await self._generate(rec, params)
+        generated, _ = await self.engine.record(rec, params)
         summary = self.decode(generated)
         for marker in (fmt.SUMMARY_CLOSE, fmt.IM_END):
             summary = summary.split(marker)[0]

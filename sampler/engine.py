@@ -18,6 +18,7 @@ generation between two decoding steps (requests stay alive and continue after).
 from __future__ import annotations
 
 import abc
+import contextlib
 import time
 import uuid
 from dataclasses import dataclass
@@ -31,6 +32,8 @@ from sampler.sampling import SamplingParams
 
 if TYPE_CHECKING:
     import torch
+
+    from sampler.recorder import TrajectoryRecorder
 
 log = structlog.get_logger(__name__)
 
@@ -81,6 +84,14 @@ class SampleDone:
 EngineEvent = SampledToken | SampleDone
 
 
+def record_done(recorder: "TrajectoryRecorder", done: SampleDone) -> SampleDone:
+    """A sample's end, for :meth:`Engine.record`: routes handed over at the end go to the
+    recorder."""
+    if done.routed_experts is not None:
+        recorder.attach_routed_experts(done.routed_experts)
+    return done
+
+
 class EngineClosed(RuntimeError):
     """The engine was closed; no more requests."""
 
@@ -119,6 +130,25 @@ class Engine(abc.ABC):
     ) -> AsyncIterator[EngineEvent]:
         """Stream tokens of ``params.n`` samples (interleaved); each sample ends with a
         :class:`SampleDone`. Breaking out of the iteration aborts the request."""
+
+    async def record(self, recorder: "TrajectoryRecorder", params: SamplingParams) -> tuple[list[int], SampleDone | None]:
+        """Generate one completion (``params.n == 1``) of ``recorder``'s segment and record
+        every token into it, routes included. Returns the generated ids and the sample's
+        end (None when the stream stopped without one). Engines may record from their
+        per-step delivery instead of waking the caller per token (VLLMEngine does)."""
+        if params.n != 1:
+            raise ValueError(f"record takes one completion per call, not n={params.n}")
+        generated: list[int] = []
+        done: SampleDone | None = None
+        stream = self.generate(list(recorder.segment_tokens), params)
+        async with contextlib.aclosing(stream):
+            async for event in stream:
+                if isinstance(event, SampledToken):
+                    await recorder.add_sampled(event)
+                    generated.append(event.token_id)
+                elif isinstance(event, SampleDone):
+                    done = record_done(recorder, event)
+        return generated, done
 
     @abc.abstractmethod
     async def abort(self, request_id: str) -> None:

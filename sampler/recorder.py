@@ -98,16 +98,17 @@ class TrajectoryRecorder:
         return len(self._ids)
 
     # -- adding tokens ---------------------------------------------------------------------
-    def _room_for(self, extra_bytes: int, new_span: bool) -> bool:
-        cost = extra_bytes + (_BYTES_PER_SPAN if new_span else 0)
+    def _fits(self, size: int, version: int) -> bool:
+        """Whether a token of ``size`` bytes and weight ``version`` fits the buffered chunk."""
+        new_span = not self._versions or self._versions[-1] != version
+        cost = size + (_BYTES_PER_SPAN if new_span else 0)
         return len(self._ids) < self.chunk_tokens and self._bytes + cost <= self.max_chunk_bytes
 
     def _token_bytes(self, kept_size: int, routed: np.ndarray | None) -> int:
         return _BYTES_PER_TOKEN + 4 * kept_size + (0 if routed is None else 2 * routed.size)
 
     async def _make_room(self, size: int, version: int) -> None:
-        new_span = not self._versions or self._versions[-1] != version
-        if self._room_for(size, new_span):
+        if self._fits(size, version):
             return
         if self._ids:
             await self.flush()
@@ -134,25 +135,46 @@ class TrajectoryRecorder:
         """A token sampled by the policy: loss mask 1, its kept set and log-prob."""
         if token.prompt_routed_experts is not None:
             self._attach_prompt_routes(token.prompt_routed_experts)
-        await self._take_pending()
+        if self._pending:
+            await self._take_pending()
         size = self._token_bytes(token.kept_ids.size, token.routed_experts)
         await self._make_room(size, token.weight_version)
+        self._append_sampled(token, size)
+
+    def add_sampled_now(self, token: SampledToken) -> bool:
+        """``add_sampled`` without waiting, for engines that record from their per-step
+        delivery: True when the token was appended; False, with nothing changed, when it
+        needs the awaited path (held environment tokens or prompt routes to take first, or
+        a full chunk to publish)."""
+        if self._pending or token.prompt_routed_experts is not None or self.finished:
+            return False
+        size = self._token_bytes(token.kept_ids.size, token.routed_experts)
+        if not self._fits(size, token.weight_version):
+            return False
+        self._append_sampled(token, size)
+        return True
+
+    def _append_sampled(self, token: SampledToken, size: int) -> None:
         self._append(token.token_id, token.logprob, 1, token.kept_ids, int(token.kept_capped),
-                     token.recorded_kept_size, token.weight_version, token.routed_experts)
+                     token.recorded_kept_size, token.weight_version, token.routed_experts, size=size)
         self.generated_tokens += 1
         self.generated_versions.add(token.weight_version)
 
-    def _append(self, tok, logprob, mask, kept, capped, size, version, routed, in_segment: bool = False) -> None:
+    def _append(self, tok, logprob, mask, kept, capped, kept_size, version, routed, in_segment: bool = False,
+                size: int | None = None) -> None:
+        """Append one token (``size``: its bytes, when the caller has them already)."""
         new_span = not self._versions or self._versions[-1] != version
         self._ids.append(tok)
         self._logprobs.append(logprob)
         self._mask.append(mask)
         self._kept.append(kept)
         self._capped.append(capped)
-        self._sizes.append(size)
+        self._sizes.append(kept_size)
         self._versions.append(version)
         self._routed.append(routed)
-        self._bytes += self._token_bytes(kept.size, routed) + (_BYTES_PER_SPAN if new_span else 0)
+        if size is None:
+            size = self._token_bytes(kept.size, routed)
+        self._bytes += size + (_BYTES_PER_SPAN if new_span else 0)
         if not in_segment:  # held environment tokens joined the segment when added
             self.segment_tokens.append(tok)
 

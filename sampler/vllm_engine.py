@@ -59,7 +59,7 @@ from typing import TYPE_CHECKING, Any, AsyncIterator, Callable
 import numpy as np
 import structlog
 
-from sampler.engine import EngineClosed, EngineEvent, InProcessEngine, SampleDone, SampledToken
+from sampler.engine import EngineClosed, EngineEvent, InProcessEngine, SampleDone, SampledToken, record_done
 from sampler.sampling import KeptSet, SamplingParams
 from sampler.vllm_kept_sets import KeptSetTap
 
@@ -67,6 +67,7 @@ if TYPE_CHECKING:
     import torch
 
     from sampler.config import SamplerConfig
+    from sampler.recorder import TrajectoryRecorder
 
 log = structlog.get_logger(__name__)
 
@@ -134,9 +135,33 @@ class _Request:
     keys: list[str] = field(default_factory=list)  # per sample: vLLM's internal request id
     done: set[int] = field(default_factory=set)
     finished: bool = False
+    # record(): the recorder tokens go straight into from the per-step delivery, and the
+    # ids recorded so far. While ``backlog`` is set, events wait in the queue for the
+    # caller (which clears it once the queue is empty), so tokens are recorded in order.
+    sink: "TrajectoryRecorder | None" = None
+    generated: list[int] = field(default_factory=list)
+    backlog: bool = False
 
     def put(self, item: Any) -> None:
-        self.loop.call_soon_threadsafe(self.queue.put_nowait, item)
+        self.loop.call_soon_threadsafe(self.deliver, item)
+
+    def deliver(self, item: Any) -> None:
+        """On the caller's event loop: record what the sink takes without waiting, queue
+        the rest (a sample's end, errors, tokens that need a chunk published first)."""
+        if self.sink is not None and not self.backlog and isinstance(item, list):
+            for i, event in enumerate(item):
+                try:
+                    taken = type(event) is SampledToken and self.sink.add_sampled_now(event)
+                except Exception:  # noqa: BLE001 - the caller's awaited add_sampled raises it, in its task
+                    taken = False
+                if not taken:
+                    item = item[i:]
+                    break
+                self.generated.append(event.token_id)
+            else:
+                return  # all recorded: the caller is not woken
+        self.backlog = self.sink is not None
+        self.queue.put_nowait(item)
 
 
 class VLLMEngine(InProcessEngine):
@@ -438,10 +463,59 @@ class VLLMEngine(InProcessEngine):
     async def generate(
         self, prompt_ids: list[int], params: SamplingParams, request_id: str | None = None
     ) -> AsyncIterator[EngineEvent]:
+        req, request_id = await self._start(prompt_ids, params, request_id)
+        try:
+            while True:
+                item = await req.queue.get()
+                if item is None:
+                    return
+                if isinstance(item, BaseException):
+                    raise item
+                for event in item:
+                    yield event
+        finally:
+            if not req.finished:
+                self._submit(lambda: self._abort_now(request_id))
+
+    async def record(self, recorder: "TrajectoryRecorder", params: SamplingParams) -> tuple[list[int], SampleDone | None]:
+        """``Engine.record``, with the recording done by the per-step delivery (one
+        event-loop callback per step for all requests): the caller wakes only when a chunk
+        must be published, a turn's held prompt tokens taken, or the sample ends, not per
+        token."""
+        if params.n != 1:
+            raise ValueError(f"record takes one completion per call, not n={params.n}")
+        req, request_id = await self._start(list(recorder.segment_tokens), params, None, sink=recorder)
+        done: SampleDone | None = None
+        try:
+            while True:
+                if req.queue.empty():
+                    req.backlog = False  # everything queued is recorded: deliver may record again
+                item = await req.queue.get()
+                if item is None:
+                    return req.generated, done
+                if isinstance(item, BaseException):
+                    raise item
+                for event in item:
+                    if isinstance(event, SampledToken):
+                        await recorder.add_sampled(event)
+                        req.generated.append(event.token_id)
+                    elif isinstance(event, SampleDone):
+                        done = record_done(recorder, event)
+        finally:
+            # A caller that left early (cancelled, failed) owns its recorder again: tokens
+            # the step thread delivers before the abort lands are not recorded.
+            req.sink = None
+            if not req.finished:
+                self._submit(lambda: self._abort_now(request_id))
+
+    async def _start(self, prompt_ids: list[int], params: SamplingParams, request_id: str | None,
+                     sink: "TrajectoryRecorder | None" = None) -> tuple[_Request, str]:
+        """Check and add a request on the step thread; its events arrive on the returned
+        request's queue (or in ``sink``)."""
         request_id = self._open_request(prompt_ids, params, request_id, started=self._thread is not None)
         vparams = self._vllm_params(params)
         req = _Request(asyncio.get_running_loop(), asyncio.Queue(), params.n, params.greedy,
-                       tokens=[0] * params.n)
+                       tokens=[0] * params.n, sink=sink)
         prompt = list(map(int, prompt_ids))
 
         def add() -> None:
@@ -456,18 +530,7 @@ class VLLMEngine(InProcessEngine):
             self._requests[request_id] = req
 
         await self._call(add)
-        try:
-            while True:
-                item = await req.queue.get()
-                if item is None:
-                    return
-                if isinstance(item, BaseException):
-                    raise item
-                for event in item:
-                    yield event
-        finally:
-            if not req.finished:
-                self._submit(lambda: self._abort_now(request_id))
+        return req, request_id
 
     async def abort(self, request_id: str) -> None:
         await self._call(lambda: self._abort_now(request_id))
@@ -610,18 +673,18 @@ def _position(lps, i: int) -> tuple[list[int], list[float]]:
 
 
 def _post(outbox: list[tuple[_Request, Any]]) -> None:
-    """Put each (request, item) on its request's queue, in order, with one thread-safe
-    call per event loop."""
-    by_loop: dict[asyncio.AbstractEventLoop, list[tuple[asyncio.Queue, Any]]] = {}
+    """Deliver each (request, item) to its request, in order, with one thread-safe call
+    per event loop."""
+    by_loop: dict[asyncio.AbstractEventLoop, list[tuple[_Request, Any]]] = {}
     for req, item in outbox:
-        by_loop.setdefault(req.loop, []).append((req.queue, item))
+        by_loop.setdefault(req.loop, []).append((req, item))
     for loop, items in by_loop.items():
-        loop.call_soon_threadsafe(_put_all, items)
+        loop.call_soon_threadsafe(_deliver_all, items)
 
 
-def _put_all(items: list[tuple[asyncio.Queue, Any]]) -> None:
-    for q, item in items:
-        q.put_nowait(item)
+def _deliver_all(items: list[tuple[_Request, Any]]) -> None:
+    for req, item in items:
+        req.deliver(item)
 
 
 def _set_result(fut: asyncio.Future, value: Any) -> None:

@@ -15,7 +15,9 @@ import pytest_asyncio
 import torch
 
 from sampler.engine import SampleDone, SampledToken
+from sampler.recorder import TrajectoryIdentity, TrajectoryRecorder
 from sampler.sampling import SamplingParams
+from schemas import Cost, TrajectoryChunk
 from tests.sampler_helpers import agent_model_dir, start_test_engine
 from tests.waiting import wait_until_async
 
@@ -158,6 +160,95 @@ async def test_breaking_out_aborts_and_explicit_abort_ends_open_samples(engine):
     assert sorted(e.sample_index for e in ends) == [0, 1]
     assert all(e.finish_reason == "abort" for e in ends)
     assert sum(isinstance(e, SampledToken) for e in got) < 900
+
+
+class _CountingRecorder(TrajectoryRecorder):
+    """Counts the awaited add_sampled calls (the caller woken for a token); ``refuse``
+    makes add_sampled_now fail as a broken recorder would."""
+
+    def __init__(self, *args, refuse: bool = False, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.awaited = 0
+        self.refuse = refuse
+
+    async def add_sampled(self, token) -> None:
+        self.awaited += 1
+        await super().add_sampled(token)
+
+    def add_sampled_now(self, token) -> bool:
+        if self.refuse:
+            raise RuntimeError("broken recorder")
+        return super().add_sampled_now(token)
+
+
+async def _record(engine, record, prompt, params, *, slow_publish: bool = False, refuse: bool = False):
+    chunks: list[TrajectoryChunk] = []
+    baseline = engine.tokens_generated
+
+    async def publish(chunk):
+        if slow_publish:  # until the engine has sampled another token (or all of them)
+            start = engine.tokens_generated
+            while engine.tokens_generated < min(start + 1, baseline + params.max_tokens):
+                await asyncio.sleep(0.001)
+        chunks.append(chunk)
+
+    ident = TrajectoryIdentity(trajectory_id="t/g/0/a", task_id="t", group_id="g", sample_index=0, group_size=1,
+                               attempt="a", top_p=params.top_p)
+    rec = _CountingRecorder(ident, publish, chunk_tokens=5, refuse=refuse)
+    await rec.add_env(prompt, engine.weight_version)
+    generated, done = await record(engine, rec, params)
+    await rec.finish(done.finish_reason, Cost(generated_tokens=len(generated)))
+    arrays = [np.concatenate([getattr(c, name)() for c in chunks]).tolist()
+              for name in ("token_array", "logprob_array", "loss_mask_array", "version_array")]
+    kept = [k.tolist() for c in chunks for k in c.kept_sets()]
+    return generated, [c.num_tokens for c in chunks], arrays, kept, rec.awaited
+
+
+async def test_record_from_the_step_delivery_is_the_streamed_recording(engine):
+    """VLLMEngine.record records from the per-step delivery and wakes its caller only to
+    publish a chunk or take the held prompt: the same chunks, token for token, as
+    streaming every token into add_sampled (Engine.record), also when publishing is slow
+    enough for tokens to queue behind it, and when add_sampled_now fails (every token then
+    takes the awaited path)."""
+    from sampler.engine import Engine
+    from sampler.vllm_engine import VLLMEngine
+
+    prompt = encode(engine, PROMPTS[0])
+    params = SamplingParams(temperature=1.0, top_p=0.9, max_tokens=60, ignore_eos=True, seed=5)
+    streamed = await _record(engine, Engine.record, prompt, params)
+    direct = await _record(engine, VLLMEngine.record, prompt, params)
+    slow = await _record(engine, VLLMEngine.record, prompt, params, slow_publish=True)
+    broken = await _record(engine, VLLMEngine.record, prompt, params, refuse=True)
+    generated, sizes = streamed[0], streamed[1]
+    assert len(generated) == 60 and max(sizes) == 5
+    for got in (direct, slow, broken):
+        assert got[:4] == streamed[:4]
+    assert streamed[4] == broken[4] == 60  # woken for every token
+    # woken for the first token (the held prompt) and once per full chunk
+    assert direct[4] <= 1 + sum(sizes) // 5 < 30
+    assert direct[4] < slow[4] <= 60  # tokens queued behind a slow publish, still in order
+
+
+async def test_a_cancelled_record_records_nothing_more_and_frees_the_engine(engine):
+    prompt = encode(engine, PROMPTS[2])
+    ident = TrajectoryIdentity(trajectory_id="t/g/0/b", task_id="t", group_id="g", sample_index=0, group_size=1,
+                               attempt="b")
+
+    async def publish(chunk):
+        return None
+
+    rec = TrajectoryRecorder(ident, publish)
+    await rec.add_env(prompt, engine.weight_version)
+    task = asyncio.create_task(engine.record(rec, SamplingParams(max_tokens=400, ignore_eos=True)))
+    await wait_until_async(lambda: rec.generated_tokens >= 5, 60, "5 recorded tokens", task=task, poll_s=0.005)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    seen = rec.generated_tokens
+    # Steps the engine ran before the abort landed are not recorded; the next request runs.
+    tokens, done = await collect(engine, prompt, SamplingParams(max_tokens=5, ignore_eos=True))
+    assert done[0].num_tokens == 5
+    assert rec.generated_tokens == seen < 400 and rec.buffered == len(prompt) + seen
 
 
 async def test_pause_holds_generation_and_resume_continues_it(engine):

@@ -211,6 +211,37 @@ async def test_recorder_chunks_by_token_count_and_keeps_every_array_aligned():
         assert (c.temperature, c.top_p, c.top_k, c.attempt) == (1.0, 0.9, -1, "a")
 
 
+async def test_recorder_records_without_waiting_only_when_nothing_must_be_published_first():
+    """add_sampled_now (engines recording from their per-step delivery) appends only when
+    the awaited path would publish nothing; it refuses, changing nothing, when the held
+    prompt must go first, the chunk is full, or the trajectory is final. The chunks are
+    those of add_sampled alone."""
+    rec, out = _recorder(chunk_tokens=3)
+    await rec.add_env([1, 2], version=0)
+    assert not rec.add_sampled_now(_token(10, version=0))  # the held prompt goes first
+    assert (rec.buffered, rec.generated_tokens) == (0, 0)
+    await rec.add_sampled(_token(10, version=0))
+    assert not rec.add_sampled_now(_token(11, version=0))  # [1, 2, 10] must be published first
+    assert out == [] and rec.buffered == 3
+    await rec.add_sampled(_token(11, version=0))
+    assert rec.add_sampled_now(_token(12, version=0)) and rec.add_sampled_now(_token(13, version=1))
+    assert not rec.add_sampled_now(_token(14, version=1))
+    await rec.add_sampled(_token(14, version=1))
+    await rec.finish("length", Cost(generated_tokens=5))
+    assert not rec.add_sampled_now(_token(15, version=1)) and rec.generated_tokens == 5
+
+    ref, ref_out = _recorder(chunk_tokens=3)
+    await ref.add_env([1, 2], version=0)
+    for tok, version in [(10, 0), (11, 0), (12, 0), (13, 1), (14, 1)]:
+        await ref.add_sampled(_token(tok, version=version))
+    await ref.finish("length", Cost(generated_tokens=5))
+    assert [c.num_tokens for c in out] == [c.num_tokens for c in ref_out] == [3, 3, 1]
+    got, want = _concat(out), _concat(ref_out)
+    assert [a.tolist() for a in got[:3]] == [b.tolist() for b in want[:3]]
+    assert [k.tolist() for k in got[3]] == [k.tolist() for k in want[3]]
+    assert rec.generated_versions == ref.generated_versions == {0, 1}
+
+
 async def test_recorder_never_builds_a_record_over_the_byte_limit():
     limit = 16 * 1024
     rec, out = _recorder(chunk_tokens=10_000, max_chunk_bytes=limit)
