@@ -133,6 +133,8 @@ class TrajectoryRecorder:
 
     async def add_sampled(self, token: SampledToken) -> None:
         """A token sampled by the policy: loss mask 1, its kept set and log-prob."""
+        if self.finished:
+            raise RuntimeError(f"trajectory {self.identity.trajectory_id} is already final")
         if token.prompt_routed_experts is not None:
             self._attach_prompt_routes(token.prompt_routed_experts)
         if self._pending:
@@ -144,8 +146,9 @@ class TrajectoryRecorder:
     def add_sampled_now(self, token: SampledToken) -> bool:
         """``add_sampled`` without waiting, for engines that record from their per-step
         delivery: True when the token was appended; False, with nothing changed, when it
-        needs the awaited path (held environment tokens or prompt routes to take first, or
-        a full chunk to publish)."""
+        needs the awaited path (held environment tokens or prompt routes to take first, a
+        full chunk to publish, a final trajectory). All or nothing: it appends only after
+        every check passed."""
         if self._pending or token.prompt_routed_experts is not None or self.finished:
             return False
         size = self._token_bytes(token.kept_ids.size, token.routed_experts)

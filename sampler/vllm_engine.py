@@ -6,7 +6,10 @@ nothing. Here vLLM's ``LLMEngine`` (V1, in-process core, made by ``vllm.LLM``) i
 owned by one thread that loops ``step()``; asyncio callers talk to it through a
 command queue, and every output is handed back to the caller's event loop. So:
 
-* streaming: ``RequestOutputKind.DELTA``, one ``SampledToken`` per generated token;
+* streaming: ``RequestOutputKind.DELTA``, one ``SampledToken`` per generated token,
+  handed to the caller's event loop in one callback per step; ``record`` (the agent
+  loop's call) appends them to the recorder in that callback, so a rollout's task wakes
+  per chunk and per sample end, not per token;
 * abort: ``LLMEngine.abort_request`` between two steps;
 * pause/resume/apply_weights: commands run *between* steps, so each token is produced
   by exactly one weight version, and the version recorded with it is exact even when
@@ -141,6 +144,9 @@ class _Request:
     sink: "TrajectoryRecorder | None" = None
     generated: list[int] = field(default_factory=list)
     backlog: bool = False
+    # False once the sink's add_sampled_now failed: every later token takes the awaited
+    # path (add_sampled is all-or-nothing, so the failed token is not recorded twice).
+    direct: bool = True
 
     def put(self, item: Any) -> None:
         self.loop.call_soon_threadsafe(self.deliver, item)
@@ -148,12 +154,14 @@ class _Request:
     def deliver(self, item: Any) -> None:
         """On the caller's event loop: record what the sink takes without waiting, queue
         the rest (a sample's end, errors, tokens that need a chunk published first)."""
-        if self.sink is not None and not self.backlog and isinstance(item, list):
+        if self.sink is not None and self.direct and not self.backlog and isinstance(item, list):
             for i, event in enumerate(item):
                 try:
                     taken = type(event) is SampledToken and self.sink.add_sampled_now(event)
-                except Exception:  # noqa: BLE001 - the caller's awaited add_sampled raises it, in its task
-                    taken = False
+                except Exception as exc:  # noqa: BLE001 - the awaited add_sampled raises it in the caller's task
+                    log.warning("recording from the step delivery failed; this request records per token",
+                                trajectory_id=self.sink.identity.trajectory_id, error=repr(exc))
+                    self.direct = taken = False
                 if not taken:
                     item = item[i:]
                     break
@@ -475,7 +483,7 @@ class VLLMEngine(InProcessEngine):
                     yield event
         finally:
             if not req.finished:
-                self._submit(lambda: self._abort_now(request_id))
+                self._submit(lambda: self._abort_now(request_id, req))
 
     async def record(self, recorder: "TrajectoryRecorder", params: SamplingParams) -> tuple[list[int], SampleDone | None]:
         """``Engine.record``, with the recording done by the per-step delivery (one
@@ -506,7 +514,7 @@ class VLLMEngine(InProcessEngine):
             # the step thread delivers before the abort lands are not recorded.
             req.sink = None
             if not req.finished:
-                self._submit(lambda: self._abort_now(request_id))
+                self._submit(lambda: self._abort_now(request_id, req))
 
     async def _start(self, prompt_ids: list[int], params: SamplingParams, request_id: str | None,
                      sink: "TrajectoryRecorder | None" = None) -> tuple[_Request, str]:
@@ -529,16 +537,25 @@ class VLLMEngine(InProcessEngine):
                 self._tap.wanted.update(req.keys)
             self._requests[request_id] = req
 
-        await self._call(add)
+        try:
+            await self._call(add)
+        except asyncio.CancelledError:
+            # The add may still run (it is queued on the step thread): abort it after it.
+            req.sink = None
+            self._submit(lambda: self._abort_now(request_id, req))
+            raise
         return req, request_id
 
     async def abort(self, request_id: str) -> None:
         await self._call(lambda: self._abort_now(request_id))
 
-    def _abort_now(self, request_id: str) -> None:
-        req = self._requests.pop(request_id, None)
-        if req is None:
+    def _abort_now(self, request_id: str, only: _Request | None = None) -> None:
+        """Abort ``request_id`` (if ``only`` is given: only if it is that request, not
+        another one that took the id)."""
+        req = self._requests.get(request_id)
+        if req is None or (only is not None and req is not only):
             return
+        del self._requests[request_id]
         self._forget(req)
         self._engine.abort_request([request_id])
         events = [SampleDone(i, "abort", req.tokens[i]) for i in range(req.n) if i not in req.done]

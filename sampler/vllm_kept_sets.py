@@ -80,13 +80,15 @@ def _by_likelihood_then_id(ids: np.ndarray, logprobs: np.ndarray) -> tuple[np.nd
     the time on a step's [rows, cap + 1]): the high half is the float32 bits of
     ``-logprob`` mapped to int32 so that integer order is float order, the low half the
     id (ids are >= 0). Both halves decode exactly, so the values are the sampler's (a
-    -0.0 comes back as 0.0: the two compare equal, so they must tie and order by id)."""
+    -0.0 comes back as 0.0: the two compare equal, so they must tie and order by id). A
+    NaN sorts last, as in lexsort (kept_set refuses a NaN sampled log-prob anyway)."""
     bits = (np.float32(0.0) - logprobs.astype(np.float32)).view(np.int32)  # 0 - x: no -0.0
     ordered = bits ^ ((bits >> 31) & np.int32(0x7FFFFFFF))  # monotone: float order == int order
+    ordered[np.isnan(logprobs)] = np.iinfo(np.int32).max
     keys = np.sort((ordered.astype(np.int64) << 32) | ids.astype(np.int64), axis=-1)
     high = (keys >> 32).astype(np.int32)
     neg = (high ^ ((high >> 31) & np.int32(0x7FFFFFFF))).view(np.float32)
-    return (keys & 0xFFFFFFFF).astype(np.int32), -neg
+    return (keys & 0xFFFFFFFF).astype(np.int32), np.float32(0.0) - neg
 
 
 class KeptSetTap:

@@ -96,6 +96,31 @@ def test_tap_kept_set_ties_by_id_and_only_wanted_rows():
         step.kept_set("r1", 0)
 
 
+def test_tap_orders_like_lexsort_for_every_float32_it_can_see():
+    """The tap's one-sort ordering (float bits of -logprob, then id) against lexsort on
+    ties, +-0, -inf, subnormals, NaN and ids up to a 152k vocabulary; values bit for bit
+    (a -0.0 comes back as 0.0, equal to it)."""
+    from sampler.vllm_kept_sets import _by_likelihood_then_id
+
+    rng = np.random.default_rng(7)
+    specials = np.array([0.0, -0.0, -np.inf, -1e-45, -1.2e-38, np.nan, -3e38], dtype=np.float32)
+    for _ in range(200):
+        rows, k = int(rng.integers(1, 33)), int(rng.integers(1, 66))
+        lps = -np.abs(rng.normal(size=(rows, k))).astype(np.float32)
+        lps[:, ::3] = lps[:, :1]  # ties
+        pick = rng.random((rows, k)) < 0.2
+        lps[pick] = rng.choice(specials, size=int(pick.sum()))
+        ids = np.stack([rng.permutation(152064)[:k] for _ in range(rows)]).astype(np.int32)
+        order = np.lexsort((ids, -lps), axis=-1)
+        got_ids, got_lps = _by_likelihood_then_id(ids, lps)
+        assert np.array_equal(got_ids, np.take_along_axis(ids, order, axis=-1))
+        want = np.take_along_axis(lps, order, axis=-1)
+        assert np.array_equal(got_lps, want, equal_nan=True) and got_lps.dtype == np.float32
+        plain = (want != 0) & ~np.isnan(want)  # zeros and NaNs compare by value above
+        assert np.array_equal(want.view(np.int32)[plain], got_lps.view(np.int32)[plain])
+        assert not np.signbit(got_lps[got_lps == 0]).any()
+
+
 def test_tap_refuses_a_token_its_sampler_did_not_draw_or_without_finite_log_prob():
     inf = float("-inf")
     step = tap_step([[-1.0, -1.0, -1.0, inf]], [3], cap=2)
