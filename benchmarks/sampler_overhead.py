@@ -143,8 +143,11 @@ async def recorded(engine: VLLMEngine, prompts, tokens: int, chunks: bool) -> in
     await engine.pause()
     tasks = [asyncio.create_task(one(i, p)) for i, p in enumerate(prompts)]
     await asyncio.sleep(0)  # each task runs up to its add
+    steps = engine.steps
     await engine.resume()
     counts = await asyncio.gather(*tasks)
+    if engine.steps - steps != tokens:  # a request started late: this run measured more than recording
+        print(f"warning: {engine.steps - steps} engine steps for {tokens} tokens per request", flush=True)
     return sum(counts)
 
 
