@@ -127,8 +127,13 @@ class TrajectoryRecorder:
         """Move the held environment tokens into the buffer, chunking as usual."""
         empty = np.zeros(0, dtype=np.int32)
         pending, self._pending = self._pending, []
-        for tok, version, routed in pending:
-            await self._make_room(self._token_bytes(0, routed), version)
+        for i, (tok, version, routed) in enumerate(pending):
+            try:
+                await self._make_room(self._token_bytes(0, routed), version)
+            except BaseException:
+                # A failed publish keeps its buffer; the tokens not moved yet stay held, in order.
+                self._pending = pending[i:] + self._pending
+                raise
             self._append(tok, 0.0, 0, empty, 0, 0, version, routed, in_segment=True)
 
     async def add_sampled(self, token: SampledToken) -> None:

@@ -267,6 +267,25 @@ async def test_recorder_records_without_waiting_only_when_nothing_must_be_publis
     assert rec.generated_versions == ref.generated_versions == {0, 1}
 
 
+async def test_a_failed_publish_loses_no_held_environment_token():
+    out: list[TrajectoryChunk] = []
+    failures = [RuntimeError("broker down")]
+
+    async def publish(chunk):
+        if failures:
+            raise failures.pop()
+        out.append(chunk)
+
+    rec = TrajectoryRecorder(IDENT, publish, chunk_tokens=4)
+    await rec.add_env([10, 11, 12, 13, 14, 15], version=0)  # held: more than a chunk
+    with pytest.raises(RuntimeError, match="broker down"):
+        await rec.add_sampled(_token(7, version=0))  # the first chunk's publish fails
+    await rec.flush()  # the retry publishes every held token once, in order
+    await rec.finish("abort", Cost())
+    assert [c.token_array().tolist() for c in out] == [[10, 11, 12, 13], [14, 15], []]
+    assert [c.chunk_index for c in out] == [0, 1, 2]
+
+
 async def test_recorder_never_builds_a_record_over_the_byte_limit():
     limit = 16 * 1024
     rec, out = _recorder(chunk_tokens=10_000, max_chunk_bytes=limit)
