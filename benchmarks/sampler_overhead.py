@@ -17,6 +17,9 @@ prompts, the same sampling (temperature 1, top_p 0.95) and ``ignore_eos`` so eve
 sample is exactly ``--tokens`` long:
 
 * plain:            ``LLM.generate`` of the batch, no log-probs (what serving costs);
+* streamed:         vLLM's engine loop (``LLMEngine.step``) with per-step ``DELTA``
+                    outputs, no log-probs and nothing done with them: the floor of
+                    any consumer that sees tokens as they are made;
 * +logprobs:        ``LLM.generate`` with ``logprobs = cap + 1`` processed log-probs
                     (how the engine got its kept sets before the sampler tap: vLLM
                     turning cap + 1 entries per token into Python objects);
@@ -117,6 +120,28 @@ async def plain(engine: VLLMEngine, prompts, tokens: int, logprobs: int | None) 
     return await engine._call(run)
 
 
+async def streamed(engine: VLLMEngine, prompts, tokens: int) -> int:
+    """vLLM's own engine loop with per-step (DELTA) outputs and nothing else: what any
+    in-process consumer that sees tokens as they are made starts from."""
+    from vllm import SamplingParams as VSamplingParams
+    from vllm.sampling_params import RequestOutputKind
+
+    params = VSamplingParams(temperature=1.0, top_p=0.95, max_tokens=tokens, ignore_eos=True, detokenize=False,
+                             seed=0, output_kind=RequestOutputKind.DELTA)
+
+    def run():
+        llm_engine = engine.llm.llm_engine
+        for i, p in enumerate(prompts):
+            llm_engine.add_request(f"streamed-{i}", llm_engine.renderer.render_cmpl([{"prompt_token_ids": p}])[0],
+                                   params)
+        n = 0
+        while llm_engine.has_unfinished_requests():
+            n += sum(len(o.outputs[0].token_ids) for o in llm_engine.step())
+        return n
+
+    return await engine._call(run)
+
+
 async def recorded(engine: VLLMEngine, prompts, tokens: int, chunks: bool) -> int:
     params = SamplingParams(temperature=1.0, top_p=0.95, max_tokens=tokens, ignore_eos=True, seed=0)
     encoded_bytes = 0
@@ -165,6 +190,7 @@ async def measure(model: str, args) -> list[tuple]:
             await recorded(engine, prompts, 8, True)
             runs = {
                 "plain": lambda: plain(engine, prompts, args.tokens, None),
+                "streamed": lambda: streamed(engine, prompts, args.tokens),
                 "+logprobs": lambda: plain(engine, prompts, args.tokens, args.cap + 1),
                 "engine": lambda: recorded(engine, prompts, args.tokens, False),
                 "engine+chunks": lambda: recorded(engine, prompts, args.tokens, True),
