@@ -135,7 +135,9 @@ class Engine(abc.ABC):
         """Generate one completion (``params.n == 1``) of ``recorder``'s segment and record
         every token into it, routes included. Returns the generated ids and the sample's
         end (None when the stream stopped without one). Engines may record from their
-        per-step delivery instead of waking the caller per token (VLLMEngine does)."""
+        per-step delivery instead of waking the caller per token (VLLMEngine does), so
+        the recorder belongs to the call until it returns: nothing else may add to it
+        meanwhile."""
         if params.n != 1:
             raise ValueError(f"record takes one completion per call, not n={params.n}")
         generated: list[int] = []
