@@ -700,10 +700,12 @@ def audit(args, stack: Stack, kafka: KafkaConfig, chaos: Chaos, canary: Canary, 
     if "trainer-freeze" in args.schedule:
         inj = chaos.injected
         fenced_lines = [e for e in log_events(inj.zombie_log, "trainer stopped: not the only writer")]
-        out.append(Invariant("the woken trainer was fenced (exit 4, nothing logged)",
-                             inj.zombie_exit == 4 and bool(fenced_lines),
+        fenced = inj.zombie_exit == 4 and bool(fenced_lines)
+        out.append(Invariant("the woken trainer was fenced (exit 4, nothing logged)", fenced,
                              f"exit {inj.zombie_exit}; "
-                             + (fenced_lines[0].get("error", "").split(";")[0] if fenced_lines else "no fenced line")))
+                             + (fenced_lines[0].get("error", "").split(";")[0] if fenced_lines else "no fenced line")
+                             # how it ended instead: the log is gone with a test's temporary directory
+                             + ("" if fenced else f"; its log ends:\n{tail(inj.zombie_log, 25)}")))
     out.append(Invariant("every component stops cleanly on SIGTERM (exit 0)",
                          all(c == 0 for c in stop_codes.values()),
                          ", ".join(f"{n} {c}" for n, c in stop_codes.items())))

@@ -12,7 +12,7 @@ from aiokafka.errors import TopicAlreadyExistsError
 
 from bus.clients import cluster_metadata, new_consumer
 from bus.config import KafkaConfig
-from bus.connect import start_client
+from bus.connect import start_client, stop_consumer
 from bus.topics import TOPICS, TopicSpec
 
 log = structlog.get_logger(__name__)
@@ -85,7 +85,7 @@ async def wait_for_leaders(cfg: KafkaConfig, topics: list[str], timeout: float =
                 raise TimeoutError(f"topics without leaders after {timeout}s: {missing}")
             await asyncio.sleep(0.2)
     finally:
-        await consumer.stop()
+        await stop_consumer(consumer)
 
 
 @dataclass
@@ -157,5 +157,5 @@ async def describe_topics(cfg: KafkaConfig, topics: list[str], groups: list[str]
             infos.append(TopicInfo(topic, parts))
         return infos
     finally:
-        await consumer.stop()
+        await stop_consumer(consumer)
         await admin.close()

@@ -84,6 +84,21 @@ def backoff_s(attempt: int) -> float:
     return min(BACKOFF_MAX_S, BACKOFF_INITIAL_S * 2 ** (attempt - 1))
 
 
+async def stop_consumer(consumer: Any) -> None:
+    """``await consumer.stop()`` for an aiokafka consumer. Its stop() re-raises the
+    CancelledError of its own fetch task when that task was cancelled in a retry backoff
+    (after fetches timed out, e.g. in a process that was SIGSTOPped): only a cancellation
+    of the calling task may propagate, or it replaces the error being handled (a fenced
+    trainer's ``WriterFenced`` became an exit 1 in the chaos run)."""
+    try:
+        await consumer.stop()
+    except asyncio.CancelledError:
+        task = asyncio.current_task()
+        if task is not None and task.cancelling():
+            raise
+        log.warning("kafka consumer stopped with its fetch task cancelled")
+
+
 async def start_client(client: Any, bootstrap: str, what: str = "client") -> None:
     """``await client.start()`` under this process's policy. ``client`` is an aiokafka
     producer, consumer or admin client."""

@@ -31,7 +31,7 @@ from aiokafka.structs import OffsetAndMetadata
 from bus import codec
 from bus.clients import new_consumer
 from bus.config import KafkaConfig
-from bus.connect import add_stop_handler, start_client
+from bus.connect import add_stop_handler, start_client, stop_consumer
 from bus.producer import EventProducer, RecordTooLarge
 from bus.topics import topic_spec
 from schemas import DeadLetter, Event, RecordRef, now
@@ -190,10 +190,11 @@ class EventConsumer:
             await self.commit()
         finally:
             self._started = False
-            await self._consumer.stop()
+            await stop_consumer(self._consumer)
             if self._dlq is not None:
                 await self._dlq.stop()
                 self._dlq = None
+
 
     async def __aenter__(self) -> "EventConsumer":
         await self.start()

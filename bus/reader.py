@@ -13,7 +13,7 @@ from aiokafka import AIOKafkaConsumer, ConsumerRecord, TopicPartition
 from bus import codec
 from bus.clients import cluster_metadata, new_consumer
 from bus.config import KafkaConfig
-from bus.connect import start_client
+from bus.connect import start_client, stop_consumer
 from bus.consumer import Envelope, envelope_of
 from bus.topics import topic_spec
 from schemas import RecordRef
@@ -53,7 +53,7 @@ async def fetch_records(cfg: KafkaConfig, refs: Sequence[RecordRef], timeout_ms:
                 if (tp.topic, tp.partition, offset) not in found:
                     raise RecordMissing(f"no record at {tp.topic}:{tp.partition}@{offset}")
     finally:
-        await consumer.stop()
+        await stop_consumer(consumer)
     return [found[(r.topic, r.partition, r.offset)] for r in refs]
 
 
@@ -138,7 +138,7 @@ async def read_topic_records(cfg: KafkaConfig, topic: str, timeout_ms: int = 10_
         async for records in read_ranges(consumer, {tp: (begins[tp], ends[tp]) for tp in tps}, timeout_ms):
             out.extend(records)
     finally:
-        await consumer.stop()
+        await stop_consumer(consumer)
     return out
 
 

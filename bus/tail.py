@@ -30,7 +30,7 @@ from aiokafka import TopicPartition
 
 from bus import codec
 from bus.config import KafkaConfig
-from bus.connect import start_client
+from bus.connect import start_client, stop_consumer
 from bus.clients import new_consumer
 from bus.reader import plain_reader, read_ranges, topic_partitions
 from bus.topics import TOPICS, topic_spec
@@ -356,7 +356,7 @@ async def tail(cfg: KafkaConfig, opts: TailOptions, out: TextIO, err: TextIO | N
         pass
     finally:
         if consumer is not None:
-            await consumer.stop()
+            await stop_consumer(consumer)
         if opts.skip_undecodable and printer.undecodable:
             print(f"rollway tail: skipped {printer.undecodable} undecodable record(s)", file=err)
     return printer.printed
@@ -472,7 +472,7 @@ async def _tail_as_group(cfg: KafkaConfig, topic: str, opts: TailOptions, printe
                 for record in records:
                     printer.feed(record)
     finally:
-        await consumer.stop()
+        await stop_consumer(consumer)
 
 
 def run_tail(cfg: KafkaConfig, opts: TailOptions, out: TextIO, err: TextIO | None = None) -> int:

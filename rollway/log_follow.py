@@ -14,7 +14,7 @@ import structlog
 
 from bus import codec
 from bus.config import KafkaConfig
-from bus.connect import start_client
+from bus.connect import start_client, stop_consumer
 from bus.consumer import Envelope, envelope_of
 from bus.reader import plain_reader, topic_partitions
 from bus.topics import topic_spec
@@ -43,7 +43,7 @@ class LogFollower:
             await consumer.seek_to_beginning(*tps)
 
     async def stop(self) -> None:
-        await self._consumer.stop()
+        await stop_consumer(self._consumer)
 
     async def __aenter__(self) -> "LogFollower":
         await self.start()

@@ -16,7 +16,7 @@ import structlog
 
 from bus import RecordMissing, codec, fetch_records
 from bus.config import KafkaConfig
-from bus.connect import start_client
+from bus.connect import start_client, stop_consumer
 from bus.consumer import envelope_of
 from bus.reader import plain_reader, read_topic_records, read_up_to, topic_partitions
 from bus.topics import topic_spec
@@ -196,7 +196,7 @@ class StepLogWatch:
 
     async def stop(self) -> None:
         if self._consumer is not None:
-            await self._consumer.stop()
+            await stop_consumer(self._consumer)
             self._consumer = None
 
     async def check(self, step: int) -> None:
