@@ -195,7 +195,6 @@ class EventConsumer:
                 await self._dlq.stop()
                 self._dlq = None
 
-
     async def __aenter__(self) -> "EventConsumer":
         await self.start()
         return self

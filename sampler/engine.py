@@ -84,12 +84,17 @@ class SampleDone:
 EngineEvent = SampledToken | SampleDone
 
 
-def record_done(recorder: "TrajectoryRecorder", done: SampleDone) -> SampleDone:
-    """A sample's end, for :meth:`Engine.record`: routes handed over at the end go to the
-    recorder."""
-    if done.routed_experts is not None:
-        recorder.attach_routed_experts(done.routed_experts)
-    return done
+async def record_event(recorder: "TrajectoryRecorder", event: EngineEvent, generated: list[int]) -> SampleDone | None:
+    """One engine event into ``recorder`` (:meth:`Engine.record`'s awaited path): a token
+    is recorded and its id appended to ``generated``; a sample's end gives the recorder
+    routes handed over at the end and is returned."""
+    if isinstance(event, SampledToken):
+        await recorder.add_sampled(event)
+        generated.append(event.token_id)
+        return None
+    if event.routed_experts is not None:
+        recorder.attach_routed_experts(event.routed_experts)
+    return event
 
 
 class EngineClosed(RuntimeError):
@@ -145,11 +150,7 @@ class Engine(abc.ABC):
         stream = self.generate(list(recorder.segment_tokens), params)
         async with contextlib.aclosing(stream):
             async for event in stream:
-                if isinstance(event, SampledToken):
-                    await recorder.add_sampled(event)
-                    generated.append(event.token_id)
-                elif isinstance(event, SampleDone):
-                    done = record_done(recorder, event)
+                done = await record_event(recorder, event, generated) or done
         return generated, done
 
     @abc.abstractmethod

@@ -128,13 +128,14 @@ class TrajectoryRecorder:
         empty = np.zeros(0, dtype=np.int32)
         pending, self._pending = self._pending, []
         for i, (tok, version, routed) in enumerate(pending):
+            size = self._token_bytes(0, routed)
             try:
-                await self._make_room(self._token_bytes(0, routed), version)
+                await self._make_room(size, version)
             except BaseException:
                 # A failed publish keeps its buffer; the tokens not moved yet stay held, in order.
                 self._pending = pending[i:] + self._pending
                 raise
-            self._append(tok, 0.0, 0, empty, 0, 0, version, routed, in_segment=True)
+            self._append(tok, 0.0, 0, empty, 0, 0, version, routed, size, in_segment=True)
 
     async def add_sampled(self, token: SampledToken) -> None:
         """A token sampled by the policy: loss mask 1, its kept set and log-prob."""
@@ -164,13 +165,13 @@ class TrajectoryRecorder:
 
     def _append_sampled(self, token: SampledToken, size: int) -> None:
         self._append(token.token_id, token.logprob, 1, token.kept_ids, int(token.kept_capped),
-                     token.recorded_kept_size, token.weight_version, token.routed_experts, size=size)
+                     token.recorded_kept_size, token.weight_version, token.routed_experts, size)
         self.generated_tokens += 1
         self.generated_versions.add(token.weight_version)
 
-    def _append(self, tok, logprob, mask, kept, capped, kept_size, version, routed, in_segment: bool = False,
-                size: int | None = None) -> None:
-        """Append one token (``size``: its bytes, when the caller has them already)."""
+    def _append(self, tok, logprob, mask, kept, capped, kept_size, version, routed, size: int,
+                in_segment: bool = False) -> None:
+        """Append one token (``size``: its bytes, ``_token_bytes``, as checked for room)."""
         new_span = not self._versions or self._versions[-1] != version
         self._ids.append(tok)
         self._logprobs.append(logprob)
@@ -180,8 +181,6 @@ class TrajectoryRecorder:
         self._sizes.append(kept_size)
         self._versions.append(version)
         self._routed.append(routed)
-        if size is None:
-            size = self._token_bytes(kept.size, routed)
         self._bytes += size + (_BYTES_PER_SPAN if new_span else 0)
         if not in_segment:  # held environment tokens joined the segment when added
             self.segment_tokens.append(tok)

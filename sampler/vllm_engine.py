@@ -62,7 +62,7 @@ from typing import TYPE_CHECKING, Any, AsyncIterator, Callable
 import numpy as np
 import structlog
 
-from sampler.engine import EngineClosed, EngineEvent, InProcessEngine, SampleDone, SampledToken, record_done
+from sampler.engine import EngineClosed, EngineEvent, InProcessEngine, SampleDone, SampledToken, record_event
 from sampler.sampling import KeptSet, SamplingParams
 from sampler.vllm_kept_sets import KeptSetTap
 
@@ -504,11 +504,7 @@ class VLLMEngine(InProcessEngine):
                 if isinstance(item, BaseException):
                     raise item
                 for event in item:
-                    if isinstance(event, SampledToken):
-                        await recorder.add_sampled(event)
-                        req.generated.append(event.token_id)
-                    elif isinstance(event, SampleDone):
-                        done = record_done(recorder, event)
+                    done = await record_event(recorder, event, req.generated) or done
         finally:
             # A caller that left early (cancelled, failed) owns its recorder again: tokens
             # the step thread delivers before the abort lands are not recorded.

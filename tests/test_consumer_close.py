@@ -58,7 +58,7 @@ async def test_cancelling_the_closing_task_still_cancels_it():
 
     async def stop() -> None:
         stop_entered.set()
-        await asyncio.sleep(30)
+        await asyncio.Event().wait()  # a stop that hangs until cancelled
 
     consumer._consumer.stop = stop
     task = asyncio.create_task(consumer.close())

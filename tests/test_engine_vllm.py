@@ -187,9 +187,9 @@ async def _record(engine, record, prompt, params, *, slow_publish: bool = False,
 
     async def publish(chunk):
         if slow_publish:  # until the engine has sampled another token (or all of them)
-            start = engine.tokens_generated
-            while engine.tokens_generated < min(start + 1, baseline + params.max_tokens):
-                await asyncio.sleep(0.001)
+            target = min(engine.tokens_generated + 1, baseline + params.max_tokens)
+            await wait_until_async(lambda: engine.tokens_generated >= target, 60, "another sampled token",
+                                   poll_s=0.001)
         chunks.append(chunk)
 
     ident = TrajectoryIdentity(trajectory_id="t/g/0/a", task_id="t", group_id="g", sample_index=0, group_size=1,
