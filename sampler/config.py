@@ -176,14 +176,14 @@ class EvalConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     heartbeat_interval_s: float = 5.0
 
     def __post_init__(self) -> None:
+        # Negative: the sampler's temperature (checked there).
+        temperature = None if self.temperature < 0 else temperature_error("eval.temperature", self.temperature)
         checks = [
             (self.samples >= 1, f"eval.samples must be at least 1, got {self.samples}"),
             (self.max_tasks >= 0, f"eval.max_tasks must not be negative, got {self.max_tasks}"),
             (self.concurrency >= 1, f"eval.concurrency must be at least 1, got {self.concurrency}"),
             (self.every_n_versions >= 1, f"eval.every_n_versions must be at least 1, got {self.every_n_versions}"),
-            # Negative: the sampler's temperature (checked there).
-            (self.temperature < 0 or temperature_error("eval.temperature", self.temperature) is None,
-             temperature_error("eval.temperature", self.temperature) or ""),
+            (temperature is None, temperature or ""),
         ]
         for ok, message in checks:
             if not ok:
