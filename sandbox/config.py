@@ -7,6 +7,35 @@ from typing import Literal
 import msgspec
 
 
+class ImageConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """The image store of a sandbox host (:mod:`sandbox.images`): OCI images fetched with
+    skopeo, unpacked once with umoci into shared read-only root filesystems."""
+
+    # Where pulled and unpacked images live (root-only). Empty = /var/cache/rollway/images
+    # as root, else ~/.cache/rollway/images.
+    cache_dir: str = ""
+    # Unpacked roots plus their metadata stay under this; least recently used images not in
+    # use by a session are evicted to make room, and an image that cannot fit is an error.
+    max_cache_bytes: int = 50 * 1024**3
+    # Unpacks (and pulls) running at once on this host; more wait their turn.
+    max_concurrent_unpacks: int = 2
+    # Seconds a pull (skopeo copy) or an unpack (umoci) may take.
+    pull_timeout_s: float = 1800.0
+    # containers-policy.json(5) for skopeo; empty = the system's (/etc/containers/policy.json),
+    # or accept anything when there is none.
+    policy: str = ""
+    # Sessions kept ready per image (created ahead, while earlier ones run); 0 = off.
+    warm_sessions_per_image: int = 0
+
+    def __post_init__(self) -> None:
+        if self.max_cache_bytes <= 0:
+            raise ValueError(f"sandbox.images.max_cache_bytes must be positive, got {self.max_cache_bytes}")
+        if self.max_concurrent_unpacks <= 0:
+            raise ValueError(f"sandbox.images.max_concurrent_unpacks must be positive, got {self.max_concurrent_unpacks}")
+        if self.warm_sessions_per_image < 0:
+            raise ValueError("sandbox.images.warm_sessions_per_image must be 0 (off) or positive")
+
+
 class SandboxConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """The sandbox service (:mod:`sandbox.service`) and the isolation of every command."""
 
@@ -83,6 +112,8 @@ class SandboxConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     # call-heavy tests get that far, so startup stays parallel. The kernel cannot move a
     # pinned pair off a busy CPU: 0 = never pin.
     grading_bridge_pin_after: int = 200
+    # OCI images as sandbox roots for tasks that name one (TaskSpec.image).
+    images: ImageConfig = msgspec.field(default_factory=ImageConfig)
 
     def __post_init__(self) -> None:
         if self.workspace_bytes <= 0 or self.workspace_inodes <= 0:

@@ -55,6 +55,10 @@ class Task(Event, kw_only=True):
     task_set: str = "demo"
     metadata: dict[str, str] = {}
     created_at: float = 0.0
+    # The task's environment (tasks/spec.py): an OCI image reference ("" = host root) and
+    # where the repository lives inside the sandbox. Defaults keep old records decodable.
+    image: str = ""
+    workdir: str = "/workspace"
 
 
 class TrajectoryKey(msgspec.Struct):

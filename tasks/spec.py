@@ -34,6 +34,12 @@ class TaskSpec(msgspec.Struct, kw_only=True):
     language: str = "python"
     task_set: str = "demo"
     metadata: dict[str, str] = {}
+    # An OCI image whose root filesystem the task's sandboxes run on ("" = the host root,
+    # as before); see sandbox/images.py and docs/environments.md. ``workdir``: where the
+    # repository lives inside the sandbox (an image task's tree is a copy-on-write layer
+    # over the image's ``workdir``).
+    image: str = ""
+    workdir: str = "/workspace"
 
     def to_event(self, group_id: str, group_size: int, created_at: float = 0.0) -> Task:
         return Task(
@@ -47,6 +53,8 @@ class TaskSpec(msgspec.Struct, kw_only=True):
             task_set=self.task_set,
             metadata=dict(self.metadata),
             created_at=created_at,
+            image=self.image,
+            workdir=self.workdir,
         )
 
 

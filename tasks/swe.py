@@ -25,6 +25,12 @@ field                             required  meaning
                                             Verified's "<15 min fix", "15 min - 1 hour",
                                             "1-4 hours", ">4 hours" (default medium)
 ``test_command``                  no        overrides the generated command
+``image`` (or ``docker_image``,   no        the OCI image the task runs in (a registry
+``image_name``)                             reference, or ``oci:``/``docker-archive:``...
+                                            as skopeo spells them); with an image,
+                                            ``files`` may be omitted (the repository is in
+                                            the image) and ``workdir`` defaults to /testbed
+``workdir``                       no        where the repository lives in the sandbox
 ``repo``, ``base_commit``,        no        kept as metadata
 ``version``, ``created_at``,
 ``hints_text``,
@@ -60,9 +66,13 @@ HIDDEN_TESTS_DIR = "hidden_tests"
 TEST_COMMAND_PREFIX = "python -m pytest -q -p no:cacheprovider"
 METADATA_FIELDS = ("repo", "base_commit", "version", "created_at", "hints_text", "environment_setup_commit")
 REQUIRED_FIELDS = ("instance_id", "problem_statement", "files", "FAIL_TO_PASS")
+# The datasets spell a row's image differently: SWE-bench harness images and SWE-Gym
+# "docker_image", SWE-smith "image_name".
+IMAGE_FIELDS = ("image", "docker_image", "image_name")
+SWE_WORKDIR = "/testbed"
 OPTIONAL_FIELDS = (
     "PASS_TO_PASS", "test_patch", "test_files", "patch", "solution_files", "difficulty", "test_command",
-    *METADATA_FIELDS,
+    *IMAGE_FIELDS, "workdir", *METADATA_FIELDS,
 )
 ACCEPTED_FIELDS = frozenset(REQUIRED_FIELDS + OPTIONAL_FIELDS)
 DIFFICULTIES = ("trivial", "easy", "medium", "hard")
@@ -164,9 +174,14 @@ def parse_row(data: Any, *, source: str = "<jsonl>", line: int = 1, task_set: st
     if not _ID.fullmatch(task_id):
         raise row.error("instance_id", f"{task_id!r} may hold only letters, digits, '_', '.', '-'")
     instruction = row.text("problem_statement", required=True)
-    files = row.file_map("files", required=True)
-    if not files:
+    image = _image(row)
+    # With an image the repository is in it (at workdir): the snapshot is optional.
+    files = row.file_map("files", required=not image) or {}
+    if not files and not image:
         raise row.error("files", "the repository snapshot is empty")
+    workdir = row.text("workdir") or (SWE_WORKDIR if image else "/workspace")
+    if not PurePosixPath(workdir).is_absolute() or ".." in PurePosixPath(workdir).parts:
+        raise row.error("workdir", f"{workdir!r} must be an absolute path without '..'")
     fail_to_pass = row.test_ids("FAIL_TO_PASS", required=True)
     pass_to_pass = row.test_ids("PASS_TO_PASS")
 
@@ -182,7 +197,21 @@ def parse_row(data: Any, *, source: str = "<jsonl>", line: int = 1, task_set: st
         language="python",
         task_set=task_set,
         metadata=_metadata(row, fail_to_pass, pass_to_pass),
+        image=image,
+        workdir=workdir,
     )
+
+
+def _image(row: _Row) -> str:
+    """The row's image reference under whichever name it uses ("" = none); two different
+    ones are an error."""
+    given = {f: row.text(f) for f in IMAGE_FIELDS if row.text(f)}
+    if len(set(given.values())) > 1:
+        raise row.error(sorted(given)[1], f"names another image than {sorted(given)[0]} ({given})")
+    image = next(iter(given.values()), "")
+    if image != image.strip() or any(c.isspace() for c in image):
+        raise row.error(next(iter(given)), f"{image!r} is not an image reference (no whitespace)")
+    return image
 
 
 def _with_tests(row: _Row, files: dict[str, str]) -> tuple[dict[str, str], list[str]]:

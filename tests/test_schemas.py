@@ -50,9 +50,11 @@ def test_task_golden_bytes_literal():
     # One event pinned byte for byte, so the digest file cannot drift unnoticed.
     task = Task(task_id="t", group_id="g", group_size=2, instruction="i", created_at=1.0)
     assert codec.encode(task)[0].hex() == (
-        "8aa77461736b5f6964a174a867726f75705f6964a167aa67726f75705f73697a6502ab696e737472756374696f6ea169"
+        "8ca77461736b5f6964a174a867726f75705f6964a167aa67726f75705f73697a6502ab696e737472756374696f6ea169"
         "a566696c657380a86c616e6775616765a6707974686f6eaa646966666963756c7479a0a87461736b5f736574a464656d6f"
         "a86d6574616461746180aa637265617465645f6174cb3ff0000000000000"
+        # image, workdir (added at the end with defaults: old readers ignore them)
+        "a5696d616765a0a7776f726b646972aa2f776f726b7370616365"
     )
 
 
