@@ -21,6 +21,8 @@ import msgspec
 
 from schemas import Task
 
+GRADING_MODES = ("bridged", "in-env")
+
 
 class TaskSpec(msgspec.Struct, kw_only=True):
     task_id: str
@@ -40,6 +42,16 @@ class TaskSpec(msgspec.Struct, kw_only=True):
     # over the image's ``workdir``).
     image: str = ""
     workdir: str = "/workspace"
+    # How the grader runs the hidden tests (sandbox/grader.py, docs/sandbox.md):
+    # "bridged": tests and solution in two sandboxes joined by the plain-data bridge (for
+    # function-level tasks: the family and demo sets); "in-env": the tests in the
+    # solution's process, in a fresh sandbox on the agent's final tree with every test
+    # file and test config restored from the task (repository tasks: SWE-style rows).
+    grading: str = "bridged"
+
+    def __post_init__(self) -> None:
+        if self.grading not in GRADING_MODES:
+            raise ValueError(f"task {self.task_id}: grading = {self.grading!r} is not one of {', '.join(GRADING_MODES)}")
 
     def to_event(self, group_id: str, group_size: int, created_at: float = 0.0) -> Task:
         return Task(

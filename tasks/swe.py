@@ -25,6 +25,10 @@ field                             required  meaning
                                             Verified's "<15 min fix", "15 min - 1 hour",
                                             "1-4 hours", ">4 hours" (default medium)
 ``test_command``                  no        overrides the generated command
+``grading``                       no        ``in-env`` (default: the hidden tests run in
+                                            the solution's process on the agent's tree,
+                                            test files and config restored) or
+                                            ``bridged`` (see docs/sandbox.md)
 ``image`` (or ``docker_image``,   no        the OCI image the task runs in (a registry
 ``image_name``)                             reference, or ``oci:``/``docker-archive:``...
                                             as skopeo spells them); with an image,
@@ -60,7 +64,7 @@ from pathlib import Path, PurePosixPath
 from typing import Any, Iterator
 
 from tasks.patch import PatchError, apply_patch, patched_paths
-from tasks.spec import TaskSpec
+from tasks.spec import GRADING_MODES, TaskSpec
 
 HIDDEN_TESTS_DIR = "hidden_tests"
 TEST_COMMAND_PREFIX = "python -m pytest -q -p no:cacheprovider"
@@ -71,7 +75,7 @@ REQUIRED_FIELDS = ("instance_id", "problem_statement", "files", "FAIL_TO_PASS")
 IMAGE_FIELDS = ("image", "docker_image", "image_name")
 SWE_WORKDIR = "/testbed"
 OPTIONAL_FIELDS = (
-    "PASS_TO_PASS", "test_patch", "test_files", "patch", "solution_files", "difficulty", "test_command",
+    "PASS_TO_PASS", "test_patch", "test_files", "patch", "solution_files", "difficulty", "test_command", "grading",
     *IMAGE_FIELDS, "workdir", *METADATA_FIELDS,
 )
 ACCEPTED_FIELDS = frozenset(REQUIRED_FIELDS + OPTIONAL_FIELDS)
@@ -199,6 +203,7 @@ def parse_row(data: Any, *, source: str = "<jsonl>", line: int = 1, task_set: st
         metadata=_metadata(row, fail_to_pass, pass_to_pass),
         image=image,
         workdir=workdir,
+        grading=_grading(row),
     )
 
 
@@ -273,6 +278,15 @@ def _patched(row: _Row, field: str, files: dict[str, str], diff: str) -> dict[st
         return apply_patch(files, diff)
     except PatchError as exc:
         raise row.error(field, f"does not apply to files: {exc}") from None
+
+
+def _grading(row: _Row) -> str:
+    """Repository tasks grade in their environment by default (their tests patch and
+    share state with the code under test: they do not survive the bridge)."""
+    grading = row.text("grading") or "in-env"
+    if grading not in GRADING_MODES:
+        raise row.error("grading", f"{grading!r} is not one of {', '.join(GRADING_MODES)}")
+    return grading
 
 
 def _difficulty(row: _Row) -> str:
