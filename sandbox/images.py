@@ -119,8 +119,7 @@ class ImageStore:
     def __init__(self, cfg: ImageConfig | None = None) -> None:
         self.cfg = cfg or ImageConfig()
         self.dir = Path(self.cfg.cache_dir) if self.cfg.cache_dir else default_cache_dir()
-        for sub in ("", "roots", "tmp", "locks"):
-            (self.dir / sub).mkdir(mode=0o700, parents=True, exist_ok=True)
+        self._made = False
         self._unpacks = asyncio.Semaphore(self.cfg.max_concurrent_unpacks)
         self._pulling: dict[str, asyncio.Lock] = {}
         self._held: dict[str, tuple[int, object]] = {}
@@ -128,9 +127,18 @@ class ImageStore:
 
     # --- index ---------------------------------------------------------------------
 
+    def _make_dirs(self) -> None:
+        """The cache folders, made on first use (a service that never meets an image task
+        leaves no trace)."""
+        if not self._made:
+            for sub in ("", "roots", "tmp", "locks"):
+                (self.dir / sub).mkdir(mode=0o700, parents=True, exist_ok=True)
+            self._made = True
+
     @contextlib.contextmanager
     def _locked_index(self):
         """The index, under an exclusive lock, written back when the block ends cleanly."""
+        self._make_dirs()
         with open(self.dir / "locks" / "index.lock", "ab") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)
             index = self._read_index()
@@ -173,6 +181,7 @@ class ImageStore:
         """The image's root, fetched and unpacked first when it is not cached yet.
         ``source``: fetch from there and keep the image under the name ``ref`` (an
         ``oci:``/``docker-archive:`` build output registered under the name tasks use)."""
+        self._make_dirs()
         root = await asyncio.to_thread(self._touch, ref)
         if root is not None:
             return root
@@ -291,6 +300,7 @@ class ImageStore:
         hexd = _hex(root.digest)
         count, lock = self._held.get(hexd, (0, None))
         if lock is None:
+            self._make_dirs()
             lock = open(self.dir / "locks" / f"root-{hexd}.lock", "ab")
             fcntl.flock(lock, fcntl.LOCK_SH)
         self._held[hexd] = (count + 1, lock)

@@ -36,9 +36,12 @@ command, including daemonized ones.
 
 from __future__ import annotations
 
+import functools
 import os
 import resource
 import shutil
+import stat
+import subprocess
 import sys
 from pathlib import Path
 
@@ -114,6 +117,55 @@ def command_problem(command: str) -> str | None:
     return None
 
 
+# Mounted by bwrap itself in every sandbox, never taken from an image.
+_OWN_MOUNTS = frozenset({"proc", "dev", "tmp"})
+# Where the host's setpriv (and the loader and libraries it needs) sit in an image root.
+HOST_TOOLS = "/.rollway"
+
+
+def _root_entries(rootfs: str) -> list[str]:
+    """An image root as ``/``: each top-level entry of the unpacked root bound read-only
+    (symlinks recreated as they are: a link resolves inside the sandbox, never on the
+    host), so new mount points (/grader, a workdir the image lacks) can still be made in
+    bwrap's own root, which is remounted read-only at the end."""
+    argv: list[str] = []
+    for name in sorted(os.listdir(rootfs)):
+        if name in _OWN_MOUNTS:
+            continue
+        path = os.path.join(rootfs, name)
+        st = os.lstat(path)
+        if stat.S_ISLNK(st.st_mode):
+            argv += ["--symlink", os.readlink(path), "/" + name]
+        elif stat.S_ISDIR(st.st_mode) or stat.S_ISREG(st.st_mode):
+            argv += ["--ro-bind", path, "/" + name]
+    return argv
+
+
+@functools.cache
+def host_setpriv() -> tuple[list[Bind], list[str]]:
+    """The host's setpriv for an image root: its binary, dynamic loader and libraries bound
+    under /.rollway, and the argv prefix that runs it through that loader. The uid switch
+    runs before any code of the image, so an image's own (possibly hostile) setpriv is
+    never trusted with the sandbox's root privileges."""
+    setpriv = shutil.which("setpriv")
+    if setpriv is None:
+        raise RuntimeError("setpriv (util-linux) is not installed; it drops root inside the sandbox")
+    out = subprocess.run(["ldd", setpriv], capture_output=True, text=True, check=True).stdout
+    binds = [Bind(os.path.realpath(setpriv), f"{HOST_TOOLS}/setpriv")]
+    loader = ""
+    for line in out.splitlines():
+        parts = line.split()
+        if "=>" in parts and len(parts) >= 3 and parts[2].startswith("/"):
+            binds.append(Bind(os.path.realpath(parts[2]), f"{HOST_TOOLS}/lib/{parts[0]}"))
+        elif parts and parts[0].startswith("/") and "ld-" in parts[0]:
+            loader = parts[0]
+    if not loader:
+        raise RuntimeError(f"cannot find the dynamic loader of {setpriv} in ldd's answer: {out!r}")
+    binds.append(Bind(os.path.realpath(loader), f"{HOST_TOOLS}/ld.so"))
+    prefix = [f"{HOST_TOOLS}/ld.so", "--library-path", f"{HOST_TOOLS}/lib", f"{HOST_TOOLS}/setpriv"]
+    return binds, prefix
+
+
 def bwrap_argv(
     command: str,
     *,
@@ -126,8 +178,15 @@ def bwrap_argv(
     hostname: str = "sandbox",
     seccomp_fd: int | None = None,
     tmp_source: str | None = None,
+    rootfs: str | None = None,
+    workdir: str = WORKSPACE,
+    shell: str = "/bin/bash",
 ) -> list[str]:
-    """The full argv: ``bwrap <namespaces, mounts, env> -- [setpriv ...] bash -c command``."""
+    """The full argv: ``bwrap <namespaces, mounts, env> -- [setpriv ...] bash -c command``.
+
+    ``rootfs``: an unpacked image (sandbox/images.py) is ``/`` instead of the host's
+    system folders; the caller's ``binds`` then hold no host Python. ``workspace`` is
+    bound read-write at ``workdir``."""
     problem = command_problem(command)
     if problem:
         raise ValueError(problem)
@@ -135,12 +194,21 @@ def bwrap_argv(
     if bwrap is None:
         raise RuntimeError("bubblewrap (bwrap) is not installed: apt-get install bubblewrap")
     argv = [bwrap]
-    for d in SYSTEM_DIRS:
-        if os.path.lexists(d):
-            if os.path.islink(d):
-                argv += ["--symlink", os.readlink(d), d]
-            else:
-                argv += ["--ro-bind", d, d]
+    setpriv_prefix: list[str] = []
+    if rootfs is not None:
+        argv += _root_entries(rootfs)
+        top = {"/" + n for n in os.listdir(rootfs)}
+        if privileged:
+            tool_binds, setpriv_prefix = host_setpriv()
+            binds = [*tool_binds, *binds]
+    else:
+        top = set(SYSTEM_DIRS)
+        for d in SYSTEM_DIRS:
+            if os.path.lexists(d):
+                if os.path.islink(d):
+                    argv += ["--symlink", os.readlink(d), d]
+                else:
+                    argv += ["--ro-bind", d, d]
     # /tmp first: binds below may live under it (a checkout in /tmp has its .venv there),
     # and a tmpfs mounted after them would hide them.
     argv += ["--proc", "/proc", "--dev", "/dev"]
@@ -151,21 +219,24 @@ def bwrap_argv(
     else:
         argv += ["--size", str(limits.tmp_bytes), "--perms", "1777", "--tmpfs", "/tmp"]
     # Create parent dirs 0755 (bwrap would make them 0700, unreadable to the sandbox uid).
-    made: set[str] = set(SYSTEM_DIRS) | {"/", "/tmp", "/proc", "/dev"}
-    for bind in binds:
-        for parent in _ancestors(bind.target):
+    made: set[str] = top | {"/", "/tmp", "/proc", "/dev"}
+    for target in [workdir, *(b.target for b in binds)]:
+        for parent in _ancestors(target):
             if parent not in made:
                 made.add(parent)
                 argv += ["--perms", "0755", "--dir", parent]
-    argv += ["--bind", workspace, WORKSPACE]
+    argv += ["--bind", workspace, workdir]
     for bind in binds:
         argv += ["--bind" if bind.writable else "--ro-bind", bind.source, bind.target]
+    if rootfs is not None:
+        # bwrap's own root (where new mount points were made) becomes read-only too.
+        argv += ["--remount-ro", "/"]
     argv += [
         "--unshare-ipc", "--unshare-pid", "--unshare-net", "--unshare-uts", "--unshare-cgroup-try",
         "--hostname", hostname,
         "--die-with-parent",
         "--new-session",
-        "--chdir", WORKSPACE,
+        "--chdir", workdir,
         "--clearenv",
     ]
     for key, value in env.items():
@@ -174,16 +245,18 @@ def bwrap_argv(
         argv += ["--seccomp", str(seccomp_fd)]
     if privileged:
         argv += ["--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID", "--cap-add", "CAP_SETPCAP", "--"]
-        setpriv = shutil.which("setpriv")
-        if setpriv is None:
-            raise RuntimeError("setpriv (util-linux) is not installed; it drops root inside the sandbox")
+        if not setpriv_prefix:
+            setpriv = shutil.which("setpriv")
+            if setpriv is None:
+                raise RuntimeError("setpriv (util-linux) is not installed; it drops root inside the sandbox")
+            setpriv_prefix = [setpriv]
         argv += [
-            setpriv, f"--reuid={uid}", f"--regid={uid}", "--clear-groups",
+            *setpriv_prefix, f"--reuid={uid}", f"--regid={uid}", "--clear-groups",
             "--bounding-set=-all", "--inh-caps=-all", "--no-new-privs",
         ]
     else:
         argv += ["--unshare-user", "--disable-userns", "--"]
-    argv += ["/bin/bash", "-c", command]
+    argv += [shell, "-c", command]
     return argv
 
 
@@ -204,6 +277,29 @@ def sandbox_env(venv: str = "", extra: dict[str, str] | None = None) -> dict[str
         "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1",
         "PIP_NO_INDEX": "1",
     }
+    if extra:
+        env.update(extra)
+    return env
+
+
+IMAGE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+
+
+def image_env(image_env: dict[str, str], extra: dict[str, str] | None = None) -> dict[str, str]:
+    """The environment of a command in an image root: the image config's Env (its PATH,
+    its interpreter's variables) under the same scrubbed basics as a host sandbox. Installed
+    pytest plugins stay on: the image's test setup is the repository's own (the grader sets
+    what it needs for its run)."""
+    env = {"PATH": IMAGE_PATH, "LANG": "C.UTF-8", **image_env}
+    env.update({
+        "HOME": "/tmp",
+        "TMPDIR": "/tmp",
+        "TERM": "dumb",
+        "PYTHONDONTWRITEBYTECODE": "1",
+        "PYTHONUNBUFFERED": "1",
+        "PYTHONNOUSERSITE": "1",
+        "PIP_NO_INDEX": "1",
+    })
     if extra:
         env.update(extra)
     return env

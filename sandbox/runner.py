@@ -21,7 +21,11 @@ import structlog
 from sandbox import quota as disk
 from sandbox.cgroups import CgroupManager, CommandCgroup
 from sandbox.config import SandboxConfig
-from sandbox.isolation import Bind, Limits, apply_rlimits, bwrap_argv, python_binds, sandbox_env
+from sandbox.image_unpack import shell_of
+from sandbox.images import ImageRoot
+from sandbox.isolation import (
+    WORKSPACE, Bind, Limits, apply_rlimits, bwrap_argv, image_env, python_binds, sandbox_env,
+)
 from sandbox.seccomp import filter_fd
 from sandbox.workspace import Workspace
 
@@ -141,16 +145,25 @@ class Jail:
         env: dict[str, str] | None = None,
         label: str = "cmd",
         give_fds: tuple[int, ...] = (),
+        root: ImageRoot | None = None,
+        workdir: str = WORKSPACE,
     ) -> CommandResult:
         """Run one command, for a caller already holding a :meth:`slot`. ``give_fds`` are
         handed to the command (same numbers inside) and closed here once it has started.
+        ``root``: an image (sandbox/images.py) is the command's ``/``, read-only, with its
+        own interpreter and Env (no host Python, no ``extra_ro_binds``); ``workspace`` is
+        bound at ``workdir``.
 
         Phases: prepare (argv, seccomp filter, private /tmp) -> cgroup -> spawn ->
         supervise (output caps, timeout, kill) -> which limits were hit -> clean up."""
         limits = limits or self.limits
+        if root is None:
+            binds, env = [*self.binds, *binds], {**self.env, **(env or {})}
+        else:
+            binds, env = list(binds), image_env(root.env, env)
         argv, seccomp, tmp = await self._prepare(
-            command, workspace=workspace, uid=uid, limits=limits, binds=[*self.binds, *binds],
-            env={**self.env, **(env or {})}, give_fds=give_fds,
+            command, workspace=workspace, uid=uid, limits=limits, binds=binds, env=env, give_fds=give_fds,
+            root=root, workdir=workdir,
         )
         pass_fds = tuple(fd for fd in (seccomp, *give_fds) if fd is not None)
         group: CommandCgroup | None = None
@@ -187,7 +200,7 @@ class Jail:
 
     async def _prepare(
         self, command: str, *, workspace: Path, uid: int, limits: Limits, binds: list[Bind],
-        env: dict[str, str], give_fds: tuple[int, ...],
+        env: dict[str, str], give_fds: tuple[int, ...], root: ImageRoot | None = None, workdir: str = WORKSPACE,
     ) -> tuple[list[str], int | None, Workspace | None]:
         """The bwrap argv, the seccomp filter's fd and the command's private /tmp; on
         failure nothing is left open (``give_fds`` closed too)."""
@@ -200,6 +213,8 @@ class Jail:
                 command, workspace=str(workspace), uid=uid, limits=limits, binds=binds,
                 privileged=self.privileged, env=env, seccomp_fd=seccomp,
                 tmp_source=str(tmp.root) if tmp is not None else None,
+                rootfs=root.rootfs if root is not None else None, workdir=workdir,
+                shell=shell_of(Path(root.rootfs)) if root is not None else "/bin/bash",
             )
         except BaseException:
             _close(seccomp, *give_fds)

@@ -20,6 +20,7 @@ from aiohttp import web
 from sandbox.cgroups import CgroupManager, make_cgroup_manager
 from sandbox.config import RewardConfig, SandboxConfig
 from sandbox.grader import Grader, Publisher, SubmitRequest
+from sandbox.images import ImageError, ImageStore
 from sandbox.isolation import command_problem
 from sandbox.quota import Quota, QuotaError
 from sandbox.quota import available as quota_available
@@ -77,6 +78,8 @@ _STATUS_OF = [
     (PoolFull, 429),
     (Busy, 429),
     (SessionBusy, 409),
+    # An image that cannot be provided is the infrastructure's failure, not the task's.
+    (ImageError, 503),
 ]
 
 
@@ -135,7 +138,9 @@ class SandboxService:
         )
         self.jail = Jail(cfg, self.cgroups)
         self.quota = quota_from_config(cfg)
-        self.pool = SessionPool(root, capacity=cfg.max_sessions, uid_base=cfg.uid_base, quota=self.quota)
+        self.images = ImageStore(cfg.images)
+        self.pool = SessionPool(root, capacity=cfg.max_sessions, uid_base=cfg.uid_base, quota=self.quota,
+                                images=self.images)
         self.grader = Grader(cfg, reward_cfg, store, self.jail, publisher, quota=self.quota)
         self._reaper: asyncio.Task | None = None
         request_limit = max(cfg.max_snapshot_bytes, 2 * cfg.max_file_bytes_api) + 1024 * 1024
@@ -199,13 +204,27 @@ class SandboxService:
     async def create_session(self, request: web.Request) -> web.Response:
         body = await _body(request, CreateSession)
         files = body.files
-        if files is None:
-            try:
-                files = self.store.get(body.task_id).files
-            except KeyError as exc:
+        try:
+            spec = self.store.get(body.task_id)
+        except KeyError as exc:
+            if files is None:
                 raise HttpError(404, f"{exc.args[0]}; send the task's files") from None
-        session, dropped = await asyncio.to_thread(self.pool.open, body.task_id, files)
-        return _json({"session_id": session.id, "dropped": dropped})
+            spec = None
+        if files is None:
+            files = spec.files
+        if spec is None or not spec.image:
+            session, dropped = await asyncio.to_thread(self.pool.open, body.task_id, files)
+            return _json({"session_id": session.id, "dropped": dropped})
+        # An image task: its root (pulled and unpacked on first use; an ImageError is a
+        # 503 naming the image), held until the session closes.
+        root = await self.images.acquire(spec.image)
+        try:
+            session, dropped = await asyncio.to_thread(
+                self.pool.open, body.task_id, files, root=root, workdir=spec.workdir)
+        except BaseException:
+            self.images.release(root)
+            raise
+        return _json({"session_id": session.id, "dropped": dropped, "image": root.ref, "digest": root.digest})
 
     def _session(self, request: web.Request) -> Session:
         session = self.pool.get(request.match_info["id"])
@@ -228,7 +247,7 @@ class SandboxService:
                 raise SessionClosed(f"no live session {session.id!r}")
             result = await self.jail.run(
                 body.command, workspace=session.workspace.root, uid=session.uid, timeout_s=timeout,
-                label=f"s{session.slot}",
+                label=f"s{session.slot}", root=session.root, workdir=session.workdir,
             )
             session.log_call(body.command, result.exit_code, result.stdout, result.stderr, result.killed,
                              result.duration_s)

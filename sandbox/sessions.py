@@ -9,6 +9,9 @@ from pathlib import Path
 
 import structlog
 
+from sandbox import image_workspace
+from sandbox.images import ImageRoot, ImageStore
+from sandbox.isolation import WORKSPACE
 from sandbox.netwatch import ToolCall
 from sandbox.quota import Quota
 from sandbox.workspace import Workspace
@@ -32,12 +35,17 @@ class SessionClosed(KeyError):
 
 
 class Session:
-    def __init__(self, session_id: str, task_id: str, slot: int, uid: int, workspace: Workspace) -> None:
+    def __init__(self, session_id: str, task_id: str, slot: int, uid: int, workspace: Workspace,
+                 root: ImageRoot | None = None, workdir: str = WORKSPACE) -> None:
         self.id = session_id
         self.task_id = task_id
         self.slot = slot
         self.uid = uid
         self.workspace = workspace
+        # The image the session's commands run on (None: the host root), held while the
+        # session lives, and where its tree is mounted inside the sandbox.
+        self.root = root
+        self.workdir = workdir
         self.created = self.last_used = time.monotonic()
         self.calls: list[ToolCall] = []
         self.closed = False
@@ -60,9 +68,11 @@ class Session:
 class SessionPool:
     """At most ``capacity`` sessions; session slot ``i`` runs as uid ``uid_base + i``."""
 
-    def __init__(self, root: Path, *, capacity: int, uid_base: int, quota: Quota | None = None) -> None:
+    def __init__(self, root: Path, *, capacity: int, uid_base: int, quota: Quota | None = None,
+                 images: ImageStore | None = None) -> None:
         self.root = root
         self.quota = quota
+        self.images = images
         self.capacity = capacity
         self.uid_base = uid_base
         self._free = list(range(capacity))
@@ -71,20 +81,29 @@ class SessionPool:
     def __len__(self) -> int:
         return len(self._sessions)
 
-    def open(self, task_id: str, files: dict[str, str]) -> tuple[Session, list[str]]:
+    def open(self, task_id: str, files: dict[str, str], *, root: ImageRoot | None = None,
+             workdir: str = WORKSPACE) -> tuple[Session, list[str]]:
+        """A new session. ``root`` (already held by the caller, see ImageStore.acquire):
+        the session runs on that image, its tree a copy-on-write layer over the image's
+        ``workdir`` with ``files`` written over it; the pool releases the hold on close."""
         if not self._free:
             raise PoolFull(f"all {self.capacity} sessions are in use; close one or retry later")
         slot = self._free.pop(0)
         uid = self.uid_base + slot
         session_id = uuid.uuid4().hex
         try:
-            workspace, dropped = Workspace.create(self.root / f"rollway-ws-{session_id}", uid, files, self.quota)
+            path = self.root / f"rollway-ws-{session_id}"
+            if root is None:
+                workspace, dropped = Workspace.create(path, uid, files, self.quota)
+            else:
+                workspace, dropped = image_workspace.create(path, uid, files, self.quota, root, workdir)
         except BaseException:
             self._free.append(slot)
             raise
-        session = Session(session_id, task_id, slot, uid, workspace)
+        session = Session(session_id, task_id, slot, uid, workspace, root, workdir)
         self._sessions[session_id] = session
-        log.info("session_opened", session_id=session_id, task_id=task_id, uid=uid, files=len(files))
+        log.info("session_opened", session_id=session_id, task_id=task_id, uid=uid, files=len(files),
+                 image=root.ref if root else "")
         return session, dropped
 
     def get(self, session_id: str) -> Session:
@@ -99,6 +118,8 @@ class SessionPool:
             return
         session.closed = True
         session.workspace.remove()
+        if session.root is not None and self.images is not None:
+            self.images.release(session.root)
         self._free.append(session.slot)
         log.info("session_closed", session_id=session.id, task_id=session.task_id, calls=len(session.calls))
 

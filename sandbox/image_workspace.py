@@ -1,0 +1,157 @@
+"""A session's tree over an image: a copy-on-write layer on the image's working directory.
+
+The image's root is shared and read-only (sandbox/images.py). A session of an image task
+gets, at the task's ``workdir``, the image's tree at that path plus the session's
+changes, under the session's disk quota:
+
+- ``overlay`` (the service is root): a tmpfs of the workspace quota holds the overlay's
+  upper and work directories, and kernel overlayfs merges them over the image's
+  directory (``metacopy=on``: handing the tree to the session's uid copies up metadata
+  only, no file data). Writes land in the upper layer, so a session costs what it
+  changed (O(diff)), not the image's size; the image itself is never written.
+- ``copy`` (overlay refused, e.g. without root): the image's directory is copied into
+  the quota (``cp --reflink=auto``: a reflink where the filesystem has them, else a full
+  copy). The log line ``image_workspace`` says which.
+
+Version-control folders at the top of the tree (``.git``...) are hidden (an overlay
+whiteout, or not copied): no history for the agent to mine, as for host workspaces.
+Everything is reached without following the image's links on the host
+(:func:`sandbox.image_unpack.resolve_in_root`, ``lchown``).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import shutil
+import stat
+import subprocess
+from pathlib import Path
+
+import structlog
+
+from sandbox import quota as disk
+from sandbox.image_unpack import resolve_in_root
+from sandbox.images import ImageError, ImageRoot
+from sandbox.workspace import VCS_DIRS, Workspace, WorkspaceError
+
+log = structlog.get_logger(__name__)
+
+_libc = ctypes.CDLL(None, use_errno=True)
+
+
+class ImageWorkspace(Workspace):
+    """A workspace whose ``root`` is an overlay (or a copy) of an image's directory."""
+
+    def __init__(self, root: Path, uid: int, *, base: Path, mounts: list[Path], mode: str) -> None:
+        super().__init__(root, uid, mounted=False)
+        self.base = base
+        self.mounts = mounts  # unmounted in this order (overlay first, then its tmpfs)
+        self.mode = mode
+
+    def remove(self) -> None:
+        for path in self.mounts:
+            disk.unmount(path)
+        self.mounts = []
+        shutil.rmtree(self.base, ignore_errors=True)
+
+
+def image_dir(root: ImageRoot, workdir: str) -> Path | None:
+    """The host path of ``workdir`` inside the image (None: the image has no such
+    directory, and the session starts empty there). A workdir whose parent is missing
+    under an image directory cannot be a mount point: refused."""
+    found = resolve_in_root(Path(root.rootfs), workdir)
+    if found is not None and found.is_dir() and not found.is_symlink():
+        return found
+    if found is not None:
+        raise ImageError(root.ref, f"workdir {workdir} is not a directory in the image", "workdir")
+    top = Path(workdir).parts[1:2]
+    if top and len(Path(workdir).parts) > 2 and os.path.lexists(os.path.join(root.rootfs, top[0])):
+        raise ImageError(root.ref, f"workdir {workdir} does not exist in the image, and its parent is part of "
+                                   f"the read-only image", "workdir")
+    return None
+
+
+def create(base: Path, uid: int, files: dict[str, str | bytes], quota: disk.Quota | None, root: ImageRoot,
+           workdir: str) -> tuple[Workspace, list[str]]:
+    """The session tree at ``base`` (must not exist): the image's ``workdir`` copy-on-write,
+    then ``files`` written over it. Returns the workspace and the paths dropped (VCS)."""
+    lower = image_dir(root, workdir)
+    base.mkdir(mode=0o700)
+    mounts: list[Path] = []
+    try:
+        area = base / "q"
+        area.mkdir(mode=0o700)
+        if quota is not None:
+            disk.mount(area, quota, uid=0)
+            mounts.insert(0, area)
+        if lower is None:
+            tree, mode = area / "tree", "empty"
+            tree.mkdir(mode=0o755)
+        else:
+            tree, mode = _overlay(base, area, lower, mounts)
+        _chown_tree(tree, uid)
+        ws = ImageWorkspace(tree, uid, base=base, mounts=mounts, mode=mode)
+    except BaseException:
+        for path in mounts:
+            disk.unmount(path)
+        shutil.rmtree(base, ignore_errors=True)
+        raise
+    dropped = []
+    try:
+        for path, content in files.items():
+            try:
+                ws.write(path, content)
+            except WorkspaceError as exc:
+                if "version-control" in str(exc):
+                    dropped.append(path)
+                    continue
+                raise
+    except BaseException:
+        ws.remove()
+        raise
+    log.info("image_workspace", image=root.ref, workdir=workdir, mode=mode, files=len(files))
+    return ws, dropped
+
+
+def _overlay(base: Path, area: Path, lower: Path, mounts: list[Path]) -> tuple[Path, str]:
+    """Mount the overlay (``overlay``), or copy the image's directory (``copy``)."""
+    upper, work, merged = area / "upper", area / "work", base / "tree"
+    for d in (upper, work, merged):
+        d.mkdir(mode=0o755)
+    for name in VCS_DIRS:
+        if os.path.lexists(lower / name):
+            os.mknod(upper / name, stat.S_IFCHR | 0o000, os.makedev(0, 0))  # a whiteout hides it
+    options = f"lowerdir={lower},upperdir={upper},workdir={work},metacopy=on"
+    if any(c in str(p) for p in (lower, upper, work) for c in ",:"):
+        reason = "a path holds ',' or ':'"
+    elif _libc.mount(b"overlay", os.fsencode(merged), b"overlay", disk.MS_NOSUID | disk.MS_NODEV,
+                     options.encode()) == 0:
+        mounts.insert(0, merged)
+        return merged, "overlay"
+    else:
+        reason = os.strerror(ctypes.get_errno())
+    log.warning("image_workspace_overlay_refused", reason=reason, fallback="copy")
+    shutil.rmtree(merged)
+    for d in (upper, work):
+        shutil.rmtree(d)
+    tree = area / "tree"
+    proc = subprocess.run(["cp", "-a", "--reflink=auto", "--no-dereference", f"{lower}/.", str(tree)],
+                          capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise WorkspaceError(f"cannot copy the image's tree: {proc.stderr.strip()[-300:]}")
+    for name in VCS_DIRS:
+        path = tree / name
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path)
+        elif os.path.lexists(path):
+            path.unlink()
+    return tree, "copy"
+
+
+def _chown_tree(tree: Path, uid: int) -> None:
+    """Give the tree to the session's uid, never following a link (``lchown``)."""
+    os.lchown(tree, uid, uid)
+    for dirpath, dirnames, filenames in os.walk(tree):
+        for name in dirnames + filenames:
+            os.lchown(os.path.join(dirpath, name), uid, uid)
