@@ -27,13 +27,8 @@ On submit:
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
-import json
 import os
-import shlex
 import shutil
-import socket
 import tempfile
 import time
 import uuid
@@ -43,34 +38,26 @@ from typing import Protocol
 import msgspec
 import structlog
 
-from sandbox.cheating import HARNESS_MODULES, find_cheats
+from sandbox import grading_bridged, grading_inenv
+from sandbox.cheating import find_cheats
 from sandbox.config import RewardConfig, SandboxConfig
+from sandbox.grading_common import (
+    HIDDEN_TESTS_DIR, HiddenPlan, RunOutput, make_plan, root_configs, solution_files, write_ro,
+)
 from sandbox.isolation import WORKSPACE, Bind, Limits
-from sandbox.junit import ReportError, parse_junit
+from sandbox.junit import ReportError, outcomes_of, parse_report
 from sandbox.netwatch import ToolCall, network_attempts
 from sandbox.quota import Quota
+from sandbox.result_check import check as check_result
 from sandbox.reward import compute_reward
 from sandbox.runner import CommandResult, Jail
-from sandbox.workspace import Snapshot, Workspace, WorkspaceError, clean_relpath
+from sandbox.workspace import Snapshot, Workspace, clean_relpath
 from schemas import Cost, Reward
 from tasks.spec import TaskSpec, pytest_arguments
 from tasks.store import TaskStore
 
 log = structlog.get_logger(__name__)
 
-HIDDEN_TESTS_DIR = "hidden_tests"
-SOURCES_DIR = "/solution-src"
-_CONFIG_FILES = frozenset({"pytest.ini", ".pytest.ini", "tox.ini", "setup.cfg", "pyproject.toml"})
-# How long the solution's process may take to exit after the tests hang up.
-_SOLUTION_GRACE_S = 2.0
-_SOURCE = {
-    name: (Path(__file__).parent / name).read_bytes()
-    for name in ("bridge.py", "bridge_solution.py", "bridge_tests.py")
-}
-GRADER_DIR = "/grader"
-REPORT_DIR = "/grader-out"
-REPORT_FILE = "junit.xml"
-_MAX_REPORT_BYTES = 8 * 1024 * 1024
 _MAX_NAMES_IN_REASON = 5
 
 class SubmitRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
@@ -183,8 +170,8 @@ class Grader:
                 base = area.root
             else:
                 base = grade_dir
-            command = self._pytest_args(spec)
-            if command is None:
+            args = pytest_arguments(spec.test_command)
+            if args is None:
                 if not self.cfg.allow_unisolated_grading:
                     reason = (f"task {spec.task_id}'s test command {spec.test_command!r} is not pytest, so its hidden "
                               f"tests would run in the solution's process; set sandbox.allow_unisolated_grading = "
@@ -192,7 +179,16 @@ class Grader:
                     log.error("grading refused", task_id=spec.task_id, reason=reason)
                     return Verdict(score=0.0, reason=reason)
                 return await self._run_plain(spec, snapshot, base, uid=uid)
-            return await self._run_bridged(spec, snapshot, base, command, uid=uid)
+            code = solution_files(snapshot)
+            configs = root_configs(spec.files)
+            if spec.grading == "in-env":
+                plan = make_plan(grading_inenv.pytest_args(spec, args), grading_inenv.layout(spec), configs)
+                output = await grading_inenv.run(self.jail, self.cfg, self._limits(), spec, code, plan, base, uid=uid)
+            else:
+                plan = make_plan(grading_bridged.pytest_args(spec, args), grading_bridged.layout(spec), configs)
+                output = await grading_bridged.run(self.jail, self.cfg, self._limits(), spec, code, plan, base,
+                                                   uid=uid, cpu=self._bridge_cpu())
+            return self._judge(output, plan)
         finally:
             if area is not None:
                 area.remove()
@@ -207,79 +203,6 @@ class Grader:
             max_open_files=self.cfg.max_open_files,
             tmp_bytes=self.cfg.tmp_bytes,
         )
-
-    async def _run_bridged(self, spec: TaskSpec, snapshot: Snapshot, base: Path, args: list[str], *,
-                           uid: int) -> Verdict:
-        """The isolated path: hidden tests in one sandbox, the solution in another, the
-        bridge socket between them (:mod:`sandbox.bridge`)."""
-        solution_uid = uid + self.cfg.grading_solution_uid_offset
-        code = _solution_files(snapshot)
-        # The solution's sandbox: its workspace copy and the serving script. No test file.
-        ws, _ = Workspace.create(base / "ws", solution_uid, code)
-        sol_dir = _grader_dir(base / "sol", "bridge_solution.py")
-        # The tests' sandbox: the hidden tests, the task's own (unchanged) test
-        # configuration, the solution's sources as read-only data (inspect.getsource), and
-        # no importable solution code.
-        tests_ws = base / "tests"
-        tests_ws.mkdir(mode=0o755)
-        for rel, text in spec.files.items():
-            if _is_test_config(rel):
-                _write_ro(tests_ws / clean_relpath(rel), text.encode())
-        (tests_ws / HIDDEN_TESTS_DIR).mkdir(mode=0o755)
-        hidden = base / "hidden"
-        for rel, text in spec.hidden_tests.items():
-            _write_ro(hidden / clean_relpath(rel), text.encode())
-        hidden.mkdir(mode=0o755, exist_ok=True)
-        sources = base / "src"
-        sources.mkdir(mode=0o755)
-        for rel, data in code.items():
-            _write_ro(sources / rel, data)
-        tests_dir = _grader_dir(base / "run", "bridge_tests.py")
-        out = Workspace.create(base / "out", uid, {})[0]
-        left, right = socket.socketpair()
-        try:
-            sol_fd, tests_fd = os.dup(left.fileno()), os.dup(right.fileno())
-        finally:
-            left.close()
-            right.close()
-        config = {"workspace": WORKSPACE, "sources": SOURCES_DIR, "modules": sorted(_top_level_modules(code)),
-                  "cpu": self._bridge_cpu(), "pin_after": self.cfg.grading_bridge_pin_after}
-        _write_ro(sol_dir / "bridge.json", json.dumps({**config, "fd": sol_fd}).encode())
-        _write_ro(tests_dir / "bridge.json", json.dumps({**config, "fd": tests_fd}).encode())
-        limits = self._limits()
-        async with self.jail.slot():
-            solution = asyncio.ensure_future(self.jail.run_held(
-                f"python -P {GRADER_DIR}/bridge_solution.py", workspace=ws.root, uid=solution_uid,
-                timeout_s=self.cfg.grading_timeout_s, binds=[Bind(str(sol_dir), GRADER_DIR)], limits=limits,
-                label="grade-solution", give_fds=(sol_fd,),
-            ))
-            try:
-                result = await self.jail.run_held(
-                    shlex.join(["python", "-P", f"{GRADER_DIR}/bridge_tests.py", *args]),
-                    workspace=tests_ws, uid=uid, timeout_s=self.cfg.grading_timeout_s,
-                    binds=[
-                        Bind(str(hidden), f"{WORKSPACE}/{HIDDEN_TESTS_DIR}"),
-                        Bind(str(sources), SOURCES_DIR),
-                        Bind(str(tests_dir), GRADER_DIR),
-                        Bind(str(out.root), REPORT_DIR, writable=True),
-                    ],
-                    limits=limits, label="grade-tests", give_fds=(tests_fd,),
-                )
-            finally:
-                # The tests hung up: the solution's process sees EOF and exits; one that
-                # does not is killed (cancelling its run kills its whole sandbox).
-                try:
-                    solution_result = await asyncio.wait_for(asyncio.shield(solution), _SOLUTION_GRACE_S)
-                except (TimeoutError, asyncio.CancelledError):
-                    solution.cancel()
-                    with contextlib.suppress(BaseException):
-                        await solution
-                    solution_result = None
-        try:
-            report = out.read(REPORT_FILE, _MAX_REPORT_BYTES)
-        except WorkspaceError:
-            report = None
-        return self._judge(result, report, True, solution_result)
 
     def _bridge_cpu(self) -> int | None:
         """The CPU both ends of this grading's bridge pin themselves to once it gets busy
@@ -299,34 +222,20 @@ class Grader:
     async def _run_plain(self, spec: TaskSpec, snapshot: Snapshot, base: Path, *, uid: int) -> Verdict:
         """A task whose test command is not pytest: it runs as written in one sandbox over
         the workspace, and only its exit code counts (no isolation from the solution)."""
-        ws = Workspace.create(base / "ws", uid, _solution_files(snapshot))[0]
+        ws = Workspace.create(base / "ws", uid, solution_files(snapshot))[0]
         hidden = base / "hidden"
         for rel, text in spec.hidden_tests.items():
-            _write_ro(hidden / clean_relpath(rel), text.encode())
+            write_ro(hidden / clean_relpath(rel), text.encode())
         hidden.mkdir(mode=0o755, exist_ok=True)
         result = await self.jail.run(
             spec.test_command, workspace=ws.root, uid=uid, timeout_s=self.cfg.grading_timeout_s,
             binds=[Bind(str(hidden), f"{WORKSPACE}/{HIDDEN_TESTS_DIR}")], limits=self._limits(), label="grade",
         )
-        return self._judge(result, None, False)
+        return self._judge(RunOutput(result=result, report=None, collected=None), None)
 
-    def _pytest_args(self, spec: TaskSpec) -> list[str] | None:
-        """pytest's arguments for the hidden run (report included), or None when the
-        task's test command is not pytest."""
-        args = pytest_arguments(spec.test_command)
-        if args is None:
-            return None
-        if "no:cacheprovider" not in args:
-            args += ["-p", "no:cacheprovider"]
-        args += [f"--junitxml={REPORT_DIR}/{REPORT_FILE}", "-o", "junit_family=xunit2"]
-        if not any(Path(p).name == "conftest.py" for p in spec.files):
-            # The repository has no conftest of its own: load none but the hidden tests'.
-            args += [f"--confcutdir={WORKSPACE}/{HIDDEN_TESTS_DIR}"]
-        return args
-
-    def _judge(self, result: CommandResult, report: bytes | None, uses_report: bool,
-               solution: CommandResult | None = None) -> Verdict:
-        runs = [result] if solution is None else [result, solution]
+    def _judge(self, output: RunOutput, plan: HiddenPlan | None) -> Verdict:
+        result = output.result
+        runs = [result] if output.solution is None else [result, output.solution]
         output_evidence = network_attempts(
             [ToolCall(command="<hidden tests>", exit_code=r.exit_code, stdout=r.stdout, stderr=r.stderr) for r in runs]
         )
@@ -340,29 +249,38 @@ class Grader:
         if extra:
             why.append("limits: " + ", ".join(extra))
         stopped = f" ({'; '.join(why)})" if why else ""
-        if not uses_report:
+        if plan is None:
             passed = result.exit_code == 0 and not result.killed
             return Verdict(score=float(passed), tests_passed=int(passed), tests_total=1,
                            reason="" if passed else f"test command exited {result.exit_code}{stopped}")
+        discarded = (f"; agent changes to test files discarded: {', '.join(output.notes)}" if output.notes else "")
+        report = output.report
         if report is None:
             if result.exit_code == 0 and not result.killed:
                 return Verdict(score=0.0, cheated=True,
                                reason="exit-code trick: the hidden test run exited 0 without writing its report")
             return Verdict(score=0.0, reason=f"hidden tests did not finish: exit code {result.exit_code}{stopped}, "
-                                             f"no report; output: {_tail(result)}")
+                                             f"no report; output: {_tail(result)}{discarded}")
         try:
-            outcomes = parse_junit(report)
+            parsed = parse_report(report)
         except ReportError as exc:
             return Verdict(score=0.0, reason=f"{exc}; exit code {result.exit_code}{stopped}")
+        everything = outcomes_of(parsed.cases)  # canaries included: what the exit code reflects
+        checked = check_result(parsed, output.collected, plan.selection, plan.canaries, wall_s=result.duration_s)
+        outcomes = checked.outcomes
+        if checked.tampering:
+            log.warning("grading_tampering", findings=checked.tampering)
+            return Verdict(score=0.0, cheated=True, tests_passed=outcomes.passed, tests_total=outcomes.total,
+                           reason="tampering with the hidden test run: " + "; ".join(checked.tampering))
         bad = outcomes.failed + outcomes.skipped
-        if result.exit_code == 0 and (outcomes.failed or outcomes.total == 0):
+        if result.exit_code == 0 and (everything.failed or everything.total == 0):
             return Verdict(
                 score=0.0, cheated=True, tests_passed=outcomes.passed, tests_total=outcomes.total,
                 reason=f"exit-code trick: the hidden test run exited 0 but its report shows "
-                       f"{len(outcomes.failed)} of {outcomes.total} tests failing",
+                       f"{len(everything.failed)} of {everything.total} tests failing",
             )
         all_passed = outcomes.total > 0 and outcomes.passed == outcomes.total
-        if all_passed and result.exit_code != 0:
+        if everything.total > 0 and everything.passed == everything.total and result.exit_code != 0:
             return Verdict(score=0.0, tests_passed=outcomes.passed, tests_total=outcomes.total,
                            reason=f"the report shows every test passing but the run exited "
                                   f"{result.exit_code}{stopped}; not trusted")
@@ -375,55 +293,9 @@ class Grader:
             names = ", ".join(bad[:_MAX_NAMES_IN_REASON]) + (" ..." if len(bad) > _MAX_NAMES_IN_REASON else "")
             reason = (f"{outcomes.total - outcomes.passed} of {outcomes.total} hidden tests did not pass{stopped}: {names}"
                       if outcomes.total else f"no hidden test ran{stopped}")
+        if discarded:
+            reason = (reason + discarded) if reason else discarded.removeprefix("; ")
         return Verdict(score=score, tests_passed=outcomes.passed, tests_total=outcomes.total, reason=reason)
-
-
-def _solution_files(snapshot: Snapshot) -> dict[str, bytes]:
-    """The graded files: compiled ``*.pyc`` dropped (graded code is the source the checks
-    saw), and nothing under the hidden tests' folder (the grader's own copy is used)."""
-    out = {}
-    for path, f in snapshot.files.items():
-        if path.endswith((".pyc", ".pyo")) or "__pycache__" in path.split("/"):
-            continue
-        if path.split("/")[0] == HIDDEN_TESTS_DIR:
-            continue
-        out[clean_relpath(path)] = f.data
-    return out
-
-
-def _is_test_config(path: str) -> bool:
-    """Files of the task repository that configure pytest (the tests' side uses the task's
-    originals, never the agent's copies)."""
-    parts = path.split("/")
-    return parts[-1] == "conftest.py" or (len(parts) == 1 and parts[0] in _CONFIG_FILES)
-
-
-def _top_level_modules(files: dict[str, bytes]) -> set[str]:
-    """Top-level importable names the workspace defines (``x.py``, a ``pkg/`` with Python
-    files): the only names the tests' side asks the solution for."""
-    names = set()
-    for path in files:
-        parts = path.split("/")
-        name = parts[0].removesuffix(".py") if len(parts) == 1 else parts[0]
-        if (len(parts) > 1 and not path.endswith(".py")) or (len(parts) == 1 and not parts[0].endswith(".py")):
-            continue
-        if name.isidentifier() and name not in HARNESS_MODULES and name != HIDDEN_TESTS_DIR and name != "conftest":
-            names.add(name)
-    return names
-
-
-def _write_ro(path: Path, data: bytes) -> None:
-    path.parent.mkdir(mode=0o755, parents=True, exist_ok=True)
-    path.write_bytes(data)
-    path.chmod(0o644)
-
-
-def _grader_dir(path: Path, script: str) -> Path:
-    """A folder with the bridge module and one entry script, bound at /grader."""
-    path.mkdir(mode=0o755)
-    _write_ro(path / "_rollway_bridge.py", _SOURCE["bridge.py"])
-    _write_ro(path / script, _SOURCE[script])
-    return path
 
 
 def _tail(result: CommandResult, width: int = 300) -> str:

@@ -1,0 +1,166 @@
+"""Bridged grading: the hidden tests in one sandbox, the solution in another, the bridge
+socket between them (:mod:`sandbox.bridge`).
+
+The *tests' sandbox* holds the hidden tests (from the grader's task store, read-only,
+this grading's canaries appended), the task's own unchanged pytest configuration, the
+grader's plugin (``/grader-plugin``) and the JUnit report folder ``/grader-out``; it runs
+pytest and never imports solution code: the workspace's modules are proxies of modules
+living in the *solution's sandbox*, which holds a copy of the snapshot (``*.pyc``
+dropped), runs as another uid in its own pid namespace, and has no test file, no
+pytest, no report folder and no view of the tests' process.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import shlex
+import socket
+from pathlib import Path
+
+from sandbox.cheating import HARNESS_MODULES
+from sandbox.config import SandboxConfig
+from sandbox.grading_common import (
+    HIDDEN_TESTS_DIR, PLUGIN_DIR, REPORT_DIR, REPORT_FILE, HiddenPlan, RunOutput, is_test_config, plugin_dir,
+    write_ro,
+)
+from sandbox.isolation import WORKSPACE, Bind, Limits
+from sandbox.runner import Jail
+from sandbox.workspace import Workspace, WorkspaceError, clean_relpath
+from tasks.spec import TaskSpec
+
+SOURCES_DIR = "/solution-src"
+GRADER_DIR = "/grader"
+# How long the solution's process may take to exit after the tests hang up.
+_SOLUTION_GRACE_S = 2.0
+_HERE = Path(__file__).parent
+_SOURCE = {name: (_HERE / name).read_bytes() for name in ("bridge_solution.py", "bridge_tests.py")}
+
+
+def _bridge_files() -> dict[str, bytes]:
+    """The bridge as the sandboxes import it: the package ``sandbox/bridge`` copied as
+    ``_rollway_bridge/`` (or the single module of older checkouts)."""
+    if (_HERE / "bridge.py").exists():
+        return {"_rollway_bridge.py": (_HERE / "bridge.py").read_bytes()}
+    from sandbox.bridge import FILES
+
+    return {f"_rollway_bridge/{name}": (_HERE / "bridge" / name).read_bytes() for name in FILES}
+
+
+_BRIDGE = _bridge_files()
+MAX_REPORT_BYTES = 8 * 1024 * 1024
+
+
+def layout(spec: TaskSpec) -> dict[str, str]:
+    """The hidden test files as the tests' sandbox sees them (under ``hidden_tests/``)."""
+    return {f"{HIDDEN_TESTS_DIR}/{clean_relpath(rel)}": text for rel, text in spec.hidden_tests.items()}
+
+
+def pytest_args(spec: TaskSpec, args: list[str]) -> list[str]:
+    if not any(Path(p).name == "conftest.py" for p in spec.files):
+        # The repository has no conftest of its own: load none but the hidden tests'.
+        args = args + [f"--confcutdir={WORKSPACE}/{HIDDEN_TESTS_DIR}"]
+    return args
+
+
+async def run(jail: Jail, cfg: SandboxConfig, limits: Limits, spec: TaskSpec, code: dict[str, bytes],
+              plan: HiddenPlan, base: Path, *, uid: int, cpu: int | None) -> RunOutput:
+    solution_uid = uid + cfg.grading_solution_uid_offset
+    # The solution's sandbox: its workspace copy and the serving script. No test file.
+    ws, _ = Workspace.create(base / "ws", solution_uid, code)
+    sol_dir = _grader_dir(base / "sol", "bridge_solution.py")
+    # The tests' sandbox: the hidden tests, the task's own (unchanged) test
+    # configuration, the solution's sources as read-only data (inspect.getsource), and
+    # no importable solution code.
+    tests_ws = base / "tests"
+    tests_ws.mkdir(mode=0o755)
+    for rel, text in spec.files.items():
+        if is_test_config(rel):
+            write_ro(tests_ws / clean_relpath(rel), text.encode())
+    (tests_ws / HIDDEN_TESTS_DIR).mkdir(mode=0o755)
+    hidden = base / "hidden"
+    prefix = HIDDEN_TESTS_DIR + "/"
+    for path, data in plan.tests.items():
+        write_ro(hidden / path.removeprefix(prefix), data)
+    hidden.mkdir(mode=0o755, exist_ok=True)
+    sources = base / "src"
+    sources.mkdir(mode=0o755)
+    for rel, data in code.items():
+        write_ro(sources / rel, data)
+    tests_dir = _grader_dir(base / "run", "bridge_tests.py")
+    plugin = plugin_dir(base, plan)
+    out = Workspace.create(base / "out", uid, {})[0]
+    left, right = socket.socketpair()
+    try:
+        sol_fd, tests_fd = os.dup(left.fileno()), os.dup(right.fileno())
+    finally:
+        left.close()
+        right.close()
+    config = {"workspace": WORKSPACE, "sources": SOURCES_DIR, "modules": sorted(top_level_modules(code)),
+              "cpu": cpu, "pin_after": cfg.grading_bridge_pin_after}
+    write_ro(sol_dir / "bridge.json", json.dumps({**config, "fd": sol_fd}).encode())
+    write_ro(tests_dir / "bridge.json", json.dumps({**config, "fd": tests_fd}).encode())
+    async with jail.slot():
+        solution = asyncio.ensure_future(jail.run_held(
+            f"python -P {GRADER_DIR}/bridge_solution.py", workspace=ws.root, uid=solution_uid,
+            timeout_s=cfg.grading_timeout_s, binds=[Bind(str(sol_dir), GRADER_DIR)], limits=limits,
+            label="grade-solution", give_fds=(sol_fd,),
+        ))
+        try:
+            result = await jail.run_held(
+                shlex.join(["python", "-P", f"{GRADER_DIR}/bridge_tests.py", *plan.args]),
+                workspace=tests_ws, uid=uid, timeout_s=cfg.grading_timeout_s,
+                binds=[
+                    Bind(str(hidden), f"{WORKSPACE}/{HIDDEN_TESTS_DIR}"),
+                    Bind(str(sources), SOURCES_DIR),
+                    Bind(str(tests_dir), GRADER_DIR),
+                    Bind(str(plugin), PLUGIN_DIR),
+                    Bind(str(out.root), REPORT_DIR, writable=True),
+                ],
+                env={"PYTHONPATH": PLUGIN_DIR},
+                limits=limits, label="grade-tests", give_fds=(tests_fd,),
+            )
+        finally:
+            # The tests hung up: the solution's process sees EOF and exits; one that
+            # does not is killed (cancelling its run kills its whole sandbox).
+            try:
+                solution_result = await asyncio.wait_for(asyncio.shield(solution), _SOLUTION_GRACE_S)
+            except (TimeoutError, asyncio.CancelledError):
+                solution.cancel()
+                with contextlib.suppress(BaseException):
+                    await solution
+                solution_result = None
+    return RunOutput(result=result, report=_read(out, REPORT_FILE), collected=_read(out, plan.collected_file),
+                     solution=solution_result)
+
+
+def _read(out: Workspace, name: str) -> bytes | None:
+    try:
+        return out.read(name, MAX_REPORT_BYTES)
+    except WorkspaceError:
+        return None
+
+
+def top_level_modules(files: dict[str, bytes]) -> set[str]:
+    """Top-level importable names the workspace defines (``x.py``, a ``pkg/`` with Python
+    files): the only names the tests' side asks the solution for."""
+    names = set()
+    for path in files:
+        parts = path.split("/")
+        name = parts[0].removesuffix(".py") if len(parts) == 1 else parts[0]
+        if (len(parts) > 1 and not path.endswith(".py")) or (len(parts) == 1 and not parts[0].endswith(".py")):
+            continue
+        if name.isidentifier() and name not in HARNESS_MODULES and name != HIDDEN_TESTS_DIR and name != "conftest":
+            names.add(name)
+    return names
+
+
+def _grader_dir(path: Path, script: str) -> Path:
+    """A folder with the bridge module and one entry script, bound at /grader."""
+    path.mkdir(mode=0o755)
+    for rel, data in _BRIDGE.items():
+        write_ro(path / rel, data)
+    write_ro(path / script, _SOURCE[script])
+    return path

@@ -1,0 +1,157 @@
+"""In-env grading: the hidden tests in the solution's process, as the repository's own
+test suite runs (for repository tasks, whose tests patch and share state with the code
+under test: ``mock.patch("pkg.mod.func")``, ``monkeypatch.setattr`` on a module constant).
+
+One *fresh* sandbox (the task's image where it has one, else the host root) holding the
+agent's final tree (``*.pyc`` dropped), in which the grader first restores, from the
+task, at their real repository paths:
+
+- every hidden test file (the test patch's version, this grading's canaries appended)
+  and the helpers beside it;
+- every test configuration: ``conftest.py`` anywhere, ``pytest.ini``/``.pytest.ini``
+  anywhere, the root ``tox.ini``/``setup.cfg``/``pyproject.toml``, and the plugin
+  modules they name (``pytest_plugins``, ``-p`` in ``addopts``). One the agent added
+  where the task has none is deleted.
+
+Every agent change to those paths is discarded and named in the reward's reason. The
+run uses the task's own test command with ``PYTEST_DISABLE_PLUGIN_AUTOLOAD=1``,
+``-p no:cacheprovider`` and the grader's plugin (collection record, canaries last); the
+report is checked by :mod:`sandbox.result_check`. What this does and does not catch:
+docs/sandbox.md.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+import shlex
+from pathlib import Path, PurePosixPath
+
+from sandbox.config import SandboxConfig
+from sandbox.grading_common import (
+    HIDDEN_TESTS_DIR, PLUGIN_DIR, REPORT_DIR, REPORT_FILE, HiddenPlan, RunOutput, is_test_config, plugin_dir,
+)
+from sandbox.isolation import Bind, Limits
+from sandbox.runner import Jail
+from sandbox.workspace import Workspace, WorkspaceError, clean_relpath
+from tasks.spec import TaskSpec, pytest_arguments
+
+MAX_REPORT_BYTES = 8 * 1024 * 1024
+_PREFIX = HIDDEN_TESTS_DIR + "/"
+
+
+def real_paths(spec: TaskSpec) -> bool:
+    """SWE-style rows keep hidden tests under their repository paths (the command names
+    them as ``hidden_tests/<path>``); other tasks' hidden tests live in ``hidden_tests/``."""
+    return spec.metadata.get("source") == "swe"
+
+
+def layout(spec: TaskSpec) -> dict[str, str]:
+    """The hidden test files as the run sees them."""
+    if real_paths(spec):
+        return {clean_relpath(rel): text for rel, text in spec.hidden_tests.items()}
+    return {f"{_PREFIX}{clean_relpath(rel)}": text for rel, text in spec.hidden_tests.items()}
+
+
+def pytest_args(spec: TaskSpec, args: list[str]) -> list[str]:
+    if not real_paths(spec):
+        return list(args)
+    out = []
+    for arg in args:
+        if arg == HIDDEN_TESTS_DIR:
+            out.append(".")
+        else:
+            out.append(arg.removeprefix(_PREFIX) if arg.startswith(_PREFIX) else arg)
+    return out
+
+
+def command_prefix(test_command: str) -> list[str]:
+    """The environment's own way of starting pytest (``pytest``, ``python -m pytest``...)."""
+    argv = shlex.split(test_command)
+    args = pytest_arguments(test_command) or []
+    return argv[: len(argv) - len(args)]
+
+
+def tree(spec: TaskSpec, code: dict[str, bytes], plan: HiddenPlan) -> tuple[dict[str, bytes], list[str]]:
+    """The run's tree: the agent's files with the task's tests and test configuration
+    restored; and one note per agent change that was discarded."""
+    files = dict(code)
+    original = {clean_relpath(p): t.encode() for p, t in spec.files.items()}
+    notes: list[str] = []
+    protected: dict[str, bytes] = {}
+    for path, data in original.items():
+        if is_test_config(path) or PurePosixPath(path).name in ("pytest.ini", ".pytest.ini"):
+            protected[path] = data
+    for module in _plugin_modules({**original, **plan.tests}):
+        for candidate in (module.replace(".", "/") + ".py", module.replace(".", "/") + "/__init__.py"):
+            if candidate in original:
+                protected[candidate] = original[candidate]
+    for path in sorted(files):
+        name = PurePosixPath(path).name
+        config_like = name in ("conftest.py", "pytest.ini", ".pytest.ini") or (
+            "/" not in path and name in ("tox.ini", "setup.cfg", "pyproject.toml"))
+        if config_like and path not in protected:
+            del files[path]
+            notes.append(f"{path} (added, removed)")
+    for path, data in protected.items():
+        if path in files and files[path] != data:
+            notes.append(f"{path} (changed, restored)")
+        elif path not in files:
+            notes.append(f"{path} (deleted, restored)")
+        files[path] = data
+    for path, data in plan.tests.items():
+        before = original.get(path)
+        if path in files and before is not None and files[path] != before:
+            notes.append(f"{path} (changed, replaced by the hidden tests)")
+        elif path in files and before is None and not path.startswith(_PREFIX):
+            notes.append(f"{path} (added, replaced by the hidden tests)")
+        files[path] = data
+    return files, notes
+
+
+def _plugin_modules(files: dict[str, bytes]) -> set[str]:
+    """Modules loaded as pytest plugins by the given conftests, test files and configs."""
+    names: set[str] = set()
+    for path, data in files.items():
+        name = PurePosixPath(path).name
+        if name.endswith(".py"):
+            try:
+                tree_ = ast.parse(data)
+            except (SyntaxError, ValueError):
+                continue
+            for stmt in tree_.body:
+                if isinstance(stmt, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "pytest_plugins"
+                                                        for t in stmt.targets):
+                    try:
+                        value = ast.literal_eval(stmt.value)
+                    except ValueError:
+                        continue
+                    names.update([value] if isinstance(value, str) else [v for v in value if isinstance(v, str)])
+        elif "/" not in path and name in ("pytest.ini", ".pytest.ini", "tox.ini", "setup.cfg", "pyproject.toml"):
+            names.update(m for m in re.findall(r"-p\s*([A-Za-z_][\w.]*)", data.decode(errors="replace"))
+                         if not m.startswith("no"))
+    return names
+
+
+async def run(jail: Jail, cfg: SandboxConfig, limits: Limits, spec: TaskSpec, code: dict[str, bytes],
+              plan: HiddenPlan, base: Path, *, uid: int, run_kwargs: dict | None = None) -> RunOutput:
+    files, notes = tree(spec, code, plan)
+    ws, _ = Workspace.create(base / "ws", uid, files)
+    plugin = plugin_dir(base, plan)
+    out = Workspace.create(base / "out", uid, {})[0]
+    command = shlex.join([*command_prefix(spec.test_command), *plan.args])
+    result = await jail.run(
+        command, workspace=ws.root, uid=uid, timeout_s=cfg.grading_timeout_s,
+        binds=[Bind(str(plugin), PLUGIN_DIR), Bind(str(out.root), REPORT_DIR, writable=True)],
+        env={"PYTHONPATH": PLUGIN_DIR, "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"},
+        limits=limits, label="grade-in-env", **(run_kwargs or {}),
+    )
+    return RunOutput(result=result, report=_read(out, REPORT_FILE), collected=_read(out, plan.collected_file),
+                     notes=notes)
+
+
+def _read(out: Workspace, name: str) -> bytes | None:
+    try:
+        return out.read(name, MAX_REPORT_BYTES)
+    except WorkspaceError:
+        return None

@@ -1,0 +1,171 @@
+"""Is a hidden test run's report the run of the hidden tests? (both grading modes)
+
+Three records meet here: what the grader knows before the run (the tests the command
+selects, :mod:`sandbox.test_selection`, and this grading's canaries,
+:mod:`sandbox.canaries`), what pytest collected (written by :mod:`sandbox.grading_plugin`)
+and the JUnit report. Any of these is tampering (the cheat floor, with the reason):
+
+- a case without a name, a case nobody collected, a collected test or collection error
+  missing from the report (unless the run was cut short by a collection error or ``-x``),
+  a test reported twice with a passing outcome;
+- a selected hidden test that was never collected (and whose module did not fail or
+  skip at collection);
+- counts that do not match the cases (``tests``/``failures``/``errors``/``skipped``), a
+  case without a duration, durations that add up to more than the suite's time, or a
+  suite longer than the run itself;
+- a canary missing, a must-fail canary passing or a must-pass canary failing while the
+  test it copies passed.
+
+Canaries never count in the score.
+"""
+
+from __future__ import annotations
+
+import msgspec
+
+from sandbox.canaries import Canary
+from sandbox.junit import Case, Report, TestOutcomes, outcomes_of
+from sandbox.test_selection import Selection, matches, path_matches
+
+_MAX_LISTED = 3
+# pytest writes durations with 3 decimals.
+_ROUNDING_S = 0.0011
+_SLACK_S = 0.05
+_WALL_SLACK_S = 1.0
+
+
+class _Collected(msgspec.Struct, forbid_unknown_fields=True):
+    items: list[tuple[str, str, str]]  # node id, JUnit classname, JUnit name
+    collectors: list[tuple[str, str, str, str]]  # ... + outcome (failed | skipped)
+
+
+class Checked(msgspec.Struct, kw_only=True):
+    outcomes: TestOutcomes  # the real hidden tests only (canaries left out)
+    tampering: list[str]
+    canaries_run: int = 0
+
+
+def _listed(names: list[str]) -> str:
+    return ", ".join(names[:_MAX_LISTED]) + (f" and {len(names) - _MAX_LISTED} more" if len(names) > _MAX_LISTED else "")
+
+
+def _base(name: str) -> str:
+    return name.split("[", 1)[0]
+
+
+def check(report: Report, collected: bytes | None, selection: Selection, canaries: list[Canary], *,
+          wall_s: float | None = None) -> Checked:
+    tampering: list[str] = []
+    try:
+        record = msgspec.json.decode(collected, type=_Collected) if collected is not None else None
+    except (msgspec.DecodeError, msgspec.ValidationError):
+        record = None
+    if record is None:
+        tampering.append("the run's collection record is missing or malformed")
+        record = _Collected(items=[], collectors=[])
+    cases = report.cases
+    tampering += _structure(report, wall_s)
+
+    items = {(cls, name): nodeid for nodeid, cls, name in record.items}
+    collectors = {(cls, name): (nodeid, outcome) for nodeid, cls, name, outcome in record.collectors}
+    interrupted = any(outcome == "failed" for _, outcome in collectors.values())
+    by_key: dict[tuple[str, str], list[Case]] = {}
+    for case in cases:
+        by_key.setdefault(case.key, []).append(case)
+
+    unknown = [c.label for c in cases if c.name and c.key not in items and c.key not in collectors]
+    if unknown:
+        tampering.append(f"the report holds tests that were never collected: {_listed(unknown)}")
+    twice = [cs[0].label for cs in by_key.values() if len(cs) > 1 and any(c.outcome == "passed" for c in cs)]
+    if twice:
+        tampering.append(f"tests reported more than once: {_listed(twice)}")
+    any_failed = any(c.outcome == "failed" for c in cases)
+    cut_short = interrupted or (selection.stops_early and any_failed)
+    missing_items = [nodeid for key, nodeid in items.items() if key not in by_key]
+    if missing_items and not cut_short:
+        tampering.append(f"collected tests missing from the report: {_listed(missing_items)}")
+    missing_collectors = [nodeid for key, (nodeid, _) in collectors.items() if key not in by_key]
+    if missing_collectors:
+        tampering.append(f"collection errors missing from the report: {_listed(missing_collectors)}")
+
+    # Paths whose module (or class) failed or skipped as a whole at collection.
+    dead = [nodeid for nodeid, _ in collectors.values()]
+    collected_ids = list(items.values())
+
+    def covered(path: str, cls: str = "") -> bool:
+        for nodeid in dead:
+            p, _, rest = nodeid.partition("::")
+            if path_matches(path, p) and (not rest or rest == cls or rest.split("::")[0] == cls):
+                return True
+        return False
+
+    never = [e.nodeid for e in selection.expected
+             if not any(matches(e, n) for n in collected_ids) and not covered(e.path, e.cls)]
+    if never:
+        tampering.append(f"hidden tests that were never collected: {_listed(never)}")
+
+    # Canaries: present, and right whenever the test they copy passed.
+    canary_of = {c.name: c for c in canaries}
+    real = [c for c in cases if _base(c.name) not in canary_of]
+    verdict = {key: (cs[0].outcome if len(cs) == 1 else "failed") for key, cs in by_key.items()}
+    canaries_run = 0
+    for canary in canaries:
+        keys = [key for key in items if _base(key[1]) == canary.name]
+        if not keys:
+            if not covered(canary.path, canary.cls) and not cut_short:
+                tampering.append(f"a check test of this grading is missing: {canary.name}")
+            continue
+        for key in keys:
+            outcome = verdict.get(key)
+            if outcome is None:
+                continue  # cut short (missing items are reported above otherwise)
+            canaries_run += 1
+            if canary.original:
+                original = verdict.get((key[0], canary.original + key[1][len(canary.name):]))
+                if original != "passed":
+                    continue
+            if canary.must == "fail" and outcome == "passed":
+                what = f"a copy of {canary.original} made to fail" if canary.original else "a test made to fail"
+                tampering.append(f"{what} passed ({key[0]}::{key[1]}, {canary.kind or 'framework'} check)")
+            elif canary.must == "pass" and outcome != "passed":
+                what = f"an exact copy of {canary.original}" if canary.original else "a test made to pass"
+                tampering.append(f"{what} did not pass while it did ({key[0]}::{key[1]})")
+    outcomes = outcomes_of(_merged(real))
+    if missing_items and cut_short:
+        real_missing = [n for key, n in items.items() if key not in by_key and _base(key[1]) not in canary_of]
+        outcomes = TestOutcomes(total=outcomes.total + len(real_missing), passed=outcomes.passed,
+                                failed=outcomes.failed + real_missing, skipped=outcomes.skipped)
+    return Checked(outcomes=outcomes, tampering=tampering, canaries_run=canaries_run)
+
+
+def _merged(cases: list[Case]) -> list[Case]:
+    """One case per test: a test reported twice (call failure and teardown error) failed."""
+    out: dict[tuple[str, str], Case] = {}
+    for case in cases:
+        if case.key in out:
+            out[case.key] = msgspec.structs.replace(case, outcome="failed")
+        else:
+            out[case.key] = case
+    return list(out.values())
+
+
+def _structure(report: Report, wall_s: float | None) -> list[str]:
+    found: list[str] = []
+    for suite in report.suites:
+        cases = suite.cases
+        if any(not c.name for c in cases):
+            found.append("the report holds a test case without a name")
+        skipped = sum(c.outcome == "skipped" for c in cases)
+        counts = (suite.tests, suite.failures, suite.errors, suite.skipped)
+        if counts != (len(cases), suite.failed_elements, suite.error_elements, skipped):
+            found.append(f"the report's counts (tests, failures, errors, skipped = {counts}) do not match its "
+                         f"{len(cases)} cases")
+        times = [c.time for c in cases]
+        if any(t is None for t in times) or suite.time is None:
+            found.append("the report holds a test or suite without a valid duration")
+            continue
+        if sum(times) > suite.time + _ROUNDING_S * len(cases) + _SLACK_S:
+            found.append(f"the report's tests took {sum(times):.3f} s in a suite of {suite.time:.3f} s")
+        if wall_s is not None and suite.time > wall_s + _WALL_SLACK_S:
+            found.append(f"the report's suite took {suite.time:.3f} s in a run of {wall_s:.3f} s")
+    return list(dict.fromkeys(found))
