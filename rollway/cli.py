@@ -14,12 +14,14 @@ COMMANDS: list[tuple[str, str, str]] = [
     ("broker", "rollway.commands.broker", "start/stop/status a local Apache Kafka (KRaft)"),
     ("config", "rollway.commands.config", "show the effective configuration"),
     ("topics", "rollway.commands.topics", "create topics; list partitions, end offsets and group lag"),
+    ("acl", "rollway.commands.acl", "who may write what: apply or show the bus's users and ACLs"),
     ("tail", "rollway.commands.tail", "print decoded events of a topic"),
     ("report", "rollway.commands.report", "PNG plots and a markdown summary of a run, read from the log"),
     ("model", "rollway.commands.model", "build the local tiny model and tokenizer"),
     ("analytics", "rollway.commands.analytics", "example analytics consumers (solve rate)"),
     ("sampler", "rollway.commands.sampler", "run a sampler replica: tasks -> agent rollouts -> trajectory chunks"),
     ("sandbox", "rollway.commands.sandbox", "run the sandbox service: isolated sessions, grading, rewards"),
+    ("images", "rollway.commands.images", "pull, list and prune the sandbox host's task images (OCI)"),
     ("feeder", "rollway.commands.feeder", "publish task groups, favouring tasks the policy sometimes solves"),
     ("trainer", "rollway.commands.trainer", "train from trajectories and rewards; restore and replay after a crash"),
     ("replay", "rollway.commands.replay", "re-execute logged train steps and verify their weights hashes"),
@@ -54,6 +56,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     # Imported here, not at the top: bus pulls in aiokafka and `rollway --help` stays instant.
     from bus.connect import KafkaUnreachable, wait_for_broker
+    from bus.security import CredentialsError, NotAuthorized, authorization_errors, denied_message
 
     wait_for_broker(args.command in SERVICES)
     try:
@@ -61,6 +64,13 @@ def main(argv: list[str] | None = None) -> int:
     except KafkaUnreachable as exc:
         print(exc, file=sys.stderr)
         return 1
+    except (NotAuthorized, CredentialsError) as exc:
+        # Wrong credentials or a missing ACL: one line, and no retry (docs/security.md).
+        print(exc, file=sys.stderr)
+        return 3
+    except authorization_errors() as exc:
+        print(denied_message(exc), file=sys.stderr)
+        return 3
     except KeyboardInterrupt:
         return 130
 
