@@ -8,16 +8,18 @@ from dataclasses import dataclass, field
 import structlog
 from aiokafka import TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
-from aiokafka.errors import TopicAlreadyExistsError
+from aiokafka.errors import TopicAlreadyExistsError, TopicAuthorizationFailedError
 
 from bus.clients import cluster_metadata, new_consumer
 from bus.config import KafkaConfig
 from bus.connect import start_client, stop_consumer
+from bus.security import NotAuthorized, client_security, who
 from bus.topics import TOPICS, TopicSpec
 
 log = structlog.get_logger(__name__)
 
 TOPIC_ALREADY_EXISTS = TopicAlreadyExistsError.errno
+TOPIC_AUTHORIZATION_FAILED = TopicAuthorizationFailedError.errno
 
 
 def admin_client(cfg: KafkaConfig) -> AIOKafkaAdminClient:
@@ -25,6 +27,7 @@ def admin_client(cfg: KafkaConfig) -> AIOKafkaAdminClient:
         bootstrap_servers=cfg.bootstrap_servers,
         client_id=f"{cfg.client_id}-admin",
         request_timeout_ms=cfg.request_timeout_ms,
+        **client_security(cfg),
     )
 
 
@@ -40,8 +43,12 @@ async def ensure_topics(
     admin = admin_client(cfg)
     await start_client(admin, cfg.bootstrap_servers, "admin")
     try:
+        # Only what is missing: on a secured bus only the admin may create topics, and a
+        # component starting against an existing set must not need that right.
+        existing = set(await admin.list_topics())
+        specs = [s for s in specs if s.name(cfg.topic_prefix) not in existing]
         replication = cfg.replication_factor
-        if replication <= 0:
+        if specs and replication <= 0:
             # aiokafka needs an explicit factor: 3 where the cluster has 3 brokers, else 1.
             brokers = (await admin.describe_cluster())["brokers"]
             replication = 3 if len(brokers) >= 3 else 1
@@ -54,8 +61,11 @@ async def ensure_topics(
             )
             for s in specs
         ]
-        response = await admin.create_topics(new, timeout_ms=int(timeout * 1000))
-        for name, code, *rest in response.topic_errors:
+        response = await admin.create_topics(new, timeout_ms=int(timeout * 1000)) if new else None
+        for name, code, *rest in response.topic_errors if response else ():
+            if code == TOPIC_AUTHORIZATION_FAILED:
+                raise NotAuthorized(f"kafka: {who()} may not CREATE topic {name}; create the topics as admin "
+                                    "(rollway topics --create, rollway up) or run rollway acl apply")
             if code not in (0, TOPIC_ALREADY_EXISTS):
                 message = rest[0] if rest else ""
                 raise RuntimeError(f"cannot create topic {name}: error {code} {message}")

@@ -21,6 +21,7 @@ from aiokafka.cluster import ClusterMetadata
 from aiokafka.producer.transaction_manager import TransactionManager
 
 from bus.config import KafkaConfig
+from bus.security import client_security
 
 
 def new_consumer(cfg: KafkaConfig, client_id: str, **settings: Any) -> AIOKafkaConsumer:
@@ -28,7 +29,7 @@ def new_consumer(cfg: KafkaConfig, client_id: str, **settings: Any) -> AIOKafkaC
     consumer options (group_id, isolation_level, ...)."""
     return AIOKafkaConsumer(
         bootstrap_servers=cfg.bootstrap_servers, client_id=client_id,
-        request_timeout_ms=cfg.request_timeout_ms, **settings,
+        request_timeout_ms=cfg.request_timeout_ms, **client_security(cfg), **settings,
     )
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 import msgspec
 
 
@@ -52,3 +54,17 @@ class KafkaConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     request_timeout_ms: int = 30_000
     # A handler failing through this back-off window sends the record to the DLQ.
     handler_retry: HandlerRetry = msgspec.field(default_factory=HandlerRetry)
+    # Who this process is on the bus (docs/security.md). ``role`` is one of bus.acl.ROLES;
+    # each command sets its own (rollway trainer -> trainer, tools -> admin) unless the
+    # config names one. Credentials: ``sasl_username``/``sasl_password``, or the role's
+    # entry of ``credentials_file`` (written by ``rollway broker start``, mode 0600).
+    # "auto": SASL_PLAINTEXT when credentials are known, else PLAINTEXT (an open broker).
+    # PLAIN is not offered: a password never crosses the wire in clear.
+    security_protocol: Literal["auto", "PLAINTEXT", "SASL_PLAINTEXT", "SASL_SSL"] = "auto"
+    sasl_mechanism: Literal["SCRAM-SHA-512", "SCRAM-SHA-256"] = "SCRAM-SHA-512"
+    role: str = ""
+    credentials_file: str = ""
+    sasl_username: str = ""
+    sasl_password: str = ""
+    # SASL_SSL: the CA that signed the brokers' certificates ("" = the system's).
+    ssl_cafile: str = ""

@@ -25,6 +25,8 @@ from typing import Any
 import structlog
 from aiokafka.errors import KafkaConnectionError
 
+from bus.security import NotAuthorized, authentication_failed_message, authorization_errors, denied_message
+
 log = structlog.get_logger(__name__)
 
 HINT = "start one with rollway broker start or set KAFKA_BOOTSTRAP_SERVERS"
@@ -105,15 +107,23 @@ async def start_client(client: Any, bootstrap: str, what: str = "client") -> Non
     attempt = 0
     while True:
         attempt += 1
+        _auth_failures.clear()
         try:
             await client.start()
             if attempt > 1:
                 log.info("kafka reachable", bootstrap=bootstrap, client=what, attempts=attempt)
             return
         except KafkaConnectionError:
+            if _auth_failures:
+                # Reached, but refused our credentials: retrying cannot help.
+                await close_client(client)
+                raise NotAuthorized(authentication_failed_message(_auth_failures[-1])) from None
             if not _wait or _stop_requested:
                 await close_client(client)
                 raise KafkaUnreachable(bootstrap) from None
+        except authorization_errors() as exc:  # a transactional id the ACLs do not grant
+            await close_client(client)
+            raise NotAuthorized(denied_message(exc, writing=True)) from None
         delay = backoff_s(attempt)
         log.warning(f"cannot reach Kafka at {bootstrap}; retrying in {delay:g} s ({HINT})",
                     bootstrap=bootstrap, client=what, attempt=attempt)
@@ -142,12 +152,24 @@ async def close_client(client: Any) -> None:
         pass
 
 
+# SASL failures seen during the current start_client attempt (aiokafka only logs them
+# and then raises "Unable to bootstrap", as for a broker that is away).
+_auth_failures: list[object] = []
+
+
 class _DropBootstrapErrors(logging.Filter):
     """aiokafka logs ``Unable connect to "host:port"`` at ERROR for each failed bootstrap
-    host; ``start_client`` reports the same failure once, with what to do."""
+    host; ``start_client`` reports the same failure once, with what to do. A failed SASL
+    authentication among them is remembered: ``start_client`` then fails at once."""
 
     def filter(self, record: logging.LogRecord) -> bool:
-        return not (isinstance(record.msg, str) and record.msg.startswith('Unable connect to "'))
+        if not (isinstance(record.msg, str) and record.msg.startswith('Unable connect to "')):
+            return True
+        error = record.args[-1] if isinstance(record.args, tuple) and record.args else None
+        if type(error).__name__ in ("SaslAuthenticationFailed", "UnsupportedSaslMechanismError",
+                                    "IllegalSaslStateError"):
+            _auth_failures.append(error)
+        return False
 
 
 logging.getLogger("aiokafka").addFilter(_DropBootstrapErrors())

@@ -28,6 +28,7 @@ from bus import codec
 from bus.clients import transaction_manager
 from bus.config import KafkaConfig
 from bus.connect import backoff_s, start_client, waiting_for_broker
+from bus.security import client_security
 from bus.topics import spec_for
 from schemas import Event, RecordRef
 
@@ -72,6 +73,7 @@ class EventProducer:
             # Leave room above the record limit for batch framing and headers.
             max_request_size=max(cfg.max_record_bytes + 64 * 1024, 1024 * 1024),
             request_timeout_ms=cfg.request_timeout_ms,
+            **client_security(cfg),
         )
         self._started = False
         self._enqueue = asyncio.Lock()

@@ -5,6 +5,14 @@ process with its own ports and data folder, and returns once every broker answer
 metadata requests. State (pids, ports) is written to ``<data_dir>/cluster.json`` so
 ``rollway broker stop|status`` from another process can find them.
 
+With ``secure=True`` (``rollway broker start`` and ``rollway up`` by default, ``--insecure``
+opts out) clients must authenticate with SASL/SCRAM-SHA-512 on the broker listener and
+the StandardAuthorizer enforces bus.acl's table: the users of the credentials file
+(``<data_dir>/credentials.json``, 0600, generated on first start) are created when the
+storage is formatted, and the super users are the admin and the brokers' own user. The
+controller listener stays PLAINTEXT, bound to loopback only (KRaft cannot take SCRAM
+there); its anonymous principal is a super user so brokers and controllers can talk.
+
 With ``KAFKA_BOOTSTRAP_SERVERS`` set, callers use that cluster and start nothing
 (see :func:`external_bootstrap`).
 """
@@ -91,6 +99,18 @@ class NodeState:
 class ClusterState:
     data_dir: str
     nodes: list[NodeState] = field(default_factory=list)
+    # SASL/SCRAM + ACLs; clients take the users of credentials_file.
+    secure: bool = False
+    credentials_file: str = ""
+
+    def admin_security(self) -> dict:
+        """Client settings of the admin user (none for an open cluster)."""
+        if not self.secure:
+            return {}
+        from bus.config import KafkaConfig
+        from bus.security import client_security
+
+        return client_security(KafkaConfig(credentials_file=self.credentials_file, role="admin"))
 
     @property
     def bootstrap(self) -> str:
@@ -105,7 +125,8 @@ class ClusterState:
         if not path.exists():
             raise BrokerError(f"no cluster state in {path}; is a broker running from {data_dir}?")
         raw = json.loads(path.read_text())
-        return cls(data_dir=raw["data_dir"], nodes=[NodeState(**n) for n in raw["nodes"]])
+        return cls(data_dir=raw["data_dir"], nodes=[NodeState(**n) for n in raw["nodes"]],
+                   secure=raw.get("secure", False), credentials_file=raw.get("credentials_file", ""))
 
 
 def pid_alive(pid: int) -> bool:
@@ -136,6 +157,7 @@ class LocalKafka:
         heap: str = "512m",
         log_level: str = "INFO",
         version: str | None = None,
+        secure: bool = False,
     ) -> None:
         if nodes not in (1, 3):
             raise BrokerError(f"--nodes must be 1 or 3, not {nodes}")
@@ -145,7 +167,10 @@ class LocalKafka:
         self.heap = heap
         self.log_level = log_level
         self.version = version
-        self.state = ClusterState(data_dir=str(self.data_dir))
+        self.secure = secure
+        self.state = ClusterState(data_dir=str(self.data_dir), secure=secure,
+                                  credentials_file=str(self.data_dir / "credentials.json") if secure else "")
+        self._creds = None
         self._procs: dict[int, subprocess.Popen] = {}
 
     # -- configuration -----------------------------------------------------------
@@ -153,15 +178,17 @@ class LocalKafka:
         voters = ",".join(f"{n.node_id}@127.0.0.1:{n.controller_port}" for n in self.state.nodes)
         rf = 3 if self.num_nodes == 3 else 1
         min_isr = 2 if self.num_nodes == 3 else 1
+        listener = "SASL_PLAINTEXT" if self.secure else "PLAINTEXT"
         props = {
             "process.roles": "broker,controller",
             "node.id": node.node_id,
             "controller.quorum.voters": voters,
-            "listeners": f"PLAINTEXT://127.0.0.1:{node.port},CONTROLLER://127.0.0.1:{node.controller_port}",
-            "advertised.listeners": f"PLAINTEXT://127.0.0.1:{node.port}",
+            "listeners": f"{listener}://127.0.0.1:{node.port},CONTROLLER://127.0.0.1:{node.controller_port}",
+            "advertised.listeners": f"{listener}://127.0.0.1:{node.port}",
             "controller.listener.names": "CONTROLLER",
-            "inter.broker.listener.name": "PLAINTEXT",
-            "listener.security.protocol.map": "PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",
+            "inter.broker.listener.name": listener,
+            "listener.security.protocol.map": f"{listener}:{listener},CONTROLLER:PLAINTEXT",
+            **(self._security_properties() if self.secure else {}),
             "log.dirs": str(self.data_dir / f"node-{node.node_id}" / "data"),
             "num.partitions": 3,
             "default.replication.factor": rf,
@@ -180,6 +207,22 @@ class LocalKafka:
             "unclean.leader.election.enable": "false",
         }
         return "".join(f"{k}={v}\n" for k, v in props.items())
+
+    def _security_properties(self) -> dict[str, str]:
+        from bus.security import BROKER_USER
+
+        broker, admin = self._creds.user(BROKER_USER), self._creds.user("admin")
+        jaas = (f'org.apache.kafka.common.security.scram.ScramLoginModule required '
+                f'username="{broker.username}" password="{broker.password}";')
+        return {
+            "sasl.enabled.mechanisms": "SCRAM-SHA-512",
+            "sasl.mechanism.inter.broker.protocol": "SCRAM-SHA-512",
+            "listener.name.sasl_plaintext.scram-sha-512.sasl.jaas.config": jaas,
+            "authorizer.class.name": "org.apache.kafka.metadata.authorizer.StandardAuthorizer",
+            "allow.everyone.if.no.acl.found": "false",
+            # ANONYMOUS is only ever the controller listener's principal (loopback only).
+            "super.users": f"User:{admin.username};User:{broker.username};User:ANONYMOUS",
+        }
 
     def _java(self, node_dir: Path) -> list[str]:
         """The JVM argv (heap, classpath, the node's log4j2 config) before the main class."""
@@ -201,11 +244,24 @@ class LocalKafka:
             for i in range(self.num_nodes)
         ]
         cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+        if self.secure:
+            from bus.security import ensure_credentials
+
+            formatted = any((self.data_dir / f"node-{n.node_id}" / "data" / "meta.properties").exists()
+                            for n in self.state.nodes)
+            if formatted and not Path(self.state.credentials_file).exists():
+                raise BrokerError(f"{self.data_dir} holds a cluster formatted without users (started with "
+                                  "--insecure): start it with --insecure, or remove the folder to start a secure one")
+            self._creds = ensure_credentials(self.state.credentials_file)
         for node in self.state.nodes:
             node_dir = self.data_dir / f"node-{node.node_id}"
             node_dir.mkdir(parents=True, exist_ok=True)
             node.log_file = str(node_dir / "server.log")
-            (node_dir / "server.properties").write_text(self._server_properties(node))
+            # Holds the broker's password when secure: the owner's only.
+            props_file = node_dir / "server.properties"
+            props_file.touch(mode=0o600)
+            props_file.chmod(0o600)
+            props_file.write_text(self._server_properties(node))
             (node_dir / "log4j2.properties").write_text(
                 LOG4J2_PROPERTIES.format(log_file=node.log_file, level=self.log_level)
             )
@@ -222,6 +278,10 @@ class LocalKafka:
     def _format(self, node_dir: Path, cluster_id: str) -> None:
         cmd = [*self._java(node_dir), "kafka.tools.StorageTool", "format", f"--cluster-id={cluster_id}",
                "-c", str(node_dir / "server.properties"), "--ignore-formatted"]
+        if self.secure:
+            # KRaft: SCRAM users must exist before the brokers first talk to each other.
+            for user in self._creds.kafka.values():
+                cmd += ["--add-scram", f"SCRAM-SHA-512=[name={user.username},password={user.password}]"]
         proc = subprocess.run(cmd, capture_output=True, text=True)
         if proc.returncode != 0:
             raise BrokerError(f"kafka storage format failed in {node_dir}: {proc.stderr or proc.stdout}")
@@ -254,7 +314,7 @@ class LocalKafka:
                 time.sleep(0.3)
                 continue
             try:
-                brokers = metadata_brokers(self.state.bootstrap, timeout=5.0)
+                brokers = metadata_brokers(self.state.bootstrap, timeout=5.0, security=self.state.admin_security())
                 if len(brokers) >= self.num_nodes:
                     return
                 last_error = BrokerError(f"{len(brokers)}/{self.num_nodes} brokers registered")
@@ -324,14 +384,16 @@ def tail_file(path: str, lines: int = 20) -> str:
         return "(no log)"
 
 
-def metadata_brokers(bootstrap: str, timeout: float = 5.0) -> list[int]:
-    """Node ids of the brokers the cluster reports in a metadata response."""
+def metadata_brokers(bootstrap: str, timeout: float = 5.0, security: dict | None = None) -> list[int]:
+    """Node ids of the brokers the cluster reports in a metadata response (``security``:
+    client settings, ``ClusterState.admin_security``)."""
     import asyncio
 
     from aiokafka.admin import AIOKafkaAdminClient
 
     async def ask() -> list[int]:
-        admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=int(timeout * 1000))
+        admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=int(timeout * 1000),
+                                    **(security or {}))
         try:
             await asyncio.wait_for(admin.start(), timeout)
         except BaseException:

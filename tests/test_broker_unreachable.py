@@ -98,7 +98,8 @@ def test_service_started_before_the_broker_connects_once_it_is_up(tmp_path):
         assert first["event"].startswith(f"cannot reach Kafka at {bootstrap}; retrying in ")
         assert first["event"].endswith("(start one with rollway broker start or set KAFKA_BOOTSTRAP_SERVERS)")
 
-        started = rollway("broker", "start", "--data-dir", str(data_dir), "--port", str(port), env=env, timeout=240)
+        started = rollway("broker", "start", "--insecure", "--data-dir", str(data_dir), "--port", str(port), env=env,
+                          timeout=240)
         assert started.returncode == 0, started.stdout + started.stderr
         assert f"export KAFKA_BOOTSTRAP_SERVERS={bootstrap}" in started.stdout.splitlines()
         pids = [n.pid for n in ClusterState.load(data_dir).nodes]

@@ -26,7 +26,11 @@ def load_config_or_exit(args: argparse.Namespace, command: str,
 
     try:
         flags = {k: v for k, v in (overrides or {}).items() if v is not None and v != {}}
-        return load_config(args.config, overrides=flags)
+        cfg = load_config(args.config, overrides=flags)
     except ConfigError as exc:
         print(f"rollway {command}: {exc}", file=sys.stderr)
         raise SystemExit(2) from None
+    from rollway.commands.acl import check_principal
+
+    check_principal(cfg, command)
+    return cfg

@@ -17,10 +17,28 @@ def configure(parser: argparse.ArgumentParser) -> None:
                             "(0 = any free ports)")
     start.add_argument("--heap", default="512m", help="JVM heap per node")
     start.add_argument("--timeout", type=float, default=120.0)
+    start.add_argument("--insecure", action="store_true",
+                       help="no authentication and no ACLs: any client may write any topic (quick local work only)")
     for name, help_text in (("stop", "stop the brokers started from --data-dir"),
                             ("status", "show nodes, pids and whether they answer")):
         p = sub.add_parser(name, help=help_text)
         p.add_argument("--data-dir", default=DEFAULT_DATA_DIR)
+
+
+INSECURE_WARNING = ("rollway broker: WARNING: --insecure: no authentication, no ACLs; anyone who reaches the "
+                    "port can write rewards, train steps and weights")
+
+
+def secure_cluster_setup(args: argparse.Namespace, bootstrap: str, credentials_file: str) -> None:
+    """As admin: the config's topics, the users and the ACL table (bus/acl.py)."""
+    from rollway.commands import load_config_or_exit
+    from rollway.commands.acl import secure_setup
+
+    cfg = load_config_or_exit(args, "broker")
+    cfg.kafka.bootstrap_servers = bootstrap
+    cfg.kafka.credentials_file = credentials_file
+    cfg.kafka.role = "admin"
+    secure_setup(cfg)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -62,14 +80,20 @@ def run(args: argparse.Namespace) -> int:
             ports = None
             if args.port:
                 ports = list(range(args.port, args.port + 2 * args.nodes))
-            kafka = LocalKafka(args.data_dir, nodes=args.nodes, ports=ports, heap=args.heap)
+            if args.insecure:
+                print(INSECURE_WARNING, file=sys.stderr)
+            kafka = LocalKafka(args.data_dir, nodes=args.nodes, ports=ports, heap=args.heap, secure=not args.insecure)
             try:
                 bootstrap = kafka.start(timeout=args.timeout)
-            except BrokerError:
+                if not args.insecure:
+                    secure_cluster_setup(args, bootstrap, kafka.state.credentials_file)
+            except BaseException:
                 kafka.stop()
                 raise
-            print(f"kafka ready: {bootstrap}")
+            print(f"kafka ready: {bootstrap}" + ("" if args.insecure else " (SASL/SCRAM, ACLs on)"))
             print(f"export KAFKA_BOOTSTRAP_SERVERS={bootstrap}")
+            if not args.insecure:
+                print(f"export ROLLWAY_KAFKA__CREDENTIALS_FILE={kafka.state.credentials_file}")
             return 0
         state = ClusterState.load(args.data_dir)
         if args.action == "stop":
@@ -80,7 +104,7 @@ def run(args: argparse.Namespace) -> int:
             alive = "running" if pid_alive(node.pid) else "dead"
             print(f"node {node.node_id}: pid {node.pid} {alive}, port {node.port}, log {node.log_file}")
         try:
-            print(f"brokers answering: {metadata_brokers(state.bootstrap)}")
+            print(f"brokers answering: {metadata_brokers(state.bootstrap, security=state.admin_security())}")
         except Exception as exc:
             print(f"not answering: {exc}")
             return 1

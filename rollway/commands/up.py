@@ -50,6 +50,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--grace", type=float, help="seconds to wait after SIGTERM (default: up.grace_s)")
     parser.add_argument("--steps", type=int, help="stop the stack after this many train steps in total")
     parser.add_argument("--minutes", type=float, help="stop the stack after this many minutes")
+    parser.add_argument("--insecure", action="store_true",
+                        help="start the local broker without authentication and ACLs, and the sandbox API "
+                             "without tokens (quick local work only)")
     parser.add_argument("--no-tui", action="store_true",
                         help="line output (a status line every up.status_every_s seconds) instead of the live "
                              "view; implied when stdout is not a terminal")
@@ -189,13 +192,28 @@ def _run(args, cfg, upcfg, env: dict[str, str], log_dir) -> int:
     sup: Supervisor | None = None
     try:
         bootstrap = external_bootstrap()
+        secure = False
         if bootstrap is None:
-            print(f"rollway up: starting Kafka (data in {upcfg.kafka_dir})", flush=True)
-            kafka = LocalKafka(upcfg.kafka_dir, nodes=1)
+            secure = not args.insecure
+            print(f"rollway up: starting Kafka (data in {upcfg.kafka_dir}"
+                  f"{', SASL/SCRAM and ACLs' if secure else ''})", flush=True)
+            if not secure:
+                from rollway.commands.broker import INSECURE_WARNING
+
+                print(INSECURE_WARNING.replace("rollway broker", "rollway up"), file=sys.stderr, flush=True)
+            kafka = LocalKafka(upcfg.kafka_dir, nodes=1, secure=secure)
             bootstrap = kafka.start()
         env["KAFKA_BOOTSTRAP_SERVERS"] = bootstrap
         cfg.kafka.bootstrap_servers = bootstrap
-        asyncio.run(ensure_topics(cfg.kafka))
+        if secure:
+            from rollway.commands.acl import secure_setup
+
+            # Each component authenticates as its own role (rollway.commands.acl) from
+            # this file; the sandbox API's tokens are in it too.
+            env["ROLLWAY_KAFKA__CREDENTIALS_FILE"] = cfg.kafka.credentials_file = kafka.state.credentials_file
+            secure_setup(cfg)
+        else:
+            asyncio.run(ensure_topics(cfg.kafka))
         if not _build_models(model_paths(cfg, {p.kind for p in procs}), env, log_dir):
             return 1
         specs = [ComponentSpec(name=p.name, argv=[sys.executable, "-m", "rollway.cli", *p.argv],
