@@ -1,7 +1,9 @@
 """Chaos run: the real stack trains while a seeded schedule breaks it; then the log is audited.
 
-    .venv/bin/python benchmarks/chaos.py            # full schedule
+    .venv/bin/python benchmarks/chaos.py            # full schedule, seed 0
     .venv/bin/python benchmarks/chaos.py --short    # the test suite's
+    .venv/bin/python benchmarks/chaos.py --seeds 5  # seeds 0-4 in a row: a table per seed, then a summary
+    .venv/bin/python benchmarks/chaos.py --seeds 0,1,2,3,4,11
 
 Everything is a real process: a 3-node Kafka (``rollway.broker.LocalKafka``, RF 3,
 min.insync.replicas 2, passed to the components as ``KAFKA_BOOTSTRAP_SERVERS`` the way a
@@ -26,7 +28,11 @@ Faults (``--short`` runs the first four; the order after ``garbage`` is shuffled
   SIGKILL the trainer when it hangs there (checkpoint files written, not renamed in),
   restart it;
 * ``trainer-freeze``: SIGSTOP the trainer, start a replacement, let it train, SIGCONT
-  the old one: it must stop fenced (exit 4) without logging anything;
+  the old one: it must stop fenced (exit 4) and write nothing after it woke (no step,
+  no weights, no checkpoint). The seed picks where it freezes: inside a checkpoint
+  write (paused at ``checkpoint.before_rename:pause``, files written, not renamed in:
+  the replacement starts while that write is in flight, the seed-11 failure of issue
+  #30) or at whatever it was doing;
 * ``trainer-publish``: as ``trainer-checkpoint`` at ``weights.before_announce`` (the
   version's objects and manifest stored, not announced);
 * ``sandbox``, ``feeder``: SIGKILL, restart;
@@ -340,6 +346,12 @@ class Injected:
     garbage: dict[str, list[tuple[int, int, bytes]]] = field(default_factory=dict)  # topic -> (partition, offset, value)
     zombie_exit: int | None = None
     zombie_log: Path | None = None
+    zombie_pid: int | None = None
+    zombie_mode: str = ""  # where it was frozen
+    zombie_woken_at: float = 0.0  # time.time() of the SIGCONT
+    zombie_log_offset: int = 0  # bytes of its log written before it woke
+    zombie_checkpoints: list[str] = field(default_factory=list)  # checkpoint folders it wrote after waking
+    zombie_leftovers: list[str] = field(default_factory=list)  # temporary folders of it left behind
 
 
 class Chaos:
@@ -447,22 +459,39 @@ class Chaos:
         self._trainer_at_failpoint(row, "weights.before_announce")
 
     def fault_trainer_freeze(self, row: FaultRow) -> None:
+        inj = self.injected
+        comp = self.stack.components["trainer"]
+        inj.zombie_mode = self.rng.choice(["in a checkpoint write", "anywhere"])
+        if inj.zombie_mode == "in a checkpoint write":
+            point = "checkpoint.before_rename"
+            self.failpoints.write_text(f"{point}:pause\n")
+            wait_for(f"the trainer paused at {point}",
+                     lambda: any(e.get("failpoint") == point for e in log_events(comp.log, "failpoint reached")),
+                     self.args.fault_timeout, self.stack, poll=0.2)
         self.stack.signal("trainer", signal.SIGSTOP)
-        zombie_log = self.stack.components["trainer"].log
+        # Disarmed before anything else starts: the replacement writes normally, and the
+        # zombie's paused write goes on when it wakes.
+        self.failpoints.write_text("")
+        zombie_log = comp.log
         zombie = self.stack.retire("trainer")
+        inj.zombie_pid = zombie.pid
         frozen_at = logged_steps(self.kafka)
         self.stack.start("trainer")
         wait_for("the replacement trainer to log steps", lambda: logged_steps(self.kafka) >= frozen_at + 2,
                  self.args.fault_timeout, self.stack)
+        inj.zombie_log_offset = zombie_log.stat().st_size if zombie_log.exists() else 0
+        inj.zombie_woken_at = time.time()
         zombie.send_signal(signal.SIGCONT)
         try:
-            self.injected.zombie_exit = zombie.wait(self.args.fault_timeout)
+            inj.zombie_exit = zombie.wait(self.args.fault_timeout)
         except subprocess.TimeoutExpired:
             zombie.kill()
-            self.injected.zombie_exit = zombie.wait(30)
-        self.injected.zombie_log = zombie_log
-        row.detail = (f"SIGSTOP trainer, replacement trained, SIGCONT: old one exited "
-                      f"{self.injected.zombie_exit}")
+            inj.zombie_exit = zombie.wait(30)
+        inj.zombie_log = zombie_log
+        inj.zombie_checkpoints, inj.zombie_leftovers = zombie_writes(self.stack.work / "checkpoints", zombie.pid,
+                                                                     inj.zombie_woken_at)
+        row.detail = (f"SIGSTOP trainer {inj.zombie_mode}, replacement trained, SIGCONT: old one exited "
+                      f"{inj.zombie_exit}")
 
     def fault_sandbox(self, row: FaultRow) -> None:
         self.stack.kill("sandbox")
@@ -488,6 +517,44 @@ class Chaos:
                  self.args.fault_timeout, self.stack)
         self.cluster.restart_node(node.node_id, timeout=180)
         row.detail = f"SIGKILL broker {node.node_id}; trained on two; restarted"
+
+
+def zombie_writes(checkpoints: Path, pid: int, woken_at: float) -> tuple[list[str], list[str]]:
+    """Checkpoint folders the process ``pid`` wrote after ``woken_at`` (their meta.json
+    names the writer's pid), and temporary folders of it still there."""
+    written, leftovers = [], []
+    for child in checkpoints.iterdir() if checkpoints.is_dir() else ():
+        meta = child / "meta.json"
+        if (".tmp-" in child.name or ".old-" in child.name) and f"-{pid}-" in child.name:
+            leftovers.append(child.name)
+        elif meta.exists():
+            try:
+                m = json.loads(meta.read_text())
+            except (OSError, ValueError):
+                continue
+            if m.get("pid") == pid and float(m.get("created_at", 0)) >= woken_at:
+                written.append(child.name)
+    return written, leftovers
+
+
+def zombie_events_after_waking(inj: "Injected") -> list[str]:
+    """Events of the woken trainer's log that wrote something: a step, a checkpoint,
+    weights, dropped groups."""
+    if inj.zombie_log is None or not inj.zombie_log.exists():
+        return []
+    with open(inj.zombie_log, "rb") as f:
+        f.seek(inj.zombie_log_offset)
+        text = f.read().decode(errors="replace")
+    writes = {"train step", "checkpoint written", "weights published", "dropped groups logged"}
+    out = []
+    for line in text.splitlines():
+        try:
+            item = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(item, dict) and item.get("event") in writes:
+            out.append(f"{item['event']} (step {item.get('step', item.get('version', '?'))})")
+    return out
 
 
 def damage_every_path(root: Path, newest: int, rng: random.Random) -> str:
@@ -700,10 +767,13 @@ def audit(args, stack: Stack, kafka: KafkaConfig, chaos: Chaos, canary: Canary, 
     if "trainer-freeze" in args.schedule:
         inj = chaos.injected
         fenced_lines = [e for e in log_events(inj.zombie_log, "trainer stopped: not the only writer")]
-        fenced = inj.zombie_exit == 4 and bool(fenced_lines)
-        out.append(Invariant("the woken trainer was fenced (exit 4, nothing logged)", fenced,
-                             f"exit {inj.zombie_exit}; "
+        wrote = zombie_events_after_waking(inj) + [f"checkpoint {n}" for n in inj.zombie_checkpoints]
+        wrote += [f"left {n}" for n in inj.zombie_leftovers]
+        fenced = inj.zombie_exit == 4 and bool(fenced_lines) and not wrote
+        out.append(Invariant("the woken trainer was fenced (exit 4, nothing written)", fenced,
+                             f"frozen {inj.zombie_mode}; exit {inj.zombie_exit}; "
                              + (fenced_lines[0].get("error", "").split(";")[0] if fenced_lines else "no fenced line")
+                             + f"; written after waking: {', '.join(wrote) or 'nothing'}"
                              # how it ended instead: the log is gone with a test's temporary directory
                              + ("" if fenced else f"; its log ends:\n{tail(inj.zombie_log, 25)}")))
     out.append(Invariant("every component stops cleanly on SIGTERM (exit 0)",
@@ -727,7 +797,54 @@ def print_tables(args, chaos: Chaos, invariants: list[Invariant], load_before: s
     print(f"\n{sum(i.ok for i in invariants)}/{len(invariants)} invariants hold", flush=True)
 
 
+@dataclass
+class SeedResult:
+    seed: int
+    schedule: list[str]
+    code: int
+    held: int = 0
+    invariants: int = 0
+    faults_done: int = 0
+    freeze: str = ""  # where the trainer was frozen, and how the woken one exited
+    elapsed_s: float = 0.0
+    work: str = ""
+
+
 def main(args: argparse.Namespace) -> int:
+    """Every seed of ``args.seeds`` in a row (a fresh cluster and stack each); exit 0
+    only when every run held every invariant."""
+    results = []
+    for seed in args.seeds:
+        one = argparse.Namespace(**{**vars(args), "seed": seed, "schedule": schedule_for(args, seed)})
+        if args.work_dir and len(args.seeds) > 1:
+            one.work_dir = str(Path(args.work_dir) / f"seed-{seed}")
+        results.append(run_seed(one))
+    if len(results) > 1:
+        print(f"\nchaos summary: {len(results)} seeds; CPU {cpu_name()}, {os.cpu_count()} cores; load average "
+              f"now {load_average()}")
+        print("\n| seed | schedule | invariants hold | faults followed by steps | trainer-freeze | s |")
+        print("|---|---|---|---|---|---|")
+        for r in results:
+            print(f"| {r.seed} | {' '.join(r.schedule)} | {r.held}/{r.invariants} | {r.faults_done}/{len(r.schedule)} "
+                  f"| {r.freeze or '-'} | {r.elapsed_s:.0f} |")
+        ok = [r.seed for r in results if r.code == 0]
+        print(f"\n{len(ok)}/{len(results)} seeds held every invariant"
+              + (f"; failed: {[r.seed for r in results if r.code != 0]}" if len(ok) < len(results) else ""),
+              flush=True)
+    return 0 if all(r.code == 0 for r in results) else 1
+
+
+def run_seed(args: argparse.Namespace) -> SeedResult:
+    result = SeedResult(args.seed, list(args.schedule), 1)
+    started = time.monotonic()
+    try:
+        result.code = _run_seed(args, result)
+    finally:
+        result.elapsed_s = time.monotonic() - started
+    return result
+
+
+def _run_seed(args: argparse.Namespace, result: SeedResult) -> int:
     from bus import ensure_topics
     from rollway.broker import LocalKafka, free_ports
     from rollway.logging import configure_logging
@@ -740,7 +857,8 @@ def main(args: argparse.Namespace) -> int:
     t0 = time.monotonic()
     work = Path(args.work_dir or tempfile.mkdtemp(prefix="rollway-chaos-")).resolve()
     work.mkdir(parents=True, exist_ok=True)
-    print(f"chaos run in {work} (logs in {work}/logs)", flush=True)
+    result.work = str(work)
+    print(f"chaos run, seed {args.seed}, in {work} (logs in {work}/logs)", flush=True)
     cluster = LocalKafka(work / "kafka", nodes=3, heap=args.broker_heap)
     stack: Stack | None = None
     canary: Canary | None = None
@@ -788,6 +906,10 @@ def main(args: argparse.Namespace) -> int:
         stop_codes = stack.stop_all()
         invariants = audit(args, stack, kafka, chaos, canary, group_audit, drained_s, settled, stop_codes)
         print_tables(args, chaos, invariants, load_before, time.monotonic() - t0)
+        result.held, result.invariants = sum(i.ok for i in invariants), len(invariants)
+        result.faults_done = sum(1 for r in chaos.rows if r.ok)
+        if "trainer-freeze" in args.schedule:
+            result.freeze = f"frozen {chaos.injected.zombie_mode}, exit {chaos.injected.zombie_exit}"
         return 0 if all(i.ok for i in invariants) else 1
     except ChaosError as exc:
         print(f"chaos run failed: {exc}", flush=True)
@@ -805,6 +927,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--short", action="store_true", help=f"the test suite's schedule: {' '.join(SHORT_SCHEDULE)}")
     p.add_argument("--schedule", help="comma-separated faults (default: all, shuffled after garbage)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seeds", help="run several seeds in a row: N (seeds 0..N-1) or a comma-separated list")
     p.add_argument("--work-dir", help="keep everything here (default: a new temp folder)")
     p.add_argument("--warmup-steps", type=int, default=2)
     p.add_argument("--progress-steps", type=int, default=2, help="new steps that count as progress after a fault")
@@ -817,12 +940,30 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         unknown = set(args.schedule) - set(FULL_SCHEDULE)
         if unknown:
             p.error(f"unknown faults {sorted(unknown)}; known: {FULL_SCHEDULE}")
+    args.fixed_schedule = args.schedule
+    if args.seeds:
+        try:
+            items = [int(x) for x in args.seeds.split(",") if x.strip()]
+        except ValueError:
+            p.error(f"--seeds takes N or a comma-separated list of seeds, not {args.seeds!r}")
+        args.seeds = items if "," in args.seeds else list(range(items[0]))
+        if not args.seeds:
+            p.error("--seeds: no seed to run")
     else:
-        base = SHORT_SCHEDULE if args.short else FULL_SCHEDULE
-        rest = base[1:]
-        random.Random(args.seed).shuffle(rest)
-        args.schedule = base[:1] + rest
+        args.seeds = [args.seed]
+    args.schedule = schedule_for(args, args.seeds[0])
     return args
+
+
+def schedule_for(args: argparse.Namespace, seed: int) -> list[str]:
+    """The faults of one run: ``--schedule`` as given, else garbage first and the rest
+    of the full (or ``--short``) schedule shuffled by ``seed``."""
+    if args.fixed_schedule:
+        return list(args.fixed_schedule)
+    base = SHORT_SCHEDULE if args.short else FULL_SCHEDULE
+    rest = base[1:]
+    random.Random(seed).shuffle(rest)
+    return base[:1] + rest
 
 
 if __name__ == "__main__":

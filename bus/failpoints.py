@@ -11,8 +11,11 @@ lists points (``@N``: at the N-th time the point is reached, default the first).
 ``ROLLWAY_FAILPOINTS=@/some/file`` reads that list from the file each time a point is
 reached, so a driver can arm a point in a running process (then ``@N`` counts hits
 from the moment the point appears in the file). At an armed point the process logs
-``failpoint reached`` (with the point's name) and hangs until it is killed. Unset (the
-normal case), a point costs one dictionary lookup.
+``failpoint reached`` (with the point's name) and hangs until it is killed. A point
+listed as ``NAME:pause`` (or ``NAME@N:pause``) instead waits there only while it is
+armed: once the driver removes it from the file, the operation goes on (logged as
+``failpoint released``); a chaos run freezes a process inside the operation this way
+and lets it finish later. Unset (the normal case), a point costs one dictionary lookup.
 """
 
 from __future__ import annotations
@@ -31,8 +34,20 @@ _hits: dict[str, int] = {}
 _lock = threading.Lock()
 
 
+PAUSE = ":pause"
+
+
 def armed() -> dict[str, int]:
     """Point name -> the hit that hangs, from ``$ROLLWAY_FAILPOINTS`` (or the file it names)."""
+    return {name: nth for name, (nth, _) in _points().items()}
+
+
+def paused_points() -> set[str]:
+    """The armed points that pause (``NAME:pause``) rather than hang for good."""
+    return {name for name, (_, pause) in _points().items() if pause}
+
+
+def _points() -> dict[str, tuple[int, bool]]:
     spec = os.environ.get(ENV, "").strip()
     if spec.startswith("@"):
         try:
@@ -40,14 +55,15 @@ def armed() -> dict[str, int]:
                 spec = f.read()
         except OSError:
             spec = ""
-    points: dict[str, int] = {}
+    points: dict[str, tuple[int, bool]] = {}
     for item in spec.replace("\n", ",").split(","):
         item = item.strip()
         if not item:
             continue
-        name, _, nth = item.partition("@")
+        pause = item.endswith(PAUSE)
+        name, _, nth = item.removesuffix(PAUSE).partition("@")
         try:
-            points[name.strip()] = int(nth) if nth else 1
+            points[name.strip()] = (int(nth) if nth else 1, pause)
         except ValueError:
             # A typo in a chaos run's list must not fail the operation it guards.
             log.error("failpoint spec not understood, ignored", item=item, expected="NAME or NAME@N")
@@ -70,8 +86,14 @@ def _should_hang(name: str) -> bool:
 
 
 def reached(name: str) -> None:
-    """A point in blocking code (a worker thread): hang here when armed."""
+    """A point in blocking code (a worker thread): hang here when armed (a pausing
+    point: until it is disarmed)."""
     if _should_hang(name):
+        if name in paused_points():
+            while name in paused_points():
+                time.sleep(0.1)
+            log.warning("failpoint released", failpoint=name, pid=os.getpid())
+            return
         while True:
             time.sleep(3600)
 

@@ -46,3 +46,28 @@ def test_a_malformed_item_is_ignored_and_the_operation_goes_on(monkeypatch):
     monkeypatch.setenv(failpoints.ENV, "checkpoint.before_rename@abc, weights.before_announce@2")
     assert failpoints.armed() == {"weights.before_announce": 2}
     failpoints.reached("checkpoint.before_rename")  # returns: the typo arms nothing
+
+
+def test_a_pausing_point_waits_while_armed_and_then_goes_on(monkeypatch, tmp_path):
+    import threading
+
+    from tests.waiting import wait_until
+
+    spec = tmp_path / "failpoints"
+    spec.write_text("checkpoint.before_rename:pause\n")
+    monkeypatch.setenv(failpoints.ENV, f"@{spec}")
+    assert failpoints.armed() == {"checkpoint.before_rename": 1}
+    assert failpoints.paused_points() == {"checkpoint.before_rename"}
+    passed = threading.Event()
+
+    def operation() -> None:
+        failpoints.reached("checkpoint.before_rename")
+        passed.set()
+
+    worker = threading.Thread(target=operation, daemon=True)
+    worker.start()
+    wait_until(lambda: failpoints._hits.get("checkpoint.before_rename") == 1, 10, "the point reached")
+    assert not passed.is_set()  # held there while armed
+    spec.write_text("")  # the driver disarms it: the operation goes on
+    wait_until(passed.is_set, 10, "the operation to go on")
+    worker.join(10)

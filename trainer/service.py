@@ -4,6 +4,8 @@ Start-up:
   0. start the transactional producer (fixed ``transactional_id``): the broker fences
      every older trainer of that id and aborts its open transaction, so from here on
      this process is the only one that can append to the step log or commit offsets;
+     then claim the checkpoint folder with the producer's (id, epoch) and clean what
+     dead writers left there (``trainer/checkpoint_owner.py``);
   1. read the whole train-step log; it must hold steps 1..N without a gap;
   2. load the newest checkpoint the log confirms (hash agrees), else the initial model;
   3. re-execute logged steps after it from exactly their records, checking each hash
@@ -21,10 +23,13 @@ every record that might still matter; records of trajectories the log says were
 trained are recognised and skipped. Nothing is trained twice (the log is checked) and
 nothing is skipped (uncommitted records are re-read).
 
-A fenced trainer (``WriterFenced``: a newer one started), one that finds its step
-already logged (``StepAlreadyLogged``) or whose weights publish conflicts
-(``WeightConflict``) stops with that error: it is not the only writer, and whatever it
-had not committed is aborted, never half-visible.
+A fenced trainer (``WriterFenced``: a newer one started; ``CheckpointFenced``: a newer
+one owns the checkpoint folder), one that finds its step already logged
+(``StepAlreadyLogged``) or whose weights publish conflicts (``WeightConflict``) stops
+with that error: it is not the only writer, and whatever it had not committed is
+aborted, never half-visible. It writes no checkpoint either: checkpoints are written
+only of steps this trainer's committed transactions logged (or the log holds, during
+replay), and only while it owns the folder.
 """
 
 from __future__ import annotations
@@ -38,6 +43,7 @@ import structlog
 from schemas import GroupsDropped, Metrics, now
 from trainer.assembler import Assembler
 from trainer.checkpoint import AsyncCheckpointer
+from trainer.checkpoint_owner import FolderOwnership, owner_of_producer
 from trainer.publishing import BackgroundPublisher, WeightSink
 from trainer.training_config import training_config_hash
 from trainer.replay import ReplayMismatch, replay_steps, restore_newest_loadable
@@ -120,7 +126,9 @@ class Trainer:
         log.info("restoring", checkpoint_step=core.step, logged_steps=last)
 
         def after_replayed(result: "StepResult", row) -> None:
-            if self.tcfg.checkpoint_every and result.step % self.tcfg.checkpoint_every == 0:
+            # Only a step re-executed to its logged hash (on_replay_mismatch = "warn" goes on past others).
+            if (self.tcfg.checkpoint_every and result.step % self.tcfg.checkpoint_every == 0
+                    and steps[result.step].event.weights_hash == result.weights_hash):
                 self.checkpointer.save(core.snapshot(), result.weights_hash)
 
         try:
@@ -152,6 +160,9 @@ class Trainer:
             # Fence first, then read the log: no older trainer can append after this.
             async with EventProducer(self.kafka, transactional_id=self.transactional_id) as producer:
                 self.producer = producer
+                # The checkpoint folder follows the log's order of trainers: claimed with
+                # this producer's (id, epoch), now that every older trainer is fenced.
+                self.checkpointer.claim(FolderOwnership(self.tcfg.checkpoint_dir, owner_of_producer(producer)))
                 await self.restore()
                 self.watch = StepLogWatch(self.kafka)
                 await self.watch.start()
@@ -159,8 +170,16 @@ class Trainer:
                     await self._run_live(producer, max_steps, exit_when_idle_s)
                 finally:
                     await self.watch.stop()
-        finally:
-            self.checkpointer.close()
+        except BaseException:
+            # The error that stopped the trainer is the one to report: a write failing
+            # because a newer trainer replaced this one must not turn WriterFenced into
+            # a checkpoint failure.
+            try:
+                self.checkpointer.close()
+            except Exception as exc:
+                log.warning("checkpoint writer stopped with an error", error=str(exc))
+            raise
+        self.checkpointer.close()
         return self.core.step
 
     async def _run_live(self, producer: "EventProducer", max_steps: int | None,
@@ -280,6 +299,8 @@ class Trainer:
         weights publish)."""
         if producer.fenced is not None:
             raise producer.fenced
+        if self.checkpointer.fenced is not None:
+            raise self.checkpointer.fenced
         if self.publisher is not None:
             self.publisher.check()
 
@@ -314,6 +335,7 @@ class Trainer:
         event = step_event(result.step, result.weights_hash, groups, metrics, self.tcfg.seed, drops)
         event.config_hash = training_config_hash(self.tcfg)  # a replay under other settings says so
         await self._log_step(event, released, result, metrics, consumer, producer)
+        self.checkpointer.confirm(result.step, result.weights_hash)  # committed: it may be checkpointed
         log.info("train step", step=result.step, weights_hash=result.weights_hash[:16],
                  groups=len(groups), staleness_hist=result.histograms.get("staleness"),
                  **{k: round(metrics[k], 6) for k in LOGGED_METRICS})

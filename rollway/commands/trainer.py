@@ -30,6 +30,7 @@ def run(args: argparse.Namespace) -> int:
     from bus import WriterFenced
     from syncer.publisher import WeightConflict
     from trainer.checkpoint import CheckpointError
+    from trainer.checkpoint_owner import CheckpointFenced
     from trainer.publishing import RecordingSink
     from trainer.replay import ReplayMismatch
     from trainer.service import Trainer
@@ -48,7 +49,7 @@ def run(args: argparse.Namespace) -> int:
 
     try:
         step = asyncio.run(main())
-    except (WriterFenced, WeightConflict, StepAlreadyLogged) as exc:
+    except (WriterFenced, WeightConflict, StepAlreadyLogged, CheckpointFenced) as exc:
         # Not the only trainer: a newer one owns the log (or the store holds other
         # weights). Nothing this process had not committed is visible.
         log.error("trainer stopped: not the only writer", error=str(exc))
