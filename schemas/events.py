@@ -39,6 +39,10 @@ class Cost(msgspec.Struct, kw_only=True):
     turns: int = 0
     tool_seconds: float = 0.0
     segments: int = 1
+    # New segments started because the model's chat template rewrote the conversation's
+    # history (Qwen3 thinking removal, a call not in the template's spelling): the turn
+    # could not be bridged token-exactly (sampler/formats). Added at the end with a default.
+    template_rerenders: int = 0
 
 
 class Task(Event, kw_only=True):
