@@ -97,21 +97,27 @@ def create(base: Path, uid: int, files: dict[str, str | bytes], quota: disk.Quot
             disk.unmount(path)
         shutil.rmtree(base, ignore_errors=True)
         raise
-    dropped = []
     try:
-        for path, content in files.items():
-            try:
-                ws.write(path, content)
-            except WorkspaceError as exc:
-                if "version-control" in str(exc):
-                    dropped.append(path)
-                    continue
-                raise
+        dropped = write_files(ws, files)
     except BaseException:
         ws.remove()
         raise
     log.info("image_workspace", image=root.ref, workdir=workdir, mode=mode, files=len(files))
     return ws, dropped
+
+
+def write_files(ws: Workspace, files: dict[str, str | bytes]) -> list[str]:
+    """Write a task's files over the tree; returns the paths dropped (VCS metadata)."""
+    dropped = []
+    for path, content in files.items():
+        try:
+            ws.write(path, content)
+        except WorkspaceError as exc:
+            if "version-control" in str(exc):
+                dropped.append(path)
+                continue
+            raise
+    return dropped
 
 
 def _overlay(base: Path, area: Path, lower: Path, mounts: list[Path]) -> tuple[Path, str]:

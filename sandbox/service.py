@@ -140,7 +140,8 @@ class SandboxService:
         self.quota = quota_from_config(cfg)
         self.images = ImageStore(cfg.images)
         self.pool = SessionPool(root, capacity=cfg.max_sessions, uid_base=cfg.uid_base, quota=self.quota,
-                                images=self.images)
+                                images=self.images, warm_per_image=cfg.images.warm_sessions_per_image)
+        self._refilling: dict[tuple[str, str], asyncio.Task] = {}
         self.grader = Grader(cfg, reward_cfg, store, self.jail, publisher, quota=self.quota)
         self._reaper: asyncio.Task | None = None
         request_limit = max(cfg.max_snapshot_bytes, 2 * cfg.max_file_bytes_api) + 1024 * 1024
@@ -185,8 +186,11 @@ class SandboxService:
             self._reaper.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._reaper
+        # Refills are a few tree creations: let them finish, then drop what they made.
+        await asyncio.gather(*self._refilling.values(), return_exceptions=True)
         for session in self.pool.all():
             await self.pool.close(session)
+        await asyncio.to_thread(self.pool.drain_warm)
         if self.cgroups is not None:
             self.cgroups.close()
         self.uid_claim.release()
@@ -224,7 +228,25 @@ class SandboxService:
         except BaseException:
             self.images.release(root)
             raise
+        self._refill(root, spec.workdir)
         return _json({"session_id": session.id, "dropped": dropped, "image": root.ref, "digest": root.digest})
+
+    def _refill(self, root, workdir: str) -> None:
+        """Make the image's warm trees in the background (sandbox.images.warm_sessions_per_image)."""
+        key = (root.digest, workdir)
+        if self.pool.warm_per_image <= 0 or key in self._refilling:
+            return
+
+        async def refill() -> None:
+            try:
+                while await asyncio.to_thread(self.pool.prepare_warm, root, workdir):
+                    pass
+            except Exception as exc:
+                log.warning("warm_session_failed", image=root.ref, error=repr(exc))
+            finally:
+                self._refilling.pop(key, None)
+
+        self._refilling[key] = asyncio.create_task(refill())
 
     def _session(self, request: web.Request) -> Session:
         session = self.pool.get(request.match_info["id"])
@@ -344,6 +366,7 @@ class SandboxService:
             "cgroups": self.cgroups is not None,
             "privileged": self.jail.privileged,
             "disk_quota": self.quota is not None,
+            "warm_sessions": self.pool.warm,
             "seccomp": self.cfg.seccomp,
         })
 

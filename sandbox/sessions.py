@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 import uuid
 from pathlib import Path
@@ -65,41 +66,120 @@ class Session:
         ))
 
 
+class _Warm:
+    """A session slot with its image tree made ahead (no task files yet)."""
+
+    def __init__(self, slot: int, uid: int, workspace: Workspace, root: ImageRoot) -> None:
+        self.slot, self.uid, self.workspace, self.root = slot, uid, workspace, root
+
+
 class SessionPool:
-    """At most ``capacity`` sessions; session slot ``i`` runs as uid ``uid_base + i``."""
+    """At most ``capacity`` sessions; session slot ``i`` runs as uid ``uid_base + i``.
+
+    Warm sessions (``warm_per_image``): for an image in use, that many slots keep a tree
+    over the image made ahead (:meth:`prepare_warm`, run by the service in the background
+    while earlier sessions work), so the next session of the image only writes its task
+    files. Warm slots give way to real sessions when the pool is otherwise full."""
 
     def __init__(self, root: Path, *, capacity: int, uid_base: int, quota: Quota | None = None,
-                 images: ImageStore | None = None) -> None:
+                 images: ImageStore | None = None, warm_per_image: int = 0) -> None:
         self.root = root
         self.quota = quota
         self.images = images
         self.capacity = capacity
         self.uid_base = uid_base
+        self.warm_per_image = warm_per_image
         self._free = list(range(capacity))
         self._sessions: dict[str, Session] = {}
+        self._warm: dict[tuple[str, str], list[_Warm]] = {}
+        # Slots and warm trees change in worker threads (open/prepare run off the loop).
+        self._lock = threading.Lock()
 
     def __len__(self) -> int:
         return len(self._sessions)
+
+    @property
+    def warm(self) -> int:
+        return sum(len(v) for v in self._warm.values())
+
+    def _take_slot(self, key: tuple[str, str] | None) -> tuple[int, _Warm | None]:
+        """A warm tree for ``key`` with its slot, else a free slot (a warm one of another
+        image is dropped when no slot is free)."""
+        with self._lock:
+            if key is not None and self._warm.get(key):
+                warm = self._warm[key].pop()
+                return warm.slot, warm
+            if not self._free:
+                spare = next((k for k, v in self._warm.items() if v), None)
+                if spare is None:
+                    raise PoolFull(f"all {self.capacity} sessions are in use; close one or retry later")
+                dropped = self._warm[spare].pop()
+            else:
+                return self._free.pop(0), None
+        self._drop_warm(dropped)
+        with self._lock:
+            return self._free.pop(0), None
+
+    def _drop_warm(self, warm: _Warm) -> None:
+        warm.workspace.remove()
+        if self.images is not None:
+            self.images.release(warm.root)
+        with self._lock:
+            self._free.append(warm.slot)
+
+    def prepare_warm(self, root: ImageRoot, workdir: str) -> bool:
+        """Make one more warm tree of ``root`` if below ``warm_per_image`` and a slot is
+        free; returns whether it did (the service calls it until False)."""
+        key = (root.digest, workdir)
+        with self._lock:
+            if len(self._warm.get(key, ())) >= self.warm_per_image or not self._free or self.images is None:
+                return False
+            slot = self._free.pop(0)
+        uid = self.uid_base + slot
+        try:
+            path = self.root / f"rollway-ws-{uuid.uuid4().hex}"
+            workspace, _ = image_workspace.create(path, uid, {}, self.quota, root, workdir)
+        except BaseException:
+            with self._lock:
+                self._free.append(slot)
+            raise
+        self.images.hold(root)
+        with self._lock:
+            self._warm.setdefault(key, []).append(_Warm(slot, uid, workspace, root))
+        return True
+
+    def drain_warm(self) -> None:
+        with self._lock:
+            warm = [w for v in self._warm.values() for w in v]
+            self._warm.clear()
+        for w in warm:
+            self._drop_warm(w)
 
     def open(self, task_id: str, files: dict[str, str], *, root: ImageRoot | None = None,
              workdir: str = WORKSPACE) -> tuple[Session, list[str]]:
         """A new session. ``root`` (already held by the caller, see ImageStore.acquire):
         the session runs on that image, its tree a copy-on-write layer over the image's
         ``workdir`` with ``files`` written over it; the pool releases the hold on close."""
-        if not self._free:
-            raise PoolFull(f"all {self.capacity} sessions are in use; close one or retry later")
-        slot = self._free.pop(0)
+        slot, warm = self._take_slot((root.digest, workdir) if root is not None else None)
         uid = self.uid_base + slot
         session_id = uuid.uuid4().hex
         try:
             path = self.root / f"rollway-ws-{session_id}"
             if root is None:
                 workspace, dropped = Workspace.create(path, uid, files, self.quota)
+            elif warm is not None:
+                workspace, dropped = warm.workspace, image_workspace.write_files(warm.workspace, files)
             else:
                 workspace, dropped = image_workspace.create(path, uid, files, self.quota, root, workdir)
         except BaseException:
-            self._free.append(slot)
+            if warm is not None:
+                self._drop_warm(warm)
+            else:
+                with self._lock:
+                    self._free.append(slot)
             raise
+        if warm is not None and self.images is not None:
+            self.images.release(warm.root)  # the caller's hold is the session's now
         session = Session(session_id, task_id, slot, uid, workspace, root, workdir)
         self._sessions[session_id] = session
         log.info("session_opened", session_id=session_id, task_id=task_id, uid=uid, files=len(files),
@@ -120,7 +200,8 @@ class SessionPool:
         session.workspace.remove()
         if session.root is not None and self.images is not None:
             self.images.release(session.root)
-        self._free.append(session.slot)
+        with self._lock:
+            self._free.append(session.slot)
         log.info("session_closed", session_id=session.id, task_id=session.task_id, calls=len(session.calls))
 
     async def close(self, session: Session) -> None:

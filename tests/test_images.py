@@ -15,6 +15,7 @@ import socket
 import sys
 from pathlib import Path
 
+import msgspec
 import pytest
 import pytest_asyncio
 
@@ -289,3 +290,29 @@ async def test_overlay_refused_falls_back_to_a_copy(images, tmp_path, monkeypatc
     finally:
         ws.remove()
     assert not (tmp_path / "ws").exists()
+
+
+async def test_warm_sessions_are_made_ahead_and_give_way_when_the_pool_is_full(images, sandbox, tmp_path):
+    """sandbox.images.warm_sessions_per_image: the next session of an image takes a tree
+    made ahead in the background; warm slots go back to real sessions on demand."""
+    from tests.waiting import wait_until_async
+
+    cfg = msgspec.structs.replace(
+        sandbox.service.cfg, max_sessions=3, workspace_root=str(tmp_path),
+        images=ImageConfig(cache_dir=images.cache_dir, warm_sessions_per_image=2),
+    )
+    async with live_sandbox(cfg, store=sandbox.service.store) as live, SandboxClient(live.url) as client:
+        pool = live.service.pool
+        first = await client.create_session(NAMEKIT)
+        await wait_until_async(lambda: pool.warm == 2, 30, "two warm trees of the image")
+        warm_trees = {w.workspace.root for v in pool._warm.values() for w in v}
+        second = await client.create_session(NAMEKIT, {"extra.txt": "hi\n"})
+        assert pool.get(second).workspace.root in warm_trees and pool.warm == 1
+        seen = await client.exec(second, "cat extra.txt; ls namekit")
+        assert seen.stdout.split() == ["hi", "__init__.py"] and pool.get(second).uid == pool.get(second).workspace.uid
+        # The pool is full (2 sessions + 1 warm): a host task's session takes the warm slot.
+        host = await client.create_session("blank")
+        assert pool.warm == 0 and len(pool) == 3
+        for sid in (first, second, host):
+            await client.close_session(sid)
+    assert not any(tmp_path.iterdir())  # every tree (warm ones too) unmounted and removed
