@@ -70,6 +70,11 @@ class SamplerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     kept_set_cap: int = 64
     # Record MoE routed experts when the model is MoE and the engine offers them.
     record_routed_experts: bool = True
+    # The model's chat format (sampler/formats): "auto" reads it from the model's
+    # tokenizer (added tokens, chat template); or rollway, chatml-hermes, qwen3,
+    # qwen3-coder, llama3-json. Prompts come from the tokenizer's chat template with the
+    # tools as JSON schemas; calls are read at the family's special-token ids.
+    format: str = "auto"
     # Agent budgets.
     max_tokens_per_turn: int = 256
     max_turns: int = 8
@@ -123,6 +128,9 @@ class SamplerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     drain_timeout_s: float = 600.0
 
     def __post_init__(self) -> None:
+        formats = ("auto", "rollway", "chatml-hermes", "qwen3", "qwen3-coder", "llama3-json")
+        if self.format not in formats:
+            raise ValueError(f"sampler.format must be one of {', '.join(formats)}, not {self.format!r}")
         if not 0.0 < self.top_p <= 1.0:
             raise ValueError(f"sampler.top_p must be in (0, 1], not {self.top_p}")
         error = temperature_error("sampler.temperature", self.temperature)
