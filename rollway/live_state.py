@@ -76,6 +76,9 @@ class ViewModel(msgspec.Struct, kw_only=True):
     window_rewards: int  # rewards in the rolling window
     reward_mean: float | None  # rolling, over the window
     solve_rate: float | None  # rolling, over the window
+    # Rolling, over the window's rewards (their Cost): new segments the chat template forced
+    # (sampler/formats, a turn that could not be bridged token-exactly) per 1,000 turns.
+    template_rerenders_per_1k_turns: float | None = None
     eval_latest: EvalFigure | None
     eval_first: EvalFigure | None  # first eval of the latest one's split
     entropy_full: float | None
@@ -215,6 +218,7 @@ class LiveState:
             window_rewards=len(window),
             reward_mean=sum(r.reward for r in window) / len(window) if window else None,
             solve_rate=sum(1 for r in window if solved(r)) / len(window) if window else None,
+            template_rerenders_per_1k_turns=rerenders_per_1k_turns(window),
             eval_latest=latest,
             eval_first=first,
             entropy_full=tv("entropy_full"),
@@ -240,6 +244,11 @@ class LiveState:
         same = [e for e in self.evals if e.split == latest.split]
         first = min(same, key=lambda e: (e.weight_version, e.created_at))
         return eval_figure(latest), eval_figure(first)
+
+
+def rerenders_per_1k_turns(rewards: list[Reward]) -> float | None:
+    turns = sum(r.cost.turns for r in rewards)
+    return 1000.0 * sum(r.cost.template_rerenders for r in rewards) / turns if turns else None
 
 
 def solved(reward: Reward) -> bool:

@@ -43,6 +43,8 @@ def figures(m: ViewModel) -> list[tuple[str, str]]:
         ("reward mean", f"{num(m.reward_mean)} (last {m.window_rewards} of {m.rewards_seen} rewards)"
          f"  last step {num(m.step_reward_mean)}"),
         ("solve rate", f"{num(m.solve_rate)} (last {m.window_rewards} rewards)"),
+        ("template re-renders", f"{num(m.template_rerenders_per_1k_turns, 1)} per 1,000 turns"
+         f" (last {m.window_rewards} rewards)"),
         ("held-out pass@1", held_out),
         ("entropy", f"full {num(m.entropy_full)}  kept set {num(m.entropy_kept)}"),
         ("mismatch KL (k3)", num(m.mismatch_kl, 5)),
