@@ -25,6 +25,12 @@ median of ``--repeat`` runs):
   is looked up (``StepKeptSets.kept_set``), a ``SampledToken`` built and appended with
   ``add_sampled_now`` (the awaited ``add_sampled`` where it needs to publish), into the
   recorder as it was then (``benchmarks/recording_baseline.py``, a frozen copy);
+* ``SampledToken -> #29 recorder``: the same ``SampledToken``s into today's recorder
+  (the path of engines that stream a ``SampledToken`` per token: TorchEngine, the
+  timing engine, ``Engine.record`` over ``generate``);
+* ``arrays (#29)``: the step's arrays built once (``StepKeptSets.tokens``: CSR kept sets
+  in numpy), each row handed to the recorder as a ``StepRow`` and copied into its
+  array buffers (``add_sampled_now``, else ``add_sampled``): ``VLLMEngine.record``'s path.
 """
 
 from __future__ import annotations
@@ -44,7 +50,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks import recording_baseline  # noqa: E402
 from benchmarks.harness import cpu_name, load_average, print_aligned  # noqa: E402
 from bus.codec import encode  # noqa: E402
+from sampler import recorder as recorder_module  # noqa: E402
 from sampler.engine import SampledToken  # noqa: E402
+from sampler.recorder import TrajectoryRecorder  # noqa: E402
 from sampler.vllm_kept_sets import StepKeptSets  # noqa: E402
 from schemas import Cost  # noqa: E402
 
@@ -173,7 +181,38 @@ class PerToken(Path_):
             slot.left -= 1
 
 
-PATHS: list[type[Path_]] = [PerToken]
+class Arrays(Path_):
+    """Issue #29: the step's arrays (``StepKeptSets.tokens``: CSR kept sets, built once
+    per step in numpy), a ``StepRow`` per token handed to ``add_sampled_now`` (else the
+    awaited ``add_sampled``), which copies the row into the recorder's array buffers;
+    what ``VLLMEngine.record`` does."""
+
+    name = "arrays (#29)"
+
+    def recorder(self, trajectory_id: str, sink: Sink):
+        return TrajectoryRecorder(_identity(recorder_module, trajectory_id), sink.publish)
+
+    async def step(self, kept: StepKeptSets, keys: list[str], slots: list[Slot], version: int) -> None:
+        kept._tokens = None  # a fresh step: its arrays are built again (cycled synthetic steps)
+        sampled = kept.sampled
+        for r, slot in enumerate(slots):
+            row = kept.row(keys[r], sampled[r], version)
+            if not slot.rec.add_sampled_now(row):
+                await slot.rec.add_sampled(row)
+            slot.left -= 1
+
+
+class Tokens(PerToken):
+    """The per-token engine loop (a ``SampledToken`` each, as TorchEngine, the timing
+    engine and ``generate`` streams hand them out) into the recorder of #29."""
+
+    name = "SampledToken -> #29 recorder"
+
+    def recorder(self, trajectory_id: str, sink: Sink):
+        return TrajectoryRecorder(_identity(recorder_module, trajectory_id), sink.publish)
+
+
+PATHS: list[type[Path_]] = [PerToken, Tokens, Arrays]
 
 
 async def run_path(path: Path_, batch: int, tokens: int, seed: int) -> tuple[float, int, Sink]:
@@ -196,7 +235,8 @@ async def run_path(path: Path_, batch: int, tokens: int, seed: int) -> tuple[flo
     for s in range(steps):
         version = s // 200  # a weight update every 200 steps: spans change mid-chunk
         for slot in slots:
-            await slot.next_turn(version)
+            if slot.left <= 0:  # (the agent loop's work between turns, not per token)
+                await slot.next_turn(version)
         await path.step(kept_steps[s % DISTINCT_STEPS], keys, slots, version)
     cpu = time.process_time() - t0
     return cpu, steps * batch, sink

@@ -67,6 +67,124 @@ class SampledToken:
         return -1 if self.kept_capped else int(self.kept_ids.size)
 
 
+# One token as recorders buffer it (packed, little-endian; 18 bytes): id, behaviour
+# log-prob, kept-set size (-1 unknown), kept ids recorded, loss mask, capped flag.
+TOKEN_RECORD = np.dtype([("id", "<i4"), ("logprob", "<f4"), ("kept_size", "<i4"), ("kept_len", "<i4"),
+                         ("mask", "u1"), ("capped", "u1")])
+
+
+class StepTokens:
+    """Tokens one engine step sampled, as arrays, one row per sample that produced one:
+    the form engines hand recorders (``TrajectoryRecorder.add_sampled(StepRow(step, r))``:
+    the recorder copies row r into its buffers, no object per token). Row r's kept set
+    is ``kept_ids[kept_offsets[r]:kept_offsets[r + 1]]`` (CSR, the sampled token in it).
+
+    ``columns`` (Python lists of the per-row values, the kept ids as little-endian
+    bytes) is built once per step, on first use, for the recorders' per-row reads."""
+
+    __slots__ = ("token_ids", "logprobs", "kept_offsets", "kept_ids", "kept_capped", "kept_sizes", "versions",
+                 "kept_logprobs", "routed_experts", "prompt_routed_experts", "_columns")
+
+    def __init__(
+        self,
+        token_ids: np.ndarray,  # int32 [R]
+        logprobs: np.ndarray,  # float32 [R]: behaviour log-prob (renormalized over the kept set)
+        kept_offsets: np.ndarray,  # int32 [R + 1], CSR
+        kept_ids: np.ndarray,  # int32 [kept_offsets[-1]]
+        kept_capped: np.ndarray,  # bool [R]: the set was larger than the engine's cap
+        kept_sizes: np.ndarray,  # int32 [R]: the whole set's size, -1 unknown (SampledToken.kept_size)
+        versions: np.ndarray,  # int64 [R]: the weight version that produced each row
+        kept_logprobs: np.ndarray | None = None,  # float32 [kept_offsets[-1]], same order, where known
+        routed_experts: np.ndarray | None = None,  # [R, moe_layers, top_k] (SampledToken.routed_experts)
+        prompt_routed_experts: list[np.ndarray | None] | None = None,  # per row, SampledToken's
+    ) -> None:
+        self.token_ids = token_ids
+        self.logprobs = logprobs
+        self.kept_offsets = kept_offsets
+        self.kept_ids = kept_ids
+        self.kept_capped = kept_capped
+        self.kept_sizes = kept_sizes
+        self.versions = versions
+        self.kept_logprobs = kept_logprobs
+        self.routed_experts = routed_experts
+        self.prompt_routed_experts = prompt_routed_experts
+        self._columns: tuple | None = None
+
+    def __len__(self) -> int:
+        return len(self.token_ids)
+
+    @property
+    def columns(self) -> tuple[list[int], bytes, list[int], list[int], bytes]:
+        """What recorders read per row, built on first use: (token ids, the rows as
+        :data:`TOKEN_RECORD` bytes, kept-set byte offsets into the kept ids (R + 1),
+        versions, the kept ids as int32 little-endian bytes)."""
+        cols = self._columns
+        if cols is None:
+            n = len(self.token_ids)
+            records = np.empty(n, dtype=TOKEN_RECORD)
+            records["id"] = self.token_ids
+            records["logprob"] = self.logprobs
+            records["kept_size"] = self.kept_sizes
+            records["kept_len"] = np.diff(self.kept_offsets)
+            records["mask"] = 1
+            records["capped"] = self.kept_capped
+            cols = self._columns = (
+                self.token_ids.tolist(), records.tobytes(), (np.asarray(self.kept_offsets, dtype=np.int64) * 4).tolist(),
+                self.versions.tolist(), np.ascontiguousarray(self.kept_ids, dtype="<i4").tobytes(),
+            )
+        return cols
+
+    @classmethod
+    def of(cls, tokens: "list[SampledToken]") -> "StepTokens":
+        """The step of ``SampledToken``s (one row each)."""
+        kept = [np.asarray(t.kept_ids, dtype=np.int32).reshape(-1) for t in tokens]
+        offsets = np.zeros(len(kept) + 1, dtype=np.int32)
+        np.cumsum([k.size for k in kept], out=offsets[1:])
+        have_lps = all(t.kept_logprobs is not None for t in tokens)
+        routed = [t.routed_experts for t in tokens]
+        prompt = [t.prompt_routed_experts for t in tokens]
+        return cls(
+            np.array([t.token_id for t in tokens], dtype=np.int32),
+            np.array([t.logprob for t in tokens], dtype=np.float32),
+            offsets,
+            np.concatenate(kept) if kept else np.zeros(0, dtype=np.int32),
+            np.array([bool(t.kept_capped) for t in tokens], dtype=bool),
+            np.array([t.recorded_kept_size for t in tokens], dtype=np.int32),
+            np.array([t.weight_version for t in tokens], dtype=np.int64),
+            np.concatenate([t.kept_logprobs for t in tokens]).astype(np.float32) if have_lps and tokens else None,
+            np.stack([np.asarray(r) for r in routed]) if routed and all(r is not None for r in routed) else None,
+            prompt if any(p is not None for p in prompt) else None,
+        )
+
+    def token(self, row: int, sample_index: int = 0) -> SampledToken:
+        """Row ``row`` as a ``SampledToken`` (for streams that hand out one per token)."""
+        a, b = int(self.kept_offsets[row]), int(self.kept_offsets[row + 1])
+        size = int(self.kept_sizes[row])
+        return SampledToken(
+            sample_index, int(self.token_ids[row]), float(self.logprobs[row]), self.kept_ids[a:b],
+            bool(self.kept_capped[row]), int(self.versions[row]),
+            routed_experts=None if self.routed_experts is None else self.routed_experts[row],
+            kept_logprobs=None if self.kept_logprobs is None else self.kept_logprobs[a:b],
+            kept_size=size,
+            prompt_routed_experts=None if self.prompt_routed_experts is None else self.prompt_routed_experts[row],
+        )
+
+
+class StepRow:
+    """Row ``row`` of a :class:`StepTokens`: one sampled token, as engines that record
+    from their step hand it to ``TrajectoryRecorder.add_sampled`` / ``add_sampled_now``."""
+
+    __slots__ = ("step", "row")
+
+    def __init__(self, step: StepTokens, row: int) -> None:
+        self.step = step
+        self.row = row
+
+    @property
+    def token_id(self) -> int:
+        return (self.step._columns or self.step.columns)[0][self.row]
+
+
 @dataclass(slots=True)
 class SampleDone:
     """A sample finished: ``stop`` (stop token/string or EOS), ``length``, ``abort``."""
@@ -81,14 +199,14 @@ class SampleDone:
     routed_experts: np.ndarray | None = None
 
 
-EngineEvent = SampledToken | SampleDone
+EngineEvent = SampledToken | SampleDone  # (StepRow only in VLLMEngine.record's own delivery)
 
 
 async def record_event(recorder: "TrajectoryRecorder", event: EngineEvent, generated: list[int]) -> SampleDone | None:
     """One engine event into ``recorder`` (:meth:`Engine.record`'s awaited path): a token
     is recorded and its id appended to ``generated``; a sample's end gives the recorder
     routes handed over at the end and is returned."""
-    if isinstance(event, SampledToken):
+    if isinstance(event, (SampledToken, StepRow)):
         await recorder.add_sampled(event)
         generated.append(event.token_id)
         return None

@@ -6,10 +6,12 @@ nothing. Here vLLM's ``LLMEngine`` (V1, in-process core, made by ``vllm.LLM``) i
 owned by one thread that loops ``step()``; asyncio callers talk to it through a
 command queue, and every output is handed back to the caller's event loop. So:
 
-* streaming: ``RequestOutputKind.DELTA``, one ``SampledToken`` per generated token,
-  handed to the caller's event loop in one callback per step; ``record`` (the agent
-  loop's call) appends them to the recorder in that callback, so a rollout's task wakes
-  per chunk and per sample end, not per token;
+* streaming: ``RequestOutputKind.DELTA``, one ``SampledToken`` per generated token
+  (``generate``), handed to the caller's event loop in one callback per step; ``record``
+  (the agent loop's call) gets no ``SampledToken``s: on the logprobs path each token is
+  a row of the step's arrays built once per step from the tap (``StepRow`` of
+  ``StepKeptSets.tokens``), which the recorder copies into its buffers in that callback,
+  so a rollout's task wakes per chunk and per sample end, not per token;
 * abort: ``LLMEngine.abort_request`` between two steps;
 * pause/resume/apply_weights: commands run *between* steps, so each token is produced
   by exactly one weight version, and the version recorded with it is exact even when
@@ -62,7 +64,7 @@ from typing import TYPE_CHECKING, Any, AsyncIterator, Callable
 import numpy as np
 import structlog
 
-from sampler.engine import EngineClosed, EngineEvent, InProcessEngine, SampleDone, SampledToken, record_event
+from sampler.engine import EngineClosed, EngineEvent, InProcessEngine, SampleDone, SampledToken, StepRow, record_event
 from sampler.sampling import KeptSet, SamplingParams
 from sampler.vllm_kept_sets import KeptSetTap
 
@@ -142,6 +144,9 @@ class _Request:
     # ids recorded so far. While ``backlog`` is set, events wait in the queue for the
     # caller (which clears it once the queue is empty), so tokens are recorded in order.
     sink: "TrajectoryRecorder | None" = None
+    # Fixed at the start: tokens are delivered as rows of the step's arrays (StepRow),
+    # for record(), instead of SampledTokens.
+    rows: bool = False
     generated: list[int] = field(default_factory=list)
     backlog: bool = False
     # False once the sink's add_sampled_now failed: every later token takes the awaited
@@ -157,7 +162,8 @@ class _Request:
         if self.sink is not None and self.direct and not self.backlog and isinstance(item, list):
             for i, event in enumerate(item):
                 try:
-                    taken = type(event) is SampledToken and self.sink.add_sampled_now(event)
+                    kind = type(event)
+                    taken = (kind is StepRow or kind is SampledToken) and self.sink.add_sampled_now(event)
                 except Exception as exc:  # noqa: BLE001 - the awaited add_sampled raises it in the caller's task
                     log.warning("recording from the step delivery failed; this request records per token",
                                 trajectory_id=self.sink.identity.trajectory_id, error=repr(exc))
@@ -519,7 +525,7 @@ class VLLMEngine(InProcessEngine):
         request_id = self._open_request(prompt_ids, params, request_id, started=self._thread is not None)
         vparams = self._vllm_params(params)
         req = _Request(asyncio.get_running_loop(), asyncio.Queue(), params.n, params.greedy,
-                       tokens=[0] * params.n, sink=sink)
+                       tokens=[0] * params.n, sink=sink, rows=sink is not None)
         prompt = list(map(int, prompt_ids))
 
         def add() -> None:
@@ -571,10 +577,18 @@ class VLLMEngine(InProcessEngine):
             if idx in req.done:
                 continue
             new_ids = list(comp.token_ids)
-            kept_sets = self._kept_sets(comp, new_ids, req.greedy, req.keys[idx] if req.keys else "")
-            for tok, (lp, kept) in zip(new_ids, kept_sets):
-                events.append(SampledToken(idx, int(tok), lp, kept.ids, kept.capped, version,
-                                           kept_logprobs=kept.logprobs, kept_size=kept.size))
+            if req.rows and not req.greedy and self._tap is not None and len(new_ids) == 1:
+                # record(): the row of the tap's step arrays, no SampledToken (the recorder
+                # copies it into its buffers).
+                step = self._tap.step
+                if step is None:
+                    raise RuntimeError("vLLM returned a token but its sampler reported no kept sets this step")
+                events.append(step.row(req.keys[idx], int(new_ids[0]), version))
+            else:
+                kept_sets = self._kept_sets(comp, new_ids, req.greedy, req.keys[idx] if req.keys else "")
+                for tok, (lp, kept) in zip(new_ids, kept_sets):
+                    events.append(SampledToken(idx, int(tok), lp, kept.ids, kept.capped, version,
+                                               kept_logprobs=kept.logprobs, kept_size=kept.size))
             req.tokens[idx] += len(new_ids)
             self.tokens_generated += len(new_ids)
             if comp.finish_reason is not None:

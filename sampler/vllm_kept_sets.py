@@ -15,16 +15,23 @@ log-prob. vLLM is asked for no log-probs at all. The kept sets are the same as t
 old path's: the finite entries when there are at most ``cap`` of them (or when the top
 ``cap + 1`` is the whole vocabulary), else the ``cap`` most likely plus the sampled
 token, flagged capped with size unknown (-1), most likely first, ties by id.
+
+The recording path (``VLLMEngine.record``) takes a step's kept sets as arrays,
+``StepKeptSets.tokens``: sampled ids, log-probs, the kept sets in CSR (the same ids in
+the same order as ``kept_set``), capped flags and sizes, built in numpy once per step;
+each request's token is a ``StepRow`` of it (``StepKeptSets.row``, with ``kept_set``'s
+checks).
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
+from sampler.engine import StepRow, StepTokens
 from sampler.sampling import KeptSet
 
 
@@ -41,6 +48,37 @@ class StepKeptSets:
     logprobs: np.ndarray  # float32 [R, k]
     lengths: list[int]
     capped: list[bool]
+    # The same as arrays (from_top), for the recording path's StepTokens.
+    arrays: tuple[np.ndarray, ...] | None = field(default=None, repr=False)
+    _tokens: StepTokens | None = field(default=None, repr=False)
+    _finite: bool = field(default=True, repr=False)  # every sampled log-prob is finite
+
+    def tokens(self, version: int) -> StepTokens:
+        """This step's rows as :class:`StepTokens` (kept sets in CSR, weights
+        ``version``), built once per step in numpy."""
+        if self._tokens is None:
+            if self.arrays is None:
+                raise RuntimeError("StepKeptSets built without arrays (use from_top)")
+            sampled, sampled_lps, lengths, capped = self.arrays
+            inside = np.arange(self.ids.shape[1])[None, :] < lengths[:, None]
+            offsets = np.zeros(len(lengths) + 1, dtype=np.int32)
+            np.cumsum(lengths, out=offsets[1:])
+            # (kept log-probs are not recorded: left out of the recording path's arrays)
+            self._tokens = StepTokens(
+                sampled.astype(np.int32), sampled_lps.astype(np.float32), offsets, self.ids[inside],
+                capped, np.where(capped, -1, lengths).astype(np.int32),
+                np.full(len(lengths), version, dtype=np.int64),
+            )
+        return self._tokens
+
+    def row(self, key: str, token: int, version: int) -> StepRow:
+        """The token request ``key`` sampled as a row of :meth:`tokens` (the checks of
+        :meth:`kept_set`, no object built per token but the row reference)."""
+        r = self.rows.get(key)
+        if r is None or self.sampled[r] != token or not self._finite:
+            self.kept_set(key, token)  # raises what is wrong (a non-finite log-prob: only if it is this row's)
+        tokens = self._tokens
+        return StepRow(self.tokens(version) if tokens is None else tokens, r)
 
     def kept_set(self, key: str, token: int) -> tuple[float, KeptSet]:
         """(behaviour log-prob, kept set) of the token request ``key`` sampled."""
@@ -70,7 +108,9 @@ class StepKeptSets:
         ids[appended, cap] = sampled[appended]
         lps[appended, cap] = sampled_logprobs[appended]
         lengths = np.where(capped, np.where(in_head, cap, cap + 1), finite)
-        return cls(rows, sampled.tolist(), sampled_logprobs.tolist(), ids, lps, lengths.tolist(), capped.tolist())
+        return cls(rows, sampled.tolist(), sampled_logprobs.tolist(), ids, lps, lengths.tolist(), capped.tolist(),
+                   arrays=(sampled, sampled_logprobs, lengths, capped),
+                   _finite=bool(np.isfinite(sampled_logprobs).all()))
 
 
 def _by_likelihood_then_id(ids: np.ndarray, logprobs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
