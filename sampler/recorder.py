@@ -240,7 +240,7 @@ class TrajectoryRecorder:
             await self._take_pending()
         size = _BYTES_PER_TOKEN + len(kept) + (0 if routed is None else 2 * routed.size)
         await self._make_room(size, version)
-        self._append_sampled(tok, record, kept, version, routed, size)
+        self._push_sampled(tok, record, kept, version, routed, size)
 
     def add_sampled_now(self, token: SampledToken | StepRow) -> bool:
         """``add_sampled`` without waiting, for engines that record from their per-step
@@ -255,7 +255,7 @@ class TrajectoryRecorder:
             size = _BYTES_PER_TOKEN + len(kept) + (0 if routed is None else 2 * routed.size)
             if prompt_routes is not None or not self._fits(size, version):
                 return False
-            self._append_sampled(tok, record, kept, version, routed, size)
+            self._push_sampled(tok, record, kept, version, routed, size)
             return True
         step, row = token.step, token.row
         if step.prompt_routed_experts is not None and step.prompt_routed_experts[row] is not None:
@@ -274,7 +274,7 @@ class TrajectoryRecorder:
         n = self._n
         if n >= self.chunk_tokens or self._bytes + cost > self.max_chunk_bytes:
             return False
-        # The hot path (one row per step per rollout): _append_sampled, inlined.
+        # The hot path (one row per step per rollout): _push_sampled, inlined.
         if new_span:
             self._span_starts.append(n)
             self._span_versions.append(version)
@@ -297,7 +297,7 @@ class TrajectoryRecorder:
             self.listener(tok)
         return True
 
-    def _append_sampled(self, tok: int, record: bytes, kept: bytes, version: int, routed: np.ndarray | None,
+    def _push_sampled(self, tok: int, record: bytes, kept: bytes, version: int, routed: np.ndarray | None,
                         size: int) -> None:
         self._append(record, kept, version, routed, size)
         self.segment_tokens.append(tok)
