@@ -6,6 +6,7 @@ from typing import Literal
 
 import msgspec
 
+from sampler.openai_api.config import EndpointConfig
 from sampler.sampling import temperature_error
 
 
@@ -115,6 +116,8 @@ class SamplerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     consumer_max_poll_interval_ms: int = 1_800_000
     # Follow rollway.weights through the syncer's WeightSubscriber.
     follow_weights: bool = True
+    # The OpenAI-compatible endpoint for agent harnesses (docs/agents.md); off by default.
+    endpoint: EndpointConfig = msgspec.field(default_factory=EndpointConfig)
     # One HTTP call to the sandbox. A submit waits for a command slot and then the
     # grading, so this must exceed sandbox.command_queue_timeout_s +
     # sandbox.grading_timeout_s (checked where both are known: rollway.config); below
