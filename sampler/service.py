@@ -193,6 +193,7 @@ class SamplerService:
             self.agent = AgentLoop(self.engine, sandbox, scfg, producer.publish, replica_id=self.replica_id)
             heartbeats = asyncio.create_task(self._heartbeats(), name="heartbeats")
             weights = await self._start_weights()
+            endpoint = await self._start_endpoint(producer, sandbox) if scfg.endpoint.enabled else None
             self._consumer = EventConsumer(
                 kafka, ["tasks"], group_id=scfg.group_id,
                 client_id=f"{kafka.client_id}-{self.replica_id}",
@@ -211,6 +212,8 @@ class SamplerService:
                         await self._consumer.run(self._handle, concurrency=scfg.max_tasks_in_flight)
             finally:
                 self.status = "stopped"
+                if endpoint is not None:
+                    await endpoint.cleanup()  # open episodes are abandoned (their sessions closed)
                 if self._drain_deadline is not None:
                     self._drain_deadline.cancel()
                 if weights is not None:
@@ -232,6 +235,27 @@ class SamplerService:
         self.subscriber = WeightSubscriber(self.syncer, self.model_name, store, self.engine,
                                            kafka_cfg=self.kafka)
         return asyncio.create_task(self.subscriber.run(), name="weights")
+
+    async def _start_endpoint(self, producer: EventProducer, sandbox: SandboxClient):
+        """Serve the OpenAI-compatible endpoint (docs/agents.md) beside the task loop; the
+        aiohttp runner (``cleanup()`` stops it)."""
+        from aiohttp import web
+
+        from sampler.formats import load_format
+        from sampler.openai_api.episodes import EpisodeRegistry
+        from sampler.openai_api.server import EndpointServer
+
+        ecfg = self.scfg.endpoint
+        chat_format = load_format(self.engine.tokenizer, self.scfg.format, model_path=self.scfg.model_path)
+        registry = EpisodeRegistry(self.engine, sandbox, self.scfg, ecfg, producer.publish, chat_format,
+                                   replica_id=self.replica_id)
+        server = EndpointServer(registry, ecfg.served_model_name or self.model_name)
+        runner = web.AppRunner(server.app)
+        await runner.setup()
+        await web.TCPSite(runner, ecfg.host, ecfg.port).start()
+        log.info("endpoint serving", url=f"http://{ecfg.host}:{ecfg.port}/v1", model=server.model_name,
+                 format=chat_format.name)
+        return runner
 
     # -- tasks ------------------------------------------------------------------------------
     async def _handle(self, env: "Envelope") -> None:
