@@ -1,0 +1,196 @@
+"""The result check and the canaries, without a sandbox (milliseconds each), plus one
+host pytest run of the grader's plugin (about a second).
+
+sandbox/result_check.py: an honest report passes; every way a report can disagree with
+what was selected and collected is tampering, named. sandbox/canaries.py: canaries copy
+the task's own tests under fresh names, leave the real tests untouched, and their
+mutants fail where the original passes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from sandbox.canaries import Canary, plan
+from sandbox.grading_common import REPORT_FILE, make_plan, plugin_dir
+from sandbox.junit import parse_report
+from sandbox.result_check import check
+from sandbox.test_selection import ExpectedTest, select
+
+TESTS = {
+    "hidden_tests/test_calc.py": (
+        "import pytest\nfrom calc import add, Box\n\n"
+        "def test_ints():\n    assert add(2, 3) == 5\n\n"
+        "def test_order():\n    assert Box(1) < Box(2)\n\n"
+        "@pytest.mark.parametrize('a,b', [(1, 2), (3, 4)])\ndef test_pairs(a, b):\n    assert add(a, b) == a + b\n\n"
+        "class TestMore:\n    def test_zero(self):\n        assert add(0, 0) == 0\n"
+    ),
+}
+SELECTION = select(["-q", "hidden_tests"], TESTS, {})
+CLS = "hidden_tests.test_calc"
+IDS = [("test_ints", CLS), ("test_order", CLS), ("test_pairs[1-2]", CLS), ("test_pairs[3-4]", CLS),
+       ("test_zero", CLS + ".TestMore")]
+
+
+def node(name: str, cls: str) -> str:
+    return "hidden_tests/test_calc.py::" + ("TestMore::" if cls.endswith("TestMore") else "") + name
+
+
+def junit(cases: list[tuple[str, str, str]], *, tests: int | None = None, time: float = 1.0,
+          case_time: float = 0.01) -> bytes:
+    body = ""
+    for name, cls, outcome in cases:
+        child = {"passed": "", "failed": "<failure message='x'/>", "skipped": "<skipped/>"}[outcome]
+        body += f'<testcase classname="{cls}" name="{name}" time="{case_time}">{child}</testcase>'
+    failures = sum(o == "failed" for *_, o in cases)
+    skipped = sum(o == "skipped" for *_, o in cases)
+    n = len(cases) if tests is None else tests
+    return (f'<?xml version="1.0"?><testsuites><testsuite name="pytest" errors="0" failures="{failures}" '
+            f'skipped="{skipped}" tests="{n}" time="{time}">{body}</testsuite></testsuites>').encode()
+
+
+def collected(ids: list[tuple[str, str]], collectors: list[list[str]] = ()) -> bytes:
+    return json.dumps({"items": [[node(n, c), c, n] for n, c in ids], "collectors": list(collectors)}).encode()
+
+
+CANARIES = [
+    Canary(name="test_ints_again", original="test_ints", cls="", path="hidden_tests/test_calc.py", must="fail",
+           kind="literal"),
+    Canary(name="test_order_more", original="test_order", cls="", path="hidden_tests/test_calc.py", must="pass"),
+]
+WITH_CANARIES = IDS + [("test_ints_again", CLS), ("test_order_more", CLS)]
+
+
+def run_check(cases, ids=WITH_CANARIES, canaries=CANARIES, **kwargs):
+    return check(parse_report(junit(cases, **kwargs)), collected(ids), SELECTION, canaries, wall_s=5.0)
+
+
+def honest(outcomes: dict[str, str] | None = None) -> list[tuple[str, str, str]]:
+    outcomes = {"test_ints_again": "failed", **(outcomes or {})}
+    return [(n, c, outcomes.get(n, "passed")) for n, c in WITH_CANARIES]
+
+
+def test_selection_lists_functions_params_and_class_methods():
+    assert [e.nodeid for e in SELECTION.expected] == [
+        "hidden_tests/test_calc.py::test_ints", "hidden_tests/test_calc.py::test_order",
+        "hidden_tests/test_calc.py::test_pairs", "hidden_tests/test_calc.py::TestMore::test_zero"]
+    by_id = select(["hidden_tests/test_calc.py::test_pairs[1-2]", "-x"], TESTS, {})
+    assert by_id.by_node_id and by_id.stops_early
+    assert by_id.expected == [ExpectedTest(path="hidden_tests/test_calc.py", cls="", name="test_pairs",
+                                           params="[1-2]")]
+    # A config that changes the collection rules, or a filter: nothing is expected statically.
+    assert select(["hidden_tests"], TESTS, {"pytest.ini": "[pytest]\npython_functions = check_*\n"}).expected == []
+    assert select(["-k", "ints", "hidden_tests"], TESTS, {}).expected == []
+
+
+def test_honest_report_passes_and_canaries_are_not_scored():
+    result = run_check(honest({"test_order": "failed", "test_order_more": "failed"}))
+    assert result.tampering == []
+    assert (result.outcomes.total, result.outcomes.passed) == (5, 4)
+    assert result.outcomes.failed == ["hidden_tests.test_calc::test_order"]
+    assert result.canaries_run == 2
+
+
+@pytest.mark.parametrize("cases,ids,kwargs,reason", [
+    ([c for c in honest() if c[0] != "test_zero"], WITH_CANARIES, {}, "collected tests missing from the report"),
+    (honest() + [("test_extra", CLS, "passed")], WITH_CANARIES, {}, "never collected: hidden_tests.test_calc::test_extra"),
+    (honest() + [("", CLS, "passed")], WITH_CANARIES, {}, "a test case without a name"),
+    (honest() + [("test_ints", CLS, "passed")], WITH_CANARIES, {}, "reported more than once"),
+    (honest(), WITH_CANARIES, {"tests": 3}, "the report's counts"),
+    (honest(), WITH_CANARIES, {"time": 0.01, "case_time": 0.5}, "took 3.500 s in a suite of 0.010 s"),
+    (honest(), WITH_CANARIES, {"time": 60.0}, "suite took 60.000 s in a run of 5.000 s"),
+    # A report and record that agree, but a selected hidden test was never collected.
+    ([c for c in honest() if c[0] != "test_zero"], [i for i in WITH_CANARIES if i[0] != "test_zero"], {},
+     "hidden tests that were never collected: hidden_tests/test_calc.py::TestMore::test_zero"),
+    (honest({"test_ints_again": "passed"}), WITH_CANARIES, {}, "a copy of test_ints made to fail passed"),
+    (honest({"test_order_more": "failed"}), WITH_CANARIES, {}, "an exact copy of test_order did not pass"),
+    ([c for c in honest() if c[0] != "test_order_more"], [i for i in WITH_CANARIES if i[0] != "test_order_more"],
+     {}, "a check test of this grading is missing: test_order_more"),
+])
+def test_tampering_is_named(cases, ids, kwargs, reason):
+    result = run_check(cases, ids, **kwargs)
+    assert any(reason in t for t in result.tampering), result.tampering
+
+
+def test_canaries_say_nothing_when_their_original_failed():
+    # A wrong solution: the original fails, so its mutant passing or its twin failing is no evidence.
+    result = run_check(honest({"test_ints": "failed", "test_ints_again": "passed",
+                               "test_order": "failed", "test_order_more": "failed"}))
+    assert result.tampering == []
+
+
+def test_missing_collection_record_is_tampering():
+    result = check(parse_report(junit(honest())), None, SELECTION, CANARIES, wall_s=5.0)
+    assert result.tampering[0] == "the run's collection record is missing or malformed"
+
+
+def test_collection_error_covers_its_module():
+    cases = [("hidden_tests.test_calc", "", "failed")]
+    record = json.dumps({"items": [], "collectors": [["hidden_tests/test_calc.py", "", "hidden_tests.test_calc",
+                                                      "failed"]]}).encode()
+    result = check(parse_report(junit(cases)), record, SELECTION, CANARIES, wall_s=5.0)
+    assert result.tampering == []
+    assert (result.outcomes.total, result.outcomes.passed) == (1, 0)
+
+
+def test_canaries_copy_real_tests_under_fresh_names():
+    plans = [plan(TESTS, SELECTION.expected, random.Random(seed)) for seed in range(2)]
+    for p in plans:
+        source = p.files["hidden_tests/test_calc.py"]
+        assert source.startswith(TESTS["hidden_tests/test_calc.py"].rstrip("\n"))  # real tests untouched
+        assert {c.must for c in p.canaries} == {"pass", "fail"}
+        assert {c.kind for c in p.canaries if c.must == "fail"} == {"literal", "ordering"}
+        for c in p.canaries:
+            assert c.name.startswith("test_") and c.name not in TESTS["hidden_tests/test_calc.py"]
+            assert f"def {c.name}(" in source
+    assert {c.name for c in plans[0].canaries} != {c.name for c in plans[1].canaries}
+    ordering = next(c for c in plans[0].canaries if c.kind == "ordering")
+    assert f"def {ordering.name}():\n    assert Box(1) >= Box(2)" in plans[0].files["hidden_tests/test_calc.py"]
+
+
+def test_a_task_without_usable_asserts_gets_framework_canaries():
+    tests = {"hidden_tests/test_x.py": "import pytest\nfrom x import f\n\ndef test_raises():\n"
+                                       "    with pytest.raises(ValueError):\n        f()\n"}
+    p = plan(tests, select(["hidden_tests"], tests, {}).expected, random.Random(1))
+    assert sorted((c.must, c.kind) for c in p.canaries) == [("fail", "framework"), ("pass", ""),
+                                                            ("pass", "framework")]
+
+
+def test_plugin_runs_canaries_last_and_records_what_was_collected(tmp_path):
+    """The real plugin in a real pytest run (host, no sandbox)."""
+    root = tmp_path / "ws"
+    out = tmp_path / "out"
+    out.mkdir()
+    run = make_plan(["-q", "hidden_tests"], TESTS, {}, report_dir=str(out))
+    files = {**run.tests, "calc.py": (b"class Box:\n    def __init__(self, v):\n        self.v = v\n"
+                                      b"    def __lt__(self, o):\n        return self.v < o.v\n"
+                                      b"    def __ge__(self, o):\n        return self.v >= o.v\n\n"
+                                      b"def add(a, b):\n    return a + b\n")}
+    for path, data in files.items():
+        (root / path).parent.mkdir(parents=True, exist_ok=True)
+        (root / path).write_bytes(data)
+    env = {**os.environ, "PYTHONPATH": str(plugin_dir(tmp_path, run)), "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1",
+           "PYTHONDONTWRITEBYTECODE": "1"}
+    proc = subprocess.run([sys.executable, "-m", "pytest", *run.args], cwd=root, env=env, capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 1, proc.stdout + proc.stderr  # the mutants fail
+    record = (out / run.collected_file).read_bytes()
+    report = parse_report((out / REPORT_FILE).read_bytes())
+    names = [c.name.split("[")[0] for c in report.cases]
+    canary_names = {c.name for c in run.canaries}
+    assert set(names[-len(run.canaries):]) <= canary_names and not canary_names & set(names[:5])
+    result = check(report, record, run.selection, run.canaries, wall_s=120.0)
+    assert result.tampering == []
+    assert (result.outcomes.total, result.outcomes.passed) == (5, 5)
+    assert [item[0] for item in json.loads(record)["items"]][:5] == [
+        "hidden_tests/test_calc.py::test_ints", "hidden_tests/test_calc.py::test_order",
+        "hidden_tests/test_calc.py::test_pairs[1-2]", "hidden_tests/test_calc.py::test_pairs[3-4]",
+        "hidden_tests/test_calc.py::TestMore::test_zero"]
+    assert Path(run.args[run.args.index("-p", 3) + 1]).name.startswith("_rw_")
