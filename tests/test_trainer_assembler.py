@@ -448,3 +448,91 @@ def test_group_with_rewards_of_two_phases_is_dropped_invalid(sampled):
     drops, held = asm.take_drops()
     assert drops == [GroupDrop("task-1", "g1", "invalid")]
     assert sorted(x.offset for x in held) == sorted(x.offset for e in all_envs for x in e)
+
+
+# -- a live retry against what a killed attempt left (issue #30, point 4) --------------------
+def _retry_pieces(sampled):
+    """A group of 2: attempt a0 was killed (its sample 0 complete at version 0, stale
+    for the step training version 2; its sample 1 unfinished), attempt a1 retries both
+    at version 2 (sample 0 in two parts: its first chunk, then the rest)."""
+    def traj(i: int, attempt: str, version: int):
+        base = sampled[0][i]
+        return dataclasses.replace(base, group_size=2, attempt=attempt, versions=[version] * len(base.token_ids))
+
+    def records(i, attempt, version):
+        return envs(traj(i, attempt, version), reward=float(i), chunk_tokens=8)
+
+    r0 = records(0, "a1", 2)
+    return {"K0": records(0, "a0", 0), "K1": records(1, "a0", 0)[:1], "R0a": r0[:1], "R0b": r0[1:],
+            "R1": records(1, "a1", 2)}
+
+
+class _Run:
+    """An assembler driven like the trainer's loop: records in, eviction ticks
+    (``take_batch``), a batch taken is trained and logged at once with the drops held
+    (``mark_trained`` + ``take_drops``), the acknowledged records kept."""
+
+    def __init__(self, **kw) -> None:
+        self.asm = Assembler(cfg(max_staleness=1), current=2, **kw)
+        self.trained: list = []
+        self.drops: list = []
+        self.acked: list = []
+
+    def feed(self, records) -> None:
+        feed(self.asm, records)
+        self.acked += self.asm.released()
+
+    def tick(self) -> None:
+        batch = self.asm.take_batch(2, 2)
+        self.acked += self.asm.released()
+        if batch is not None:
+            self.trained += batch
+            self.acked += self.asm.mark_trained(batch)
+            drops, held = self.asm.take_drops()
+            self.drops += drops
+            self.acked += held
+
+
+@pytest.mark.parametrize("cut", ["none", "revoke", "restart"])
+def test_a_live_retry_beats_a_killed_attempts_stale_sample_in_every_arrival_order(sampled, cut):
+    """Every order of: the killed attempt's stale complete sample (K0) and unfinished one
+    (K1), the retry's samples (R0 in two parts, R1) and an eviction tick (E). The group
+    trains the retry's two samples exactly once, is never dropped, and every record is
+    acknowledged. ``revoke``/``restart``: half-way, the partitions are revoked (or the
+    trainer restarts) and every record not yet acknowledged is read again in one batch.
+    Before: K0 took its slot, completed the group with R1 and the group was dropped
+    stale (or abandoned at E), the retry's R0 thrown away."""
+    pieces = _retry_pieces(sampled)
+    everything = {e.offset for records in pieces.values() for e in records}
+    retry_ids = {pieces[k][0].event.trajectory_id for k in ("R0a", "R1")}
+    orders = list(itertools.permutations([*pieces, "E"]))
+    for order in orders:
+        run = _Run()
+        fed: list = []
+        for i, step in enumerate(order):
+            if cut != "none" and i == len(order) // 2:
+                unacked = [e for e in fed if e.offset not in {a.offset for a in run.acked}]
+                if cut == "revoke":
+                    run.asm.forget_unfinished()
+                else:
+                    trained = run.trained
+                    old, run = run, _Run(trained_ids=[t.trajectory_id for g in trained for t in g.members],
+                                         trained_groups=[g.key for g in trained])
+                    run.trained, run.acked, run.drops = old.trained, old.acked, old.drops
+                run.feed(unacked)  # re-read from the committed offsets, one batch
+            if step == "E":
+                run.tick()
+            else:
+                run.feed(pieces[step])
+                fed += pieces[step]
+        run.tick()
+        where = f"order {' '.join(order)}, {cut}"
+        assert len(run.trained) == 1, where
+        (group,) = run.trained
+        assert {t.trajectory_id for t in group.members} == retry_ids, where
+        assert [t.attempt for t in group.members] == ["a1", "a1"], where
+        assert run.drops == [] and run.asm.take_drops() == ([], []), where
+        assert {e.offset for e in run.acked} == everything, where
+        if cut == "none":
+            assert sorted(e.offset for e in run.acked) == sorted(everything), f"acked twice: {where}"
+    assert len(orders) == 720

@@ -13,6 +13,17 @@ Rules (each drop is counted in :attr:`Assembler.counters`):
   duplicate), so a retry is not blocked by a dying attempt's older samples. After the
   group was trained (also in an earlier process: the step log records its key, see
   ``trained_groups``) every trajectory of it is a duplicate.
+* A live retry wins over what a killed attempt left, in any arrival order (also when a
+  restarted trainer re-reads both in one batch): a member too old for the version the
+  next step trains (``current``) never completes a group while anything fresh of the
+  group is held; it is evicted (``trajectories_dropped_stale``) and its slot waits for
+  the retry's sample. A group that is ready but not yet taken stays open to a fresher
+  sample of a slot (the group is reopened, the older sample is ``dropped_duplicate``),
+  and a ready group that went stale while a retry of it streams is reopened without
+  its stale members instead of dropped. An ``abandoned`` drop not yet in the step log
+  is undone when a record of the group arrives (a retry streaming after its killed
+  attempt was evicted): the group is decided again, once; after the drop is logged a
+  retry is late.
 * A complete group whose rewards are all equal carries no signal: dropped
   (``dropped_zero_variance``). A complete group whose rewards name more than one phase
   (attempts of a retried group graded on either side of a phase boundary) is dropped
@@ -87,6 +98,11 @@ class _Pending:
     def complete(self) -> bool:
         return self.reward is not None and chunks_complete([c.chunk for c, _ in self.chunks.values()])
 
+    def attempt(self) -> str:
+        for c, _ in self.chunks.values():
+            return c.chunk.attempt
+        return self.reward[0].attempt if self.reward is not None else ""
+
     def versions(self) -> tuple[int, int] | None:
         """(oldest, newest) version of the generated tokens seen so far. With none
         generated yet: the newest version loaded while its prompt and tool output were
@@ -127,8 +143,11 @@ def _ref(env: Envelope):
 class Assembler:
     def __init__(self, cfg: TrainerConfig, trained_ids: Iterable[str] = (),
                  trained_groups: Iterable[GroupKey] = (),
-                 dropped_groups: Iterable[tuple[GroupKey, str]] = ()) -> None:
+                 dropped_groups: Iterable[tuple[GroupKey, str]] = (), current: int | None = None) -> None:
+        """``current``: the version the next step trains (a restored trainer's step), so
+        records re-read at start are judged for staleness before the first eviction."""
         self.cfg = cfg
+        self.current = current
         self.trained_ids: set[str] = set(trained_ids)
         self.finished_ids: set[str] = set()  # dropped in this process
         self.partial: dict[str, _Pending] = {}
@@ -183,7 +202,10 @@ class Assembler:
         key = (event.task_id, event.group_id)
         pending = self.partial.get(tid)
         if pending is None:
-            if key in self.closed:
+            if self.closed.get(key) == "abandoned":
+                self._revive(key)
+            # A ready group not yet taken stays open to a fresher sample (see _place).
+            if key in self.closed and self.closed[key] != "ready":
                 self._drop_late(tid, key, [env])
                 return
             pending = self.partial[tid] = _Pending(group=key)
@@ -252,8 +274,64 @@ class Assembler:
         self.counters["trajectories_complete"] += 1
         self._place(traj)
 
+    def _revive(self, key: GroupKey) -> bool:
+        """Undo the ``abandoned`` drop of ``key`` while it is not in the step log yet:
+        a record of the group arrived after all, so it is decided again. The evicted
+        trajectories stay finished (their records are released now)."""
+        for i, pending in enumerate(self.drops):
+            if (pending.drop.task_id, pending.drop.group_id) == key and pending.drop.reason == "abandoned":
+                del self.drops[i]
+                del self.closed[key]
+                self.counters["groups_dropped_abandoned"] -= 1
+                self.counters["groups_revived"] += 1
+                self._released.extend(pending.envelopes)
+                log.info("abandoned group revived: a record of it arrived before the drop was logged",
+                         task_id=key[0], group_id=key[1])
+                return True
+        return False
+
+    def _fresher(self, traj: Trajectory, holder: Trajectory) -> bool:
+        return traj.oldest_version > holder.oldest_version
+
+    def _reopen(self, key: GroupKey) -> _OpenGroup | None:
+        """Take a ready group (not yet in a batch) back into the open groups."""
+        for i, g in enumerate(self.ready):
+            if g.key == key:
+                del self.ready[i]
+                del self.closed[key]
+                group = self.open_groups[key] = _OpenGroup(size=len(g.members))
+                group.members = {t.sample_index: t for t in g.members}
+                return group
+        return None
+
+    def _is_stale(self, t: Trajectory) -> bool:
+        return self.current is not None and self._too_old(t.oldest_version, t.newest_version, self.current)
+
+    def _retry_streaming(self, key: GroupKey, members: Iterable[Trajectory]) -> bool:
+        """Whether another attempt than the stale members' holds something fresh of the
+        group: a member, or an unfinished trajectory (one with no version yet counts:
+        it is just starting)."""
+        members = list(members)
+        dead = {t.attempt for t in members if self._is_stale(t)}
+        if any(not self._is_stale(t) and t.attempt not in dead for t in members):
+            return True
+        for pending in self.partial.values():
+            if pending.group == key and pending.attempt() not in dead:
+                versions = pending.versions()
+                if versions is None or self.current is None or not self._too_old(*versions, self.current):
+                    return True
+        return False
+
     def _place(self, traj: Trajectory) -> None:
         key = (traj.task_id, traj.group_id)
+        if self.closed.get(key) == "ready":
+            ready = next((g for g in self.ready if g.key == key), None)
+            members = ready.members if ready is not None else []
+            holder = next((t for t in members if t.sample_index == traj.sample_index), None)
+            if holder is not None and self._fresher(traj, holder):
+                # A retry's sample, fresher than the one holding its slot: the group
+                # is not taken yet, so it is reopened and decided with the fresher one.
+                self._reopen(key)
         if key in self.closed:
             self._drop_late(traj.trajectory_id, key, self._take(traj.trajectory_id))
             return
@@ -268,7 +346,7 @@ class Assembler:
         if holder is not None:
             # Keep the fresher attempt: the older one would go stale first and leave a
             # hole that the retry's (already dropped) sample could no longer fill.
-            loser = holder if traj.oldest_version > holder.oldest_version else traj
+            loser = holder if self._fresher(traj, holder) else traj
             self.counters["dropped_duplicate"] += 1
             self._finish(loser.trajectory_id, self._take(loser.trajectory_id))
             log.info("duplicate attempt dropped", trajectory_id=loser.trajectory_id, task_id=traj.task_id,
@@ -277,6 +355,17 @@ class Assembler:
                 return
         group.members[traj.sample_index] = traj
         if len(group.members) < group.size:
+            return
+        stale = [t for t in group.members.values() if self._is_stale(t)]
+        if stale and self._retry_streaming(key, group.members.values()):
+            # What a killed attempt left never completes a group a retry is streaming:
+            # its stale samples go, their slots wait for the retry's.
+            for t in stale:
+                del group.members[t.sample_index]
+                self.counters["trajectories_dropped_stale"] += 1
+                self._finish(t.trajectory_id, self._take(t.trajectory_id))
+            log.info("stale samples of a killed attempt evicted; the group waits for its retry", task_id=key[0],
+                     group_id=key[1], evicted=[t.trajectory_id for t in stale])
             return
         del self.open_groups[key]
         complete = Group(traj.task_id, traj.group_id, [group.members[i] for i in sorted(group.members)])
@@ -392,8 +481,20 @@ class Assembler:
         """Drop ready groups that are too old, and every unfinished trajectory or member
         of an incomplete group that is too old on its own. A ready (complete) group
         closes its key; an incomplete one only when nothing of it is left (abandoned)."""
+        self.current = current
         keep: list[Group] = []
-        for g in self.ready:
+        for g in list(self.ready):
+            if self._too_old(g.oldest_version, g.newest_version, current) and self._retry_streaming(g.key, g.members):
+                # A retry of it is streaming: reopened without its stale members.
+                del self.closed[g.key]
+                group = self.open_groups[g.key] = _OpenGroup(size=len(g.members))
+                for t in g.members:
+                    if self._is_stale(t):
+                        self.counters["trajectories_dropped_stale"] += 1
+                        self._finish(t.trajectory_id, self._take(t.trajectory_id))
+                    else:
+                        group.members[t.sample_index] = t
+                continue
             if self._too_old(g.oldest_version, g.newest_version, current):
                 self._end_untrained(g.key, "stale", self._take_members(g.members),
                                     counted=["dropped_stale"], oldest_version=g.oldest_version,

@@ -146,7 +146,7 @@ class Trainer:
         # log: none is trained or dropped again after a restart.
         ends = await group_ends(self.kafka, steps)
         self.assembler = Assembler(self.tcfg, trained_ids(steps), [k for _, k in ends.trained],
-                                   [(k, reason) for _, k, reason in ends.dropped])
+                                   [(k, reason) for _, k, reason in ends.dropped], current=core.step)
         return last
 
     # -- live ------------------------------------------------------------------------------------
