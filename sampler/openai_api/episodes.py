@@ -48,25 +48,13 @@ from schemas import Cost, Reward, Task
 
 if TYPE_CHECKING:
     from sampler.config import SamplerConfig
-    from sampler.engine import Engine, SampledToken
+    from sampler.engine import Engine
     from sampler.openai_api.config import EndpointConfig
     from sandbox.client import ExecResult, SandboxClient
 
 log = structlog.get_logger(__name__)
 
 SUBMIT_TOOL = "submit"
-
-
-class StreamingRecorder(TrajectoryRecorder):
-    """A recorder that tells a listener each sampled token id as it is appended (both
-    the awaited path and the engine's per-step delivery append through here)."""
-
-    listener: Callable[[int], None] | None = None
-
-    def _append_sampled(self, token: "SampledToken", size: int) -> None:
-        super()._append_sampled(token, size)
-        if self.listener is not None:
-            self.listener(token.token_id)
 
 
 @dataclass
@@ -124,7 +112,7 @@ class Episode:
         self.temperature = temperature
         self.top_p = top_p
         self.status = "open"  # open | grading | done | abandoned
-        self.recorder: StreamingRecorder | None = None
+        self.recorder: TrajectoryRecorder | None = None
         self.segment: _Segment | None = None  # None: unknown (or empty) -> the next request renders anew
         # Every assistant turn sampled: its key -> the format's rendering of it.
         self.sampled: dict[tuple, dict[str, Any]] = {}
@@ -154,7 +142,8 @@ class Episode:
     def cost(self) -> Cost:
         rec = self.recorder
         return Cost(generated_tokens=rec.generated_tokens, env_tokens=rec.env_tokens, turns=self.turns,
-                    tool_seconds=round(self.tool_seconds, 6), segments=rec.segment_index + 1)
+                    tool_seconds=round(self.tool_seconds, 6), segments=rec.segment_index + 1,
+                    template_rerenders=self.template_rerenders)
 
 
 class EpisodeRegistry:
@@ -292,12 +281,12 @@ class EpisodeRegistry:
             out.append(fixed)
         return out[0], out[1]
 
-    def _recorder(self, ep: Episode) -> StreamingRecorder:
+    def _recorder(self, ep: Episode) -> TrajectoryRecorder:
         if ep.recorder is None:
             effective = self.engine.effective_params(SamplingParams(temperature=ep.temperature, top_p=ep.top_p,
                                                                     top_k=self.scfg.top_k, max_tokens=1))
             task = ep.task
-            ep.recorder = StreamingRecorder(
+            ep.recorder = TrajectoryRecorder(
                 TrajectoryIdentity(
                     trajectory_id=ep.trajectory_id, task_id=task.task_id, group_id=task.group_id,
                     sample_index=ep.sample_index, group_size=task.group_size, attempt=ep.attempt,

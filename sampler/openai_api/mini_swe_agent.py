@@ -27,6 +27,9 @@ from typing import Any
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 os.environ.setdefault("MSWEA_SILENT_STARTUP", "1")
 os.environ.setdefault("MSWEA_COST_TRACKING", "ignore_errors")
+# mini-swe-agent retries a failed model call 10 times, waiting 4-60 s between tries; the
+# endpoint's refusals (4xx) are final, so one try (raise it for a flaky network).
+os.environ.setdefault("MSWEA_MODEL_RETRY_STOP_AFTER_ATTEMPT", "1")
 
 import requests  # noqa: E402  (a dependency of mini-swe-agent)
 from pydantic import BaseModel  # noqa: E402
