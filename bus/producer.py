@@ -70,6 +70,12 @@ class EventProducer:
             transactional_id=transactional_id,
             compression_type=cfg.compression or None,
             linger_ms=cfg.linger_ms,
+            # Per-partition batches of up to 512 KiB: aiokafka's default (16 KiB) holds
+            # one or two chunks, and aiokafka keeps one produce request in flight per
+            # broker (at most one batch per partition in it), so small batches cap a
+            # replica at a few hundred chunks/s (issue #29; docs/performance.md).
+            # Under the broker's 1 MiB batch limit.
+            max_batch_size=512 * 1024,
             # Leave room above the record limit for batch framing and headers.
             max_request_size=max(cfg.max_record_bytes + 64 * 1024, 1024 * 1024),
             request_timeout_ms=cfg.request_timeout_ms,
