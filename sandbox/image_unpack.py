@@ -15,6 +15,7 @@ service (root on the host) never reads or mounts a host path named by an image.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import shutil
 import stat
@@ -49,6 +50,27 @@ async def unpack(layout: Path, rootfs: Path, *, timeout_s: float = 1800.0) -> No
         raise FetchError(kind, f"umoci unpack failed (exit {proc.returncode}): {text}")
     # The root itself: traversable by the sandbox uids whatever the image says.
     os.chmod(rootfs, 0o755)
+    await asyncio.to_thread(strip_overlay_xattrs, rootfs)
+
+
+def strip_overlay_xattrs(rootfs: Path) -> int:
+    """Remove ``trusted.overlay.*`` attributes an image may carry (umoci restores a layer's
+    xattrs as root): session trees are overlays with the image as the lower layer, and
+    crafted redirect/metacopy attributes there would steer the kernel's lookups
+    (overlayfs.rst: no metacopy with untrusted lower layers). Returns how many."""
+    removed = 0
+    for dirpath, dirnames, filenames in os.walk(rootfs):
+        for name in [dirpath, *(os.path.join(dirpath, n) for n in dirnames + filenames)]:
+            try:
+                attrs = os.listxattr(name, follow_symlinks=False)
+            except OSError:
+                continue
+            for attr in attrs:
+                if attr.startswith("trusted.overlay."):
+                    with contextlib.suppress(OSError):
+                        os.removexattr(name, attr, follow_symlinks=False)
+                        removed += 1
+    return removed
 
 
 def resolve_in_root(rootfs: Path, path: str) -> Path | None:

@@ -195,12 +195,14 @@ def bwrap_argv(
         raise RuntimeError("bubblewrap (bwrap) is not installed: apt-get install bubblewrap")
     argv = [bwrap]
     setpriv_prefix: list[str] = []
+    after_drop: list[str] = []
     if rootfs is not None:
         argv += _root_entries(rootfs)
         top = {"/" + n for n in os.listdir(rootfs)}
         if privileged:
             tool_binds, setpriv_prefix = host_setpriv()
             binds = [*tool_binds, *binds]
+            env, after_drop = _split_loader_env(env, rootfs)
     else:
         top = set(SYSTEM_DIRS)
         for d in SYSTEM_DIRS:
@@ -256,8 +258,30 @@ def bwrap_argv(
         ]
     else:
         argv += ["--unshare-user", "--disable-userns", "--"]
-    argv += [shell, "-c", command]
+    argv += [*after_drop, shell, "-c", command]
     return argv
+
+
+# Variables the dynamic loader (or glibc at start-up) acts on. An image's Env may set them
+# for its own programs, but the host's setpriv runs privileged before the uid drop: there
+# they would load the image's code as root (LD_PRELOAD, LD_AUDIT) or reach glibc's parsers
+# (GLIBC_TUNABLES). They are set after the drop instead, through the image's env(1).
+_LOADER_VARS = frozenset({"GCONV_PATH", "GLIBC_TUNABLES", "LOCPATH", "NLSPATH", "MALLOC_TRACE", "HOSTALIASES",
+                          "RESOLV_HOST_CONF", "GETCONF_DIR"})
+
+
+def _split_loader_env(env: dict[str, str], rootfs: str) -> tuple[dict[str, str], list[str]]:
+    """(what bwrap may set, an argv prefix setting the rest after the uid drop)."""
+    loader = {k: v for k, v in env.items() if k.startswith("LD_") or k in _LOADER_VARS}
+    if not loader:
+        return env, []
+    from sandbox.image_unpack import resolve_in_root
+
+    safe = {k: v for k, v in env.items() if k not in loader}
+    found = resolve_in_root(Path(rootfs), "/usr/bin/env")
+    if found is None or not found.is_file():
+        return safe, []  # no env(1) in the image: the loader variables are left out
+    return safe, ["/usr/bin/env", *(f"{k}={v}" for k, v in loader.items())]
 
 
 def sandbox_env(venv: str = "", extra: dict[str, str] | None = None) -> dict[str, str]:

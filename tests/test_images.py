@@ -316,3 +316,31 @@ async def test_warm_sessions_are_made_ahead_and_give_way_when_the_pool_is_full(i
         for sid in (first, second, host):
             await client.close_session(sid)
     assert not any(tmp_path.iterdir())  # every tree (warm ones too) unmounted and removed
+
+
+def test_loader_variables_of_an_image_are_set_only_after_the_uid_drop(images):
+    """An image's Env may hold LD_PRELOAD or GLIBC_TUNABLES; the host's setpriv runs before
+    the drop, so bwrap must not set them: the image's env(1) sets them after it."""
+    from sandbox.isolation import Limits, bwrap_argv
+
+    root = ImageStore(ImageConfig(cache_dir=images.cache_dir)).lookup("rollway.local/examples/namekit:1")
+    limits = Limits(cpu_seconds=1, memory_bytes=1 << 28, max_processes=8, max_file_bytes=1 << 20,
+                    max_open_files=64, tmp_bytes=1 << 20)
+    argv = bwrap_argv("true", workspace="/tmp", uid=61000, limits=limits, binds=[], privileged=True,
+                      env={"PATH": "/usr/bin", "LD_PRELOAD": "/testbed/x.so", "GLIBC_TUNABLES": "glibc.x=1"},
+                      rootfs=root.rootfs, workdir="/testbed")
+    set_by_bwrap = [argv[i + 1] for i, a in enumerate(argv) if a == "--setenv"]
+    assert set_by_bwrap == ["PATH"]
+    tail = argv[argv.index("--no-new-privs") + 1:]
+    assert tail == ["/usr/bin/env", "LD_PRELOAD=/testbed/x.so", "GLIBC_TUNABLES=glibc.x=1", "/bin/bash", "-c", "true"]
+
+
+def test_overlay_xattrs_of_an_image_are_stripped(tmp_path):
+    from sandbox.image_unpack import strip_overlay_xattrs
+
+    f = tmp_path / "f"
+    f.write_text("x")
+    os.setxattr(f, "trusted.overlay.redirect", b"/elsewhere")
+    os.setxattr(f, "user.kept", b"1")
+    assert strip_overlay_xattrs(tmp_path) == 1
+    assert os.listxattr(f) == ["user.kept"]
