@@ -44,7 +44,9 @@ from dataclasses import dataclass, field
 import aiohttp
 import structlog
 
+from sampler import chat_loop
 from sampler import tool_format as fmt
+from sampler.formats import apply_edit, load_format
 from sampler.tool_calls import ToolCall, ToolCallError, ToolCallParser, format_hint
 from sampler.config import SamplerConfig
 from sampler.engine import Engine
@@ -82,6 +84,8 @@ class _RolloutState:
     turns: int = 0
     tool_seconds: float = 0.0
     summaries: list[str] = field(default_factory=list)
+    compactions: int = 0  # chat formats (sampler/chat_loop.py)
+    template_rerenders: int = 0
 
 
 class AgentLoop:
@@ -103,6 +107,13 @@ class AgentLoop:
         self.replica_id = replica_id
         tok = engine.tokenizer
         self.tok = tok
+        # The model's chat format (sampler/formats); the rollway dialect keeps this
+        # module's own path, other formats take sampler/chat_loop.py's.
+        self.format = load_format(tok, cfg.format, cfg.model_path)
+        self.max_len = min(cfg.max_model_len, engine.max_model_len)
+        if self.format.name != "rollway":
+            self._init_chat_budget()
+            return
         self.calls = ToolCallParser.for_tokenizer(tok)
         self._tool_stop = self.calls.close_id
         self._im_end = self._single_token(fmt.IM_END)
@@ -125,6 +136,20 @@ class AgentLoop:
                 f"a {MIN_TURN_TOKENS}-token turn, reply markup {self.reply_markup}); lower sampler.summary_max_tokens, "
                 "shorten sampler.assistant_prefill or raise max_model_len"
             )
+
+    def _init_chat_budget(self) -> None:
+        """The context limits of a chat format (as for the dialect, with its markup)."""
+        cfg = self.cfg
+        budget = chat_loop.Budget(self.format, cfg.summary_max_tokens)
+        self.context_limit = self.max_len - budget.compaction
+        self.reply_markup = budget.reply_markup
+        self.reserve = budget.compaction + MIN_TURN_TOKENS + budget.reply_markup
+        self.compact_at = min(int(cfg.compaction_fraction * self.max_len), self.max_len - self.reserve)
+        if self.compact_at < MIN_TURN_TOKENS:
+            raise ValueError(
+                f"max_model_len {self.max_len} leaves no room for turns of format {self.format.name!r} after reserving "
+                f"{self.reserve} tokens (compaction request and summary {budget.compaction}, a {MIN_TURN_TOKENS}-token "
+                f"turn, reply markup {budget.reply_markup}); lower sampler.summary_max_tokens or raise max_model_len")
 
     def _single_token(self, text: str) -> int | None:
         ids = self.tok.encode(text, add_special_tokens=False)
@@ -176,14 +201,18 @@ class AgentLoop:
         submitted = False
         state = _RolloutState()
         try:
-            await rec.add_env(self.encode(fmt.task_prompt(task.instruction, task.files)), self.engine.weight_version)
-            reason = await self._turns(task, rec, session, state, logger)
+            if self.format.name == "rollway":
+                await rec.add_env(self.encode(fmt.task_prompt(task.instruction, task.files)), self.engine.weight_version)
+                reason = await self._turns(task, rec, session, state, logger)
+            else:
+                reason = await chat_loop.template_turns(self, task, rec, session, state, logger)
             cost = Cost(
                 generated_tokens=rec.generated_tokens,
                 env_tokens=rec.env_tokens,
                 turns=state.turns,
                 tool_seconds=round(state.tool_seconds, 6),
                 segments=rec.segment_index + 1,
+                template_rerenders=state.template_rerenders,
             )
             await rec.finish(reason, cost)
             version = rec.newest_generated_version
@@ -200,7 +229,8 @@ class AgentLoop:
             )
             submitted = True
             logger.info("rollout done", reason=reason, turns=state.turns, tokens=rec.generated_tokens,
-                        segments=cost.segments, chunks=rec.chunks_published, score=reward.score)
+                        segments=cost.segments, template_rerenders=state.template_rerenders,
+                        chunks=rec.chunks_published, score=reward.score)
             return RolloutResult(tid, reason, cost, reward, rec.chunks_published, cost.segments,
                                  sorted(rec.generated_versions), state.summaries)
         finally:
@@ -313,6 +343,14 @@ class AgentLoop:
             if call.name == "write":
                 written = await self.sandbox.write_file(session, call.arg, call.content)
                 return f"wrote {call.arg} ({written} bytes)", time.perf_counter() - t0
+            if call.name == "edit":  # read + exact replace + write (sampler/formats/tools.py)
+                text = await self.sandbox.read_file(session, call.arg)
+                try:
+                    edited = apply_edit(text, call.content, call.new, call.arg)
+                except ValueError as exc:
+                    return f"error: {exc}", time.perf_counter() - t0
+                written = await self.sandbox.write_file(session, call.arg, edited)
+                return f"edited {call.arg} (1 replacement; {written} bytes)", time.perf_counter() - t0
             raise ValueError(f"unknown tool {call.name!r}")
         except SandboxBusy as exc:
             return f"error: {exc.message}", 0.0

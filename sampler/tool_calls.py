@@ -22,9 +22,10 @@ from sampler import tool_format as fmt
 
 @dataclass(frozen=True, slots=True)
 class ToolCall:
-    name: str  # run | read | write | submit
-    arg: str = ""  # command (run) or path (read, write)
-    content: str = ""  # file content (write)
+    name: str  # run | read | write | edit | submit
+    arg: str = ""  # command (run) or path (read, write, edit)
+    content: str = ""  # file content (write); the exact text to replace (edit)
+    new: str = ""  # the replacement (edit; the chat formats' tool, sampler/formats/tools.py)
 
 
 class ToolCallError(ValueError):
