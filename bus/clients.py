@@ -8,6 +8,7 @@ breaks in one place (aiokafka is pinned <0.15 in pyproject.toml):
 
 * :func:`cluster_metadata` — metadata of every topic (the public
   ``partitions_for_topic`` only knows topics the consumer subscribed to);
+* :func:`client_user` — the SASL user a client authenticates as (for error lines);
 * :func:`transaction_manager` — a transactional producer's state: the epoch the broker
   granted it, whether it failed fatally (fenced), its transaction-end waiter.
 """
@@ -43,3 +44,11 @@ def transaction_manager(producer: AIOKafkaProducer) -> TransactionManager | None
     """The transaction state of a producer (None for one without a transactional id).
     Private API: ``producer._txn_manager``."""
     return producer._txn_manager
+
+
+def client_user(client: Any) -> str | None:
+    """The SASL user name an aiokafka producer, consumer or admin client logs in with
+    (None without SASL). Private API: the consumer's and admin's ``_client``, the
+    producer's ``client``, and its ``_sasl_plain_username``."""
+    inner = getattr(client, "_client", None) or getattr(client, "client", None)
+    return getattr(inner, "_sasl_plain_username", None)

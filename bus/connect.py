@@ -25,6 +25,7 @@ from typing import Any
 import structlog
 from aiokafka.errors import KafkaConnectionError
 
+from bus.clients import client_user
 from bus.security import NotAuthorized, authentication_failed_message, authorization_errors, denied_message
 
 log = structlog.get_logger(__name__)
@@ -117,13 +118,13 @@ async def start_client(client: Any, bootstrap: str, what: str = "client") -> Non
             if _auth_failures:
                 # Reached, but refused our credentials: retrying cannot help.
                 await close_client(client)
-                raise NotAuthorized(authentication_failed_message(_auth_failures[-1])) from None
+                raise NotAuthorized(authentication_failed_message(_auth_failures[-1], client_user(client))) from None
             if not _wait or _stop_requested:
                 await close_client(client)
                 raise KafkaUnreachable(bootstrap) from None
         except authorization_errors() as exc:  # a transactional id the ACLs do not grant
             await close_client(client)
-            raise NotAuthorized(denied_message(exc, writing=True)) from None
+            raise NotAuthorized(denied_message(exc, writing=True, user=client_user(client))) from None
         delay = backoff_s(attempt)
         log.warning(f"cannot reach Kafka at {bootstrap}; retrying in {delay:g} s ({HINT})",
                     bootstrap=bootstrap, client=what, attempt=attempt)

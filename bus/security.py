@@ -55,16 +55,20 @@ def set_identity(cfg: KafkaConfig) -> None:
     _identity.update(principal=name, role=cfg.role or "admin", bootstrap=cfg.bootstrap_servers)
 
 
-def who() -> str:
+def who(user: str | None = None) -> str:
+    """``principal User:x (role r)`` of this process, or of the SASL ``user`` a client
+    logged in with when the process's identity was not set (a library caller)."""
+    if user and _identity["principal"] != f"User:{user}":
+        return f"principal User:{user}"
     return f"principal {_identity['principal']} (role {_identity['role']})"
 
 
-def authentication_failed_message(error: object) -> str:
-    return (f"kafka: {who()} could not authenticate at {_identity['bootstrap']} ({error}); check the credentials "
+def authentication_failed_message(error: object, user: str | None = None) -> str:
+    return (f"kafka: {who(user)} could not authenticate at {_identity['bootstrap']} ({error}); check the credentials "
             "file (kafka.credentials_file, kafka.role) or kafka.sasl_username/sasl_password")
 
 
-def denied_message(exc: BaseException, *, writing: bool = False) -> str:
+def denied_message(exc: BaseException, *, writing: bool = False, user: str | None = None) -> str:
     """One line for an aiokafka authorization error: principal, operation, resource."""
     from aiokafka.errors import GroupAuthorizationFailedError, TransactionalIdAuthorizationFailed
 
@@ -79,7 +83,7 @@ def denied_message(exc: BaseException, *, writing: bool = False) -> str:
         what = "use this cluster-wide operation (admin only)"
     else:
         what = f"{type(exc).__name__} {name}"
-    return f"kafka: {who()} may not {what}; run rollway acl apply as admin, or check kafka.role and the credentials"
+    return f"kafka: {who(user)} may not {what}; run rollway acl apply as admin, or check kafka.role and the credentials"
 
 
 def authorization_errors() -> tuple[type[BaseException], ...]:
