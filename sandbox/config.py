@@ -41,6 +41,9 @@ class SandboxConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
 
     host: str = "127.0.0.1"
     port: int = 8300
+    # Bearer tokens of the API (sandbox/auth.py): a credentials file's "sandbox" section
+    # ("" = an open API, logged at start; rollway up / compose set it).
+    tokens_file: str = ""
     # Live sessions at once; one more gets 429.
     max_sessions: int = 16
     # Commands (agent exec and grading runs) at once; a command waits at most

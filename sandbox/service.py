@@ -17,6 +17,7 @@ import msgspec
 import structlog
 from aiohttp import web
 
+from sandbox.auth import bearer_auth
 from sandbox.cgroups import CgroupManager, make_cgroup_manager
 from sandbox.config import RewardConfig, SandboxConfig
 from sandbox.grader import Grader, Publisher, SubmitRequest
@@ -145,7 +146,7 @@ class SandboxService:
         self.grader = Grader(cfg, reward_cfg, store, self.jail, publisher, quota=self.quota)
         self._reaper: asyncio.Task | None = None
         request_limit = max(cfg.max_snapshot_bytes, 2 * cfg.max_file_bytes_api) + 1024 * 1024
-        self.app = web.Application(middlewares=[_errors], client_max_size=request_limit)
+        self.app = web.Application(middlewares=[*bearer_auth(cfg), _errors], client_max_size=request_limit)
         self.app.add_routes([
             web.post("/sessions", self.create_session),
             web.post("/sessions/{id}/exec", self.exec),
