@@ -79,18 +79,21 @@ class StepTokens:
     the recorder copies row r into its buffers, no object per token). Row r's kept set
     is ``kept_ids[kept_offsets[r]:kept_offsets[r + 1]]`` (CSR, the sampled token in it).
 
-    ``columns`` (Python lists of the per-row values, the kept ids as little-endian
-    bytes) is built once per step, on first use, for the recorders' per-row reads."""
+    :meth:`padded` builds one from a [R, k] matrix of kept ids, row r's set its first
+    ``lengths[r]`` entries (the sampler tap's layout); its CSR arrays are then built
+    only when read. ``columns`` (Python lists of the per-row values, the kept ids as
+    little-endian bytes) is built once per step, on first use, for the recorders'
+    per-row reads."""
 
-    __slots__ = ("token_ids", "logprobs", "kept_offsets", "kept_ids", "kept_capped", "kept_sizes", "versions",
-                 "kept_logprobs", "routed_experts", "prompt_routed_experts", "_columns")
+    __slots__ = ("token_ids", "logprobs", "_kept_offsets", "_kept_ids", "kept_capped", "kept_sizes", "versions",
+                 "kept_logprobs", "routed_experts", "prompt_routed_experts", "_columns", "_padded")
 
     def __init__(
         self,
         token_ids: np.ndarray,  # int32 [R]
         logprobs: np.ndarray,  # float32 [R]: behaviour log-prob (renormalized over the kept set)
-        kept_offsets: np.ndarray,  # int32 [R + 1], CSR
-        kept_ids: np.ndarray,  # int32 [kept_offsets[-1]]
+        kept_offsets: np.ndarray | None,  # int32 [R + 1], CSR (None: padded)
+        kept_ids: np.ndarray | None,  # int32 [kept_offsets[-1]]
         kept_capped: np.ndarray,  # bool [R]: the set was larger than the engine's cap
         kept_sizes: np.ndarray,  # int32 [R]: the whole set's size, -1 unknown (SampledToken.kept_size)
         versions: np.ndarray,  # int64 [R]: the weight version that produced each row
@@ -100,8 +103,8 @@ class StepTokens:
     ) -> None:
         self.token_ids = token_ids
         self.logprobs = logprobs
-        self.kept_offsets = kept_offsets
-        self.kept_ids = kept_ids
+        self._kept_offsets = kept_offsets
+        self._kept_ids = kept_ids
         self.kept_capped = kept_capped
         self.kept_sizes = kept_sizes
         self.versions = versions
@@ -109,29 +112,66 @@ class StepTokens:
         self.routed_experts = routed_experts
         self.prompt_routed_experts = prompt_routed_experts
         self._columns: tuple | None = None
+        self._padded: tuple[np.ndarray, np.ndarray] | None = None
+
+    @classmethod
+    def padded(cls, token_ids: np.ndarray, logprobs: np.ndarray, kept: np.ndarray, lengths: np.ndarray,
+               kept_capped: np.ndarray, kept_sizes: np.ndarray, versions: np.ndarray) -> "StepTokens":
+        """Kept sets as rows of ``kept`` (int32 [R, k]), row r's the first ``lengths[r]``."""
+        step = cls(token_ids, logprobs, None, None, kept_capped, kept_sizes, versions)
+        step._padded = (kept, lengths)
+        return step
+
+    def _csr(self) -> None:
+        kept, lengths = self._padded
+        offsets = np.zeros(len(lengths) + 1, dtype=np.int32)
+        np.cumsum(lengths, out=offsets[1:])
+        self._kept_ids = kept[np.arange(kept.shape[1])[None, :] < np.asarray(lengths)[:, None]].astype(np.int32)
+        self._kept_offsets = offsets
+
+    @property
+    def kept_offsets(self) -> np.ndarray:
+        if self._kept_offsets is None:
+            self._csr()
+        return self._kept_offsets
+
+    @property
+    def kept_ids(self) -> np.ndarray:
+        if self._kept_ids is None:
+            self._csr()
+        return self._kept_ids
 
     def __len__(self) -> int:
         return len(self.token_ids)
 
     @property
-    def columns(self) -> tuple[list[int], bytes, list[int], list[int], bytes]:
+    def columns(self) -> tuple[list[int], bytes, list[int], list[int], list[int], bytes]:
         """What recorders read per row, built on first use: (token ids, the rows as
-        :data:`TOKEN_RECORD` bytes, kept-set byte offsets into the kept ids (R + 1),
-        versions, the kept ids as int32 little-endian bytes)."""
+        :data:`TOKEN_RECORD` bytes, each row's kept ids as [start, end) byte offsets into
+        the kept bytes, versions, the kept ids as int32 little-endian bytes)."""
         cols = self._columns
         if cols is None:
             n = len(self.token_ids)
+            if self._padded is not None:
+                kept, lengths = self._padded
+                lengths = np.asarray(lengths, dtype=np.int64)
+                starts = np.arange(n, dtype=np.int64) * (4 * kept.shape[1])
+                ends = starts + 4 * lengths
+                kept_bytes = np.ascontiguousarray(kept, dtype="<i4").tobytes()
+            else:
+                offsets = np.asarray(self._kept_offsets, dtype=np.int64)
+                lengths = np.diff(offsets)
+                starts, ends = 4 * offsets[:-1], 4 * offsets[1:]
+                kept_bytes = np.ascontiguousarray(self._kept_ids, dtype="<i4").tobytes()
             records = np.empty(n, dtype=TOKEN_RECORD)
             records["id"] = self.token_ids
             records["logprob"] = self.logprobs
             records["kept_size"] = self.kept_sizes
-            records["kept_len"] = np.diff(self.kept_offsets)
+            records["kept_len"] = lengths
             records["mask"] = 1
             records["capped"] = self.kept_capped
-            cols = self._columns = (
-                self.token_ids.tolist(), records.tobytes(), (np.asarray(self.kept_offsets, dtype=np.int64) * 4).tolist(),
-                self.versions.tolist(), np.ascontiguousarray(self.kept_ids, dtype="<i4").tobytes(),
-            )
+            cols = self._columns = (self.token_ids.tolist(), records.tobytes(), starts.tolist(), ends.tolist(),
+                                    self.versions.tolist(), kept_bytes)
         return cols
 
     @classmethod

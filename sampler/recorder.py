@@ -218,8 +218,8 @@ class TrajectoryRecorder:
         sampled token, from either form."""
         if type(token) is StepRow:
             step, row = token.step, token.row
-            ids, records, off, versions, kept = step._columns or step.columns
-            return (ids[row], records[_RECORD * row:_RECORD * (row + 1)], kept[off[row]:off[row + 1]], versions[row],
+            ids, records, starts, ends, versions, kept = step._columns or step.columns
+            return (ids[row], records[_RECORD * row:_RECORD * (row + 1)], kept[starts[row]:ends[row]], versions[row],
                     None if step.routed_experts is None else step.routed_experts[row],
                     None if step.prompt_routed_experts is None else step.prompt_routed_experts[row])
         kept = np.ascontiguousarray(token.kept_ids, dtype=arrays.INT32).reshape(-1).tobytes()
@@ -260,8 +260,8 @@ class TrajectoryRecorder:
         step, row = token.step, token.row
         if step.prompt_routed_experts is not None and step.prompt_routed_experts[row] is not None:
             return False
-        ids, records, off, versions, kept = step._columns or step.columns
-        a, b = off[row], off[row + 1]  # byte offsets of its kept ids
+        ids, records, starts, ends, versions, kept = step._columns or step.columns
+        a, b = starts[row], ends[row]  # byte offsets of its kept ids
         version = versions[row]
         cost = _BYTES_PER_TOKEN + (b - a)
         routed = step.routed_experts

@@ -17,8 +17,8 @@ old path's: the finite entries when there are at most ``cap`` of them (or when t
 token, flagged capped with size unknown (-1), most likely first, ties by id.
 
 The recording path (``VLLMEngine.record``) takes a step's kept sets as arrays,
-``StepKeptSets.tokens``: sampled ids, log-probs, the kept sets in CSR (the same ids in
-the same order as ``kept_set``), capped flags and sizes, built in numpy once per step;
+``StepKeptSets.tokens``: sampled ids, log-probs, the kept sets (the same ids in the same
+order as ``kept_set``), capped flags and sizes, built in numpy once per step;
 each request's token is a ``StepRow`` of it (``StepKeptSets.row``, with ``kept_set``'s
 checks).
 """
@@ -54,20 +54,16 @@ class StepKeptSets:
     _finite: bool = field(default=True, repr=False)  # every sampled log-prob is finite
 
     def tokens(self, version: int) -> StepTokens:
-        """This step's rows as :class:`StepTokens` (kept sets in CSR, weights
-        ``version``), built once per step in numpy."""
+        """This step's rows as :class:`StepTokens` (weights ``version``; kept sets as the
+        rows of ``ids``, CSR built only if read), once per step, in numpy."""
         if self._tokens is None:
             if self.arrays is None:
                 raise RuntimeError("StepKeptSets built without arrays (use from_top)")
             sampled, sampled_lps, lengths, capped = self.arrays
-            inside = np.arange(self.ids.shape[1])[None, :] < lengths[:, None]
-            offsets = np.zeros(len(lengths) + 1, dtype=np.int32)
-            np.cumsum(lengths, out=offsets[1:])
             # (kept log-probs are not recorded: left out of the recording path's arrays)
-            self._tokens = StepTokens(
-                sampled.astype(np.int32), sampled_lps.astype(np.float32), offsets, self.ids[inside],
-                capped, np.where(capped, -1, lengths).astype(np.int32),
-                np.full(len(lengths), version, dtype=np.int64),
+            self._tokens = StepTokens.padded(
+                sampled.astype(np.int32), sampled_lps.astype(np.float32), self.ids, lengths, capped,
+                np.where(capped, -1, lengths).astype(np.int32), np.full(len(lengths), version, dtype=np.int64),
             )
         return self._tokens
 

@@ -81,6 +81,9 @@ async def _run(recorder_cls, identity_cls, ops, *, mode: str, fail_every: int = 
             await retry(rec.new_segment)
         elif op[0] == "end_routes":
             rec.attach_routed_experts(op[1][: len(rec.segment_tokens)])
+        elif op[0] == "row":  # a StepRow as it is
+            if not rec.add_sampled_now(op[1]):
+                await retry(rec.add_sampled, op[1])
         else:
             token = op[1]
             if mode == "rows":  # a three-row step whose middle row is this token
@@ -111,9 +114,10 @@ async def test_array_buffers_write_the_chunks_of_the_per_token_recorder(routes, 
         assert failing == want, seed
 
 
-def test_the_taps_step_arrays_are_its_kept_sets():
+async def test_the_taps_step_arrays_are_its_kept_sets():
     """StepKeptSets.tokens / row (VLLMEngine.record's path) hold, row for row, the kept
-    sets and log-probs StepKeptSets.kept_set gives the streaming path."""
+    sets and log-probs StepKeptSets.kept_set gives the streaming path, and record the
+    same chunks."""
     rng = np.random.default_rng(3)
     rows, k, cap = 40, 9, 8
     lengths = rng.integers(1, k + 1, size=rows)
@@ -134,3 +138,10 @@ def test_the_taps_step_arrays_are_its_kept_sets():
         assert got.kept_size == kept.size
     with pytest.raises(RuntimeError, match="its sampler drew"):
         step.row("r0", int(sampled[0]) + 1, 7)
+    streamed = [("env", [1, 2, 3], 7)] + [
+        ("tok", SampledToken(0, int(sampled[i]), lp, kept.ids, kept.capped, 7, kept_size=kept.size))
+        for i in range(rows) for lp, kept in [step.kept_set(f"r{i}", int(sampled[i]))]]
+    want = await _run(recording_baseline.TrajectoryRecorder, recording_baseline.TrajectoryIdentity, streamed,
+                      mode="awaited", chunk_tokens=16)
+    rows_ops = [("env", [1, 2, 3], 7)] + [("row", step.row(f"r{i}", int(sampled[i]), 7)) for i in range(rows)]
+    assert await _run(TrajectoryRecorder, TrajectoryIdentity, rows_ops, mode="now", chunk_tokens=16) == want
