@@ -1,7 +1,12 @@
-"""Run a task's hidden tests on the host, outside any sandbox: for checking task data.
+"""Checking task data.
 
-Trusted code only (our reference solutions and starting repos). Agents' code is graded
-by the sandbox service, never here.
+- :func:`run_hidden_tests`: a task's hidden tests on the host, outside any sandbox.
+  Trusted code only (our reference solutions and starting repos); agents' code is graded
+  by the sandbox service, never here.
+- :func:`check_hygiene` (``rollway tasks check``): each task through the real grader
+  (bubblewrap, the task's grading mode): the reference solution must pass, the untouched
+  repository must fail, and the generic adversarial solutions of
+  :mod:`tasks.adversaries` must not be paid.
 """
 
 from __future__ import annotations
@@ -13,10 +18,14 @@ import sys
 import tempfile
 import xml.etree.ElementTree as ET
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import msgspec
 
 from tasks.spec import TaskSpec, pytest_arguments
+
+if TYPE_CHECKING:
+    from sandbox.config import SandboxConfig
 
 HIDDEN_TESTS_DIR = "hidden_tests"
 
@@ -97,3 +106,107 @@ def run_hidden_tests(spec: TaskSpec, *, with_solution: bool, timeout_s: float = 
             output=(proc.stdout + proc.stderr)[-4000:],
             seconds=seconds,
         )
+
+
+# --- task hygiene: the grader against the reference, the repo and adversaries ---------
+
+
+class Graded(msgspec.Struct, kw_only=True):
+    """One solution of a task graded by the real grader (``rollway tasks check``)."""
+
+    solution: str  # "reference", "untouched" or an adversary's name (tasks/adversaries.py)
+    must: str  # "pass" | "fail" | "known-pass" (a documented limit: reported, not a defect)
+    score: float
+    cheated: bool
+    reason: str
+
+    @property
+    def passed(self) -> bool:
+        return self.score >= 1.0 and not self.cheated
+
+    @property
+    def ok(self) -> bool:
+        if self.must == "pass":
+            return self.passed
+        if self.must == "fail":
+            return not self.passed and (self.solution != "untouched" or not self.cheated)
+        return True
+
+
+class TaskHygiene(msgspec.Struct, kw_only=True):
+    task_id: str
+    grading: str
+    graded: list[Graded]
+
+    @property
+    def ok(self) -> bool:
+        return all(g.ok for g in self.graded)
+
+    @property
+    def defects(self) -> list[str]:
+        out = []
+        for g in self.graded:
+            if not g.ok:
+                what = "does not pass" if g.must == "pass" else "is paid"
+                out.append(f"{self.task_id}: {g.solution} {what} (score {g.score}, cheated {g.cheated}"
+                           f"{': ' + g.reason[:200] if g.reason else ''})")
+        return out
+
+
+def solutions_to_grade(spec: TaskSpec, only: list[str] | None = None) -> list[tuple[str, str, dict[str, str]]]:
+    """(name, must, workspace files) for the reference, the untouched repo and the battery."""
+    from tasks.adversaries import battery
+
+    jobs = [("reference", "pass", {**spec.files, **spec.solution}), ("untouched", "fail", dict(spec.files))]
+    for adversary in battery(spec):
+        jobs.append((adversary.name, "known-pass" if adversary.expected_pass else "fail", adversary.files))
+    return [j for j in jobs if only is None or j[0] in only]
+
+
+async def check_hygiene(specs: list[TaskSpec], cfg: "SandboxConfig", *, only: list[str] | None = None,
+                        progress=None) -> list[TaskHygiene]:
+    """Grade every solution of every task with the real grader (bubblewrap sandboxes, the
+    grading mode of each task), as many at once as the sandbox config's command slots."""
+    import asyncio
+
+    from aiohttp import web
+
+    from sandbox.config import RewardConfig
+    from sandbox.service import SandboxService
+    from sandbox.workspace import Snapshot, WorkspaceFile
+    from tasks.store import TaskStore
+
+    with tempfile.TemporaryDirectory(prefix="rollway-tasks-check-") as tmp:
+        store = TaskStore(tmp)
+        for spec in specs:
+            store.add(spec)
+        service = SandboxService(msgspec.structs.replace(cfg, workspace_root=cfg.workspace_root or tmp),
+                                 RewardConfig(), store)
+        runner = web.AppRunner(service.app)
+        await runner.setup()  # the service's start and clean-up hooks, no HTTP server
+        try:
+            uids: asyncio.Queue[int] = asyncio.Queue()
+            for slot in range(service.cfg.max_sessions):
+                uids.put_nowait(service.cfg.uid_base + slot)
+
+            async def grade(spec: TaskSpec, name: str, must: str, files: dict[str, str]) -> Graded:
+                snapshot = Snapshot(files={p: WorkspaceFile(p, t.encode()) for p, t in files.items()})
+                uid = await uids.get()
+                try:
+                    verdict = await service.grader.verdict(spec, snapshot, [], uid=uid)
+                finally:
+                    uids.put_nowait(uid)
+                graded = Graded(solution=name, must=must, score=verdict.score, cheated=verdict.cheated,
+                                reason=verdict.reason)
+                if progress is not None:
+                    progress(spec, graded)
+                return graded
+
+            async def task(spec: TaskSpec) -> TaskHygiene:
+                jobs = solutions_to_grade(spec, only)
+                graded = await asyncio.gather(*(grade(spec, *job) for job in jobs))
+                return TaskHygiene(task_id=spec.task_id, grading=spec.grading, graded=list(graded))
+
+            return list(await asyncio.gather(*(task(spec) for spec in specs)))
+        finally:
+            await runner.cleanup()

@@ -59,3 +59,8 @@ def test_csv_round_trip_with_commas_and_quotes():
         inv.add_item(item)
     loaded = Inventory.from_csv(inv.to_csv())
     assert [loaded.get(i.sku) for i in items] == items
+    # Field by field too, and a different item is not equal: Item.__eq__ is the
+    # solution's own, so it cannot be the only judge of the round trip.
+    fields = lambda i: (i.sku, i.name, i.unit_price, i.quantity, list(i.tags))  # noqa: E731
+    assert [fields(loaded.get(i.sku)) for i in items] == [fields(i) for i in items]
+    assert loaded.get("A1") != loaded.get("B2") and not (loaded.get("A1") == loaded.get("C3"))
