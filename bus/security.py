@@ -206,11 +206,12 @@ def client_security(cfg: KafkaConfig) -> dict[str, Any]:
     return out
 
 
-def sandbox_token(cfg: KafkaConfig, role: str) -> str:
-    """The sandbox API token of ``role``: ``$ROLLWAY_SANDBOX_TOKEN``, else the credentials
-    file's, else "" (an open sandbox)."""
-    token = os.environ.get("ROLLWAY_SANDBOX_TOKEN", "").strip()
-    if token or not cfg.credentials_file:
-        return token
-    return load_credentials(cfg.credentials_file).sandbox.get(role, "")
+def set_sandbox_token(token: str) -> None:
+    """The sandbox API token of this process's role (set when a command loads its config)."""
+    _identity["sandbox_token"] = token
 
+
+def process_sandbox_token() -> str:
+    """``$ROLLWAY_SANDBOX_TOKEN``, else the token of this process's role, else "" (an open
+    sandbox). ``sandbox.client.SandboxClient`` sends it."""
+    return os.environ.get("ROLLWAY_SANDBOX_TOKEN", "").strip() or _identity.get("sandbox_token", "")

@@ -58,13 +58,19 @@ class SandboxClient:
     ``busy_retries``: how often a 429 is retried (backoff 0.2 s doubling to 2 s) before
     ``SandboxBusy``; ``submit_retries``: how often a 502 submit is retried.
     ``publish_rewards=False`` (evaluation): submits grade without publishing the reward.
+    ``token``: the API's bearer token (sandbox/auth.py); None: this process's role's.
     """
 
     def __init__(
         self, base_url: str, *, timeout_s: float = 300.0, busy_retries: int = 20, submit_retries: int = 2,
-        publish_rewards: bool = True,
+        publish_rewards: bool = True, token: str | None = None,
     ) -> None:
         self.base_url = base_url.rstrip("/")
+        if token is None:  # this process's role's token (bus.security), "" for an open sandbox
+            from bus.security import process_sandbox_token
+
+            token = process_sandbox_token()
+        self._headers = {"Authorization": f"Bearer {token}"} if token else {}
         self.publish_rewards = publish_rewards
         self.timeout = aiohttp.ClientTimeout(total=timeout_s)
         self.busy_retries = busy_retries
@@ -80,7 +86,7 @@ class SandboxClient:
 
     async def start(self) -> None:
         if self._http is None:
-            self._http = aiohttp.ClientSession(timeout=self.timeout)
+            self._http = aiohttp.ClientSession(timeout=self.timeout, headers=self._headers)
 
     async def close(self) -> None:
         """Close the HTTP session (not a sandbox session: that is ``close_session``)."""

@@ -65,10 +65,21 @@ def check_principal(cfg: "RollwayConfig", command: str) -> None:
     with one line naming the principal, the resource and the operation."""
     import sys
 
-    from bus.security import CredentialsError, NotAuthorized, security_protocol, set_identity
+    from bus.security import (
+        SANDBOX_ROLES, CredentialsError, NotAuthorized, load_credentials, security_protocol, set_identity,
+        set_sandbox_token,
+    )
 
     cfg.kafka.role = cfg.kafka.role or COMMAND_ROLES.get(command, "admin")
     set_identity(cfg.kafka)
+    tokens_file = cfg.sandbox.tokens_file = cfg.sandbox.tokens_file or cfg.kafka.credentials_file
+    if tokens_file and command != "sandbox":
+        try:  # the sandbox API token of this role (sandbox/auth.py)
+            role = cfg.kafka.role if cfg.kafka.role in SANDBOX_ROLES else "admin"
+            set_sandbox_token(load_credentials(tokens_file).sandbox.get(role, ""))
+        except CredentialsError as exc:
+            print(exc, file=sys.stderr)
+            raise SystemExit(3) from None
     if command not in COMMAND_ROLES or security_protocol(cfg.kafka) == "PLAINTEXT":
         return
     from bus.acl import preflight
