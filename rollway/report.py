@@ -8,7 +8,9 @@ draws them. Sources:
     log (``TrainStep.metrics``, first entry per step wins, as in replay), completed by
     trainer ``Metrics`` for steps whose log entry is missing;
   * staleness histogram: the trainer ``Metrics`` histograms, summed over distinct steps;
-  * tokens per trajectory, overall solve rate: ``Reward`` (one per trajectory);
+  * tokens per trajectory, overall solve rate, the rolling solve rate against time and
+    weight version, per task kind, and the length trade-off (``rollway.report_curves``):
+    ``Reward`` (one per trajectory), kinds from the issued ``Task``'s metadata;
   * held-out pass@1 per version: ``EvalResult``;
   * weight-apply pauses: sampler ``Metrics`` (``apply_pause_ms``), else heartbeats;
   * dead letters: ``DeadLetter`` count.
@@ -22,7 +24,8 @@ from typing import Iterable
 import msgspec
 
 from rollway.live_state import solved
-from schemas import DeadLetter, EvalResult, Heartbeat, Metrics, Reward, TrainStep
+from rollway import report_curves as curves
+from schemas import DeadLetter, EvalResult, Heartbeat, Metrics, Reward, Task, TrainStep
 
 
 class Pause(msgspec.Struct, frozen=True):
@@ -42,12 +45,16 @@ class RunData(msgspec.Struct, kw_only=True):
     evals: list[EvalResult] = []  # by (weight_version, created_at)
     pauses: list[Pause] = []  # by time
     dead_letters: int = 0
+    kinds: dict[str, str] = {}  # task id -> kind (Task.metadata["kind"])
+    window: int = 200  # rewards in the rolling solve rate (the live view's up.solve_window)
+    length_penalty: float = 0.0  # reward.length_penalty_per_token configured
 
     def empty(self) -> bool:
         return not (self.steps or self.rewards or self.evals or self.pauses)
 
 
-def collect(events: Iterable[object], trainer_source: str = "trainer") -> RunData:
+def collect(events: Iterable[object], trainer_source: str = "trainer", *, window: int = 200,
+            length_penalty: float = 0.0) -> RunData:
     steps: dict[int, dict[str, float]] = {}
     from_metrics: dict[int, Metrics] = {}
     rewards: dict[str, Reward] = {}
@@ -55,8 +62,11 @@ def collect(events: Iterable[object], trainer_source: str = "trainer") -> RunDat
     pauses: list[Pause] = []
     beat_pauses: dict[tuple[str, int], Pause] = {}
     dead = 0
+    tasks: list[Task] = []
     for e in events:
-        if isinstance(e, TrainStep):
+        if isinstance(e, Task):
+            tasks.append(e)
+        elif isinstance(e, TrainStep):
             steps.setdefault(e.step, dict(e.metrics))
         elif isinstance(e, Metrics):
             if e.source == trainer_source and e.step >= 0:
@@ -94,6 +104,9 @@ def collect(events: Iterable[object], trainer_source: str = "trainer") -> RunDat
         evals=sorted(evals, key=lambda e: (e.weight_version, e.created_at)),
         pauses=sorted(pauses, key=lambda p: p.at),
         dead_letters=dead,
+        kinds=curves.kinds_of(tasks),
+        window=window,
+        length_penalty=length_penalty,
     )
 
 
@@ -131,6 +144,15 @@ def summary_markdown(data: RunData, plots: list[tuple[str, str]], source: str) -
         tokens = [r.cost.generated_tokens for r in rewards]
         rows.append(("rewards", f"{len(rewards)}, mean {f3(statistics.fmean(r.reward for r in rewards))}"))
         rows.append(("solve rate (all rewards)", f3(sum(solved(r) for r in rewards) / len(rewards))))
+        rolling = curves.rolling_solve_rate(rewards, data.window)
+        if rolling.rates:
+            rows.append((f"rolling solve rate (last {rolling.window} graded rewards)",
+                         f"first {f3(rolling.rates[0])}, last {f3(rolling.rates[-1])}, "
+                         f"best {f3(max(rolling.rates))}"))
+        for kind, r in curves.rolling_by_kind(rewards, data.kinds, data.window).items():
+            if r.rates:
+                rows.append((f"rolling solve rate, kind {kind} (last {r.window})",
+                             f"first {f3(r.rates[0])}, last {f3(r.rates[-1])}"))
         rows.append(("tokens per trajectory", f"mean {statistics.fmean(tokens):.1f}, median {statistics.median(tokens):g}, "
                                               f"max {max(tokens)}"))
     if data.evals:
@@ -151,10 +173,36 @@ def summary_markdown(data: RunData, plots: list[tuple[str, str]], source: str) -
                   "| version | split | pass@1 | tasks x samples | mean reward | mean tokens |", "|---|---|---|---|---|---|"]
         lines += [f"| v{e.weight_version} | {e.split} | {f3(e.pass_at_1)} | {e.tasks} x {e.samples} | "
                   f"{f3(e.mean_reward)} | {e.mean_generated_tokens:.1f} |" for e in data.evals]
+    tradeoff = curves.length_tradeoff(data.rewards, data.length_penalty) if data.rewards else None
+    if tradeoff is not None:
+        lines += ["", "## Length penalty", "", *length_section(tradeoff)]
     if plots:
         lines += ["", "## Plots", ""]
         lines += [f"![{caption}]({name})" for name, caption in plots]
     return "\n".join(lines) + "\n"
+
+
+def length_section(t: curves.LengthTradeoff) -> list[str]:
+    """The solve-rate-vs-tokens bins of recent versions, the fit, the coefficient in force
+    and the tangent one ``sandbox.reward.suggest_length_penalty`` picks, with how to apply it."""
+    out = [f"Solve rate against generated tokens, {t.rewards} graded rewards of weight versions "
+           f"v{t.versions[0]}-v{t.versions[1]} (token-quantile bins):", "",
+           "| mean tokens | rewards | solve rate |", "|---|---|---|"]
+    out += [f"| {b.mean_tokens:.1f} | {b.rewards} | {f3(b.solve_rate)} |" for b in t.bins]
+    out += ["", f"Current length penalty: {t.current:.3g} per generated token ({t.current_source})."]
+    if t.suggested is None:
+        out.append(f"No tangent coefficient: {t.why_not}.")
+        return out
+    out.append(f"Fit: solve rate = {t.intercept:.4f} + {t.slope:.4f} ln(tokens).")
+    best = t.current_tangent()
+    if best is not None:
+        out.append(f"Under the current coefficient the most rewarding length is {best[0]:.0f} tokens "
+                   f"(fitted solve rate {f3(best[1])}).")
+    out += [f"**Suggested `reward.length_penalty_per_token` = {t.suggested:.3g}** "
+            f"(`sandbox.reward.suggest_length_penalty`: tangent to the fit at {t.target_tokens:.0f} tokens, the "
+            f"geometric mean of the bins' lengths, fitted solve rate {f3(t.solve_rate_at_target or 0.0)}).",
+            f"Apply it: {curves.apply_line(t.suggested)}."]
+    return out
 
 
 def kl_fmt(x: float) -> str:

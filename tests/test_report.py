@@ -20,8 +20,8 @@ pytestmark = [pytest.mark.kafka]
 
 REPO = Path(__file__).resolve().parent.parent
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
-PLOTS = ["reward_solve_rate.png", "heldout_pass_at_1.png", "entropy.png", "mismatch.png", "staleness.png",
-         "tokens_per_trajectory.png", "apply_pauses.png"]
+PLOTS = ["solve_rate.png", "reward_solve_rate.png", "heldout_pass_at_1.png", "entropy.png", "mismatch.png",
+         "staleness.png", "tokens_per_trajectory.png", "apply_pauses.png"]
 
 # step: reward_mean, solve_rate, entropy_full, entropy_kept, mismatch_kl_k3, staleness_mean
 STEPS = {
@@ -43,8 +43,8 @@ def reward(i: int, score: float, value: float, tokens: int, cheated: bool = Fals
                   cheated=cheated, reward=value, cost=Cost(generated_tokens=tokens), created_at=100.0 + i)
 
 
-def run_report(bootstrap: str, prefix: str, out: Path) -> subprocess.CompletedProcess:
-    env = {**os.environ, "KAFKA_BOOTSTRAP_SERVERS": bootstrap, "ROLLWAY_KAFKA__TOPIC_PREFIX": prefix}
+def run_report(bootstrap: str, prefix: str, out: Path, **env_extra: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "KAFKA_BOOTSTRAP_SERVERS": bootstrap, "ROLLWAY_KAFKA__TOPIC_PREFIX": prefix, **env_extra}
     env.pop("ROLLWAY_CONFIG", None)
     return subprocess.run([sys.executable, "-m", "rollway.cli", "report", "--out", str(out)], cwd=REPO, env=env,
                           capture_output=True, text=True, timeout=120)
@@ -89,7 +89,7 @@ async def test_report_plots_and_summarizes_a_real_log(kafka_bootstrap, tmp_path)
     out = tmp_path / "report"
     done = run_report(kafka_bootstrap, prefix, out)
     assert done.returncode == 0, done.stderr
-    assert done.stdout == f"rollway report: 7 plots, summary.md and steps.json in {out}/\n"
+    assert done.stdout == f"rollway report: 8 plots, summary.md and steps.json in {out}/\n"
     data = json.loads((out / "steps.json").read_text())
     # JSON object keys are strings; the first log entry of step 2 counts, step 5 from Metrics.
     assert {int(k): v for k, v in data["steps"].items()} == {s: step_values(s) for s in (1, 2, 3, 4, 5)}
@@ -112,6 +112,7 @@ async def test_report_plots_and_summarizes_a_real_log(kafka_bootstrap, tmp_path)
         "| staleness (versions) | mean of steps 0.45, tokens per bin 0: 19, 1: 9, 2: 4, >=3: 1 |",
         "| rewards | 6, mean 0.383 |",
         "| solve rate (all rewards) | 0.333 |",  # t1 and t5; t6 was a cheat
+        "| rolling solve rate (last 6 graded rewards) | first 0.333, last 0.333, best 0.333 |",
         "| tokens per trajectory | mean 35.0, median 35, max 60 |",
         "| held-out pass@1 | first 0.150 @ v0, latest 0.400 @ v4 (+0.250) |",
         "| weight-apply pause | median 12.0 ms, max 30.5 ms over 3 updates |",
@@ -139,7 +140,7 @@ async def test_report_skips_an_undecodable_topic_and_reports_the_rest(kafka_boot
     done = run_report(kafka_bootstrap, prefix, out)
     assert done.returncode == 0, done.stderr
     assert f"rollway report: skipped health: {prefix}health:0@0: cannot decode Heartbeat" in done.stderr
-    assert done.stdout == f"rollway report: 1 plots, summary.md and steps.json in {out}/\n"
+    assert done.stdout == f"rollway report: 2 plots, summary.md and steps.json in {out}/\n"  # solve rate, tokens
     assert png_size(out / "tokens_per_trajectory.png") == (700, 400)
     assert "| rewards | 1, mean 1.000 |" in (out / "summary.md").read_text()
 
@@ -164,3 +165,32 @@ def test_report_without_a_reachable_broker_is_one_line_and_exit_1(tmp_path):
     # The shared one line of every CLI command that needs Kafka (rollway.cli).
     assert done.stderr == (f"cannot reach Kafka at {bootstrap} — start one with rollway broker start or set "
                            "KAFKA_BOOTSTRAP_SERVERS\n")
+
+
+async def test_report_of_a_synthetic_run_shows_the_solve_rate_and_the_length_penalty(kafka_bootstrap, tmp_path):
+    """Issue #30 point 5 through the CLI: tasks with kinds, 480 graded rewards over 20
+    versions (add tasks learn, fix tasks do not) and held-out evals on a real log; the
+    report draws the rolling solve rate against time and version, per kind, and the
+    length trade-off, and summary.md names the tangent coefficient and how to apply it."""
+    from rollway import report_curves as curves
+    from tests.test_report_curves import synthetic_run
+
+    prefix = f"{unique('report-')}."
+    kafka = KafkaConfig(bootstrap_servers=kafka_bootstrap, topic_prefix=prefix, partitions=dict(TEST_PARTITIONS))
+    await ensure_topics(kafka)
+    tasks, rewards, evals = synthetic_run()
+    async with EventProducer(kafka) as producer:
+        await producer.publish_many([*tasks, *rewards, *evals])
+    out = tmp_path / "report"
+    done = run_report(kafka_bootstrap, prefix, out, ROLLWAY_REWARD__LENGTH_PENALTY_PER_TOKEN="0.002")
+    assert done.returncode == 0, done.stderr
+    for name in ("solve_rate.png", "solve_rate_by_version.png", "solve_rate_per_kind.png", "length_tradeoff.png"):
+        assert png_size(out / name) == (700, 400), name
+    summary = (out / "summary.md").read_text()
+    expected = curves.length_tradeoff(rewards, 0.002)
+    assert f"**Suggested `reward.length_penalty_per_token` = {expected.suggested:.3g}**" in summary
+    assert f"`ROLLWAY_REWARD__LENGTH_PENALTY_PER_TOKEN={expected.suggested:.3g}`" in summary
+    # The rewards carry 0.001 per token: the coefficient in force, not the configured 0.002.
+    assert "Current length penalty: 0.001 per generated token (the rewards' length penalties)." in summary
+    assert "| rolling solve rate, kind add (last" in summary and "| rolling solve rate, kind fix (last" in summary
+    assert "![rolling solve rate of all graded rewards and held-out pass@1 over time](solve_rate.png)" in summary

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import argparse
 
-REPORT_TOPICS = ("train-steps", "metrics", "rewards", "evals", "health", "dlq")
+REPORT_TOPICS = ("train-steps", "metrics", "rewards", "evals", "health", "dlq", "tasks")
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -59,7 +59,8 @@ def run(args: argparse.Namespace) -> int:
 
     from rollway.report import collect, summary_markdown
 
-    data = collect(events, trainer_source=cfg.trainer.metrics_source)
+    data = collect(events, trainer_source=cfg.trainer.metrics_source, window=cfg.up.solve_window,
+                   length_penalty=cfg.reward.length_penalty_per_token)
     source = f"Kafka {cfg.kafka.bootstrap_servers}, topics {cfg.kafka.topic_prefix}*"
     if data.empty():
         print(f"rollway report: nothing to plot yet (no train steps, rewards, evals or apply pauses in {source})")
