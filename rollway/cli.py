@@ -29,6 +29,7 @@ COMMANDS: list[tuple[str, str, str]] = [
     ("weights", "rollway.commands.weights", "list, verify, export and prune weight versions in the store"),
     ("eval", "rollway.commands.eval", "held-out pass@1 of a weight version (table or --json; EvalResult on rollway.evals)"),
     ("evaluator", "rollway.commands.evaluator", "evaluate every N-th weight version while training runs"),
+    ("tasks", "rollway.commands.tasks", "task hygiene: grade each task's reference, untouched repo and adversaries"),
 ]
 
 
