@@ -119,6 +119,8 @@ class Graded(msgspec.Struct, kw_only=True):
     score: float
     cheated: bool
     reason: str
+    tests_passed: int = 0
+    tests_total: int = 0
 
     @property
     def passed(self) -> bool:
@@ -197,7 +199,8 @@ async def check_hygiene(specs: list[TaskSpec], cfg: "SandboxConfig", *, only: li
                 finally:
                     uids.put_nowait(uid)
                 graded = Graded(solution=name, must=must, score=verdict.score, cheated=verdict.cheated,
-                                reason=verdict.reason)
+                                reason=verdict.reason, tests_passed=verdict.tests_passed,
+                                tests_total=verdict.tests_total)
                 if progress is not None:
                     progress(spec, graded)
                 return graded

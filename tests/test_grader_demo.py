@@ -1,6 +1,16 @@
-"""The demo task set through the live grader: every reference solution passes (and is not
-flagged as cheating), every untouched repository fails. All gradings run concurrently,
-bounded by the service's command slots."""
+"""Task hygiene of every shipped task through the live grader (tasks.check.check_hygiene,
+``rollway tasks check``): every reference solution passes (and is not flagged as
+cheating), every untouched repository fails, and the generic adversarial solutions of
+tasks/adversaries.py are never paid.
+
+Every demo task gets the adversaries that depend on its tests (always-equal results,
+returning the input, lying comparisons and C-level container copies where they apply);
+the ones that depend only on the grading path (reading the hidden tests, a forged report
+with an early exit) run on a sample of demo tasks, one generated family task of each
+kind (full battery) and the in-env SWE example (full battery: there, reading the tests
+is a documented limit, reported as known). All gradings run concurrently, bounded by the
+service's command slots.
+"""
 
 from __future__ import annotations
 
@@ -9,62 +19,86 @@ import os
 from pathlib import Path
 
 import pytest
-import pytest_asyncio
 
-from sandbox.client import SandboxClient
-from sandbox.config import RewardConfig, SandboxConfig
-from schemas import Reward
+from sandbox.config import SandboxConfig
+from tasks.adversaries import NAMES
+from tasks.check import Graded, check_hygiene
+from tasks.family import KINDS, generate
 from tasks.store import TaskStore
-from tests.sandbox_helpers import live_sandbox
+from tasks.swe import load_swe_jsonl
 
 pytestmark = pytest.mark.slow
 
-DEMO = Path(__file__).resolve().parents[1] / "tasks" / "demo"
+ROOT = Path(__file__).resolve().parents[1]
+DEMO = ROOT / "tasks" / "demo"
 STORE = TaskStore(DEMO)
+PATH_ADVERSARIES = ("reads_hidden_tests", "forged_report")
+PER_TASK = ["reference", "untouched", *(n for n in NAMES if n not in PATH_ADVERSARIES)]
+SAMPLE = ("sum_to", "stack", "semver")
+FAMILY = [spec for kind in KINDS for spec in generate("train", 1, kinds=[kind])]
+SWE = load_swe_jsonl(ROOT / "tasks" / "swe_mocking.jsonl")
 
 
-@pytest_asyncio.fixture(scope="module", loop_scope="session")
-async def graded(tmp_path_factory) -> dict[tuple[str, bool], Reward]:
+@pytest.fixture(scope="module")
+def graded(tmp_path_factory) -> dict[str, dict[str, Graded]]:
     cfg = SandboxConfig(
-        max_sessions=2 * len(STORE), max_concurrent_commands=max(2, os.cpu_count() or 2),
-        command_queue_timeout_s=600.0, workspace_root=str(tmp_path_factory.mktemp("demo-ws")), tasks_dir=str(DEMO),
-        # lru_cache's tests make 200k calls across the grading bridge: 70-110 s on a loaded
-        # 2-core machine before deferred calls, 3.8 s in one sandboxed round since
-        # (docs/sandbox.md); the timeout keeps room for a loaded machine.
+        max_sessions=16, max_concurrent_commands=max(2, os.cpu_count() or 2), command_queue_timeout_s=1200.0,
+        workspace_root=str(tmp_path_factory.mktemp("hygiene-ws")), tasks_dir=str(DEMO),
+        # lru_cache's tests make 200k calls across the grading bridge (docs/sandbox.md).
         grading_timeout_s=300.0,
     )
-    async with live_sandbox(cfg, RewardConfig(), STORE) as live, SandboxClient(live.url) as client:
 
-        async def grade(task_id: str, with_solution: bool) -> Reward:
-            sid = await client.create_session(task_id)
-            if with_solution:
-                for path, content in STORE.get(task_id).solution.items():
-                    await client.write_file(sid, path, content)
-            return await client.submit(sid, trajectory_id=f"{task_id}-{with_solution}")
+    async def both():
+        demo = await check_hygiene(list(STORE), cfg, only=PER_TASK)
+        sample = await check_hygiene([STORE.get(t) for t in SAMPLE], cfg, only=list(PATH_ADVERSARIES))
+        full = await check_hygiene(FAMILY + SWE, cfg)
+        return demo + sample + full
 
-        jobs = [(t, s) for t in STORE.ids() for s in (True, False)]
-        rewards = await asyncio.gather(*(grade(*job) for job in jobs))
-        assert (await client.health())["sessions"] == 0
-        return dict(zip(jobs, rewards))
+    out: dict[str, dict[str, Graded]] = {}
+    for result in asyncio.run(both()):
+        for g in result.graded:
+            out.setdefault(result.task_id, {})[g.solution] = g
+    return out
 
 
 def test_demo_set_is_there():
     assert len(STORE) >= 40
 
 
-@pytest.mark.parametrize("task_id", STORE.ids())
+@pytest.mark.parametrize("task_id", STORE.ids() + [s.task_id for s in FAMILY + SWE])
 def test_reference_solution_passes(graded, task_id):
-    reward = graded[(task_id, True)]
-    assert reward.cheated is False, reward.reason
-    assert reward.reason == "", reward.reason
-    assert reward.score == 1.0 and reward.reward == 1.0
-    assert reward.tests_passed == reward.tests_total >= 3
+    g = graded[task_id]["reference"]
+    assert g.cheated is False, g.reason
+    assert g.reason == "", g.reason
+    assert g.score == 1.0
+    assert g.tests_passed == g.tests_total >= 3
 
 
-@pytest.mark.parametrize("task_id", STORE.ids())
+@pytest.mark.parametrize("task_id", STORE.ids() + [s.task_id for s in FAMILY + SWE])
 def test_untouched_repository_fails(graded, task_id):
-    reward = graded[(task_id, False)]
-    assert reward.cheated is False, reward.reason
-    assert reward.score == 0.0 and reward.reward == 0.0
-    assert reward.tests_passed < reward.tests_total == graded[(task_id, True)].tests_total
-    assert "hidden tests did not pass" in reward.reason
+    g = graded[task_id]["untouched"]
+    assert g.cheated is False, g.reason
+    assert g.score == 0.0
+    assert g.tests_passed < g.tests_total == graded[task_id]["reference"].tests_total
+    assert "hidden tests did not pass" in g.reason
+
+
+def test_every_adversary_is_tried_and_none_is_paid(graded):
+    tried: dict[str, int] = {}
+    defects = []
+    for task_id, solutions in graded.items():
+        for name, g in solutions.items():
+            if name in ("reference", "untouched"):
+                continue
+            tried[name] = tried.get(name, 0) + 1
+            if not g.ok:
+                defects.append(f"{task_id}: {name} paid ({g.reason[:200]})")
+    assert defects == []
+    assert set(tried) == set(NAMES)
+    assert tried["always_equal"] >= len(STORE) and tried["returns_input"] >= len(STORE)
+    assert tried["lying_comparisons"] >= 2 and tried["c_level_copies"] >= 1
+    # In-env grading runs the tests in the solution's process: reading them is possible
+    # there (docs/sandbox.md), and reported as a known limit rather than paid silently.
+    [swe] = SWE
+    assert graded[swe.task_id]["reads_hidden_tests"].must == "known-pass"
+    assert graded[swe.task_id]["forged_report"].cheated is True
