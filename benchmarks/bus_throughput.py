@@ -9,6 +9,11 @@ a local one started here), with the same producer settings (acks=all, idempotent
 zstd, linger 5 ms); end to end = first send until the consumer has every record. The
 Rollway path also encodes (msgspec) and decodes into typed events; the raw path moves
 pre-encoded bytes. Ratio = Rollway / raw.
+
+``--security`` (#32): the Rollway path on an open broker and on a secured one (SASL/SCRAM-
+SHA-512 + the ACL authorizer, bus/acl.py's table; the sampler principal writes, the
+trainer's reads) side by side: two local brokers started here, runs interleaved
+(open, secured, open, ...), best of ``--repeats`` each. Ratio = secured / open.
 """
 
 from __future__ import annotations
@@ -49,8 +54,9 @@ def make_chunk(i: int, tokens: int, kept: int, rng: np.random.Generator) -> Traj
     )
 
 
-async def rollway_path(cfg: KafkaConfig, events: list[TrajectoryChunk]) -> float:
-    async with EventConsumer(cfg, ["trajectories"], group_id=None) as consumer, EventProducer(cfg) as producer:
+async def rollway_path(cfg: KafkaConfig, events: list[TrajectoryChunk], reader_cfg: KafkaConfig | None = None) -> float:
+    async with EventConsumer(reader_cfg or cfg, ["trajectories"], group_id=None) as consumer, \
+            EventProducer(cfg) as producer:
         got = 0
 
         async def consume():
@@ -93,7 +99,51 @@ async def raw_path(cfg: KafkaConfig, topic: str, payloads: list[tuple[bytes, byt
         await consumer.stop()
 
 
+async def security_compare(args: argparse.Namespace, events: list[TrajectoryChunk], megabytes: float) -> None:
+    from bus.acl import AclNames, apply
+    from bus.security import load_credentials
+    from rollway.broker import LocalKafka
+
+    brokers = {"open": LocalKafka(tempfile.mkdtemp(prefix="bench-open-"), nodes=1, heap=args.heap),
+               "sasl+acl": LocalKafka(tempfile.mkdtemp(prefix="bench-sasl-"), nodes=1, heap=args.heap, secure=True)}
+    try:
+        boots = {name: kafka.start() for name, kafka in brokers.items()}
+        creds = brokers["sasl+acl"].state.credentials_file
+        results: dict[str, float] = {}
+        for run in range(args.repeats):
+            for name, bootstrap in boots.items():
+                prefix = f"bench{run}{name[0]}{os.getpid()}."
+                common = dict(bootstrap_servers=bootstrap, topic_prefix=prefix, partitions={"trajectories": 3})
+                if name == "open":
+                    writer = reader = KafkaConfig(**common)
+                    await ensure_topics(writer, [TOPICS["trajectories"], TOPICS["dlq"]])
+                else:
+                    admin = KafkaConfig(**common, credentials_file=creds, role="admin")
+                    await ensure_topics(admin, [TOPICS["trajectories"], TOPICS["dlq"]])
+                    apply(admin, AclNames(prefix=prefix), load_credentials(creds))
+                    writer = KafkaConfig(**common, credentials_file=creds, role="sampler")
+                    reader = KafkaConfig(**common, credentials_file=creds, role="trainer")
+                seconds = await rollway_path(writer, events, reader)
+                results[name] = min(results.get(name, float("inf")), seconds)
+                print(f"run {run} {name}: {seconds:.2f} s", flush=True)
+        print(f"\nbus throughput, open vs SASL/SCRAM-SHA-512 + ACLs: {args.events} TrajectoryChunk events, "
+              f"{args.tokens} tokens, {megabytes / args.events * 1000:.1f} KB/event, best of {args.repeats}, "
+              "interleaved; rollway bus path (sampler principal writes, trainer principal reads)")
+        print(f"{'broker':<10} {'seconds':>8} {'events/s':>10} {'MB/s':>8} {'ratio':>6}")
+        for name, seconds in results.items():
+            print(f"{name:<10} {seconds:>8.2f} {args.events / seconds:>10.0f} {megabytes / seconds:>8.1f} "
+                  f"{results['open'] / seconds:>6.2f}")
+    finally:
+        for kafka in brokers.values():
+            kafka.stop()
+
+
 async def main(args: argparse.Namespace) -> None:
+    if args.security:
+        rng = np.random.default_rng(0)
+        events = [make_chunk(i, args.tokens, args.kept, rng) for i in range(args.events)]
+        await security_compare(args, events, sum(len(encode(e)[0]) for e in events) / 1e6)
+        return
     bootstrap = os.environ.get("KAFKA_BOOTSTRAP_SERVERS")
     kafka = None
     if not bootstrap:
@@ -137,4 +187,7 @@ if __name__ == "__main__":
     parser.add_argument("--tokens", type=int, default=512)
     parser.add_argument("--kept", type=int, default=16)
     parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--security", action="store_true",
+                        help="open vs SASL/SCRAM + ACLs side by side (two local brokers started here)")
+    parser.add_argument("--heap", default="512m", help="JVM heap of each broker of --security")
     asyncio.run(main(parser.parse_args()))
