@@ -344,3 +344,20 @@ def test_overlay_xattrs_of_an_image_are_stripped(tmp_path):
     os.setxattr(f, "user.kept", b"1")
     assert strip_overlay_xattrs(tmp_path) == 1
     assert os.listxattr(f) == ["user.kept"]
+
+
+def test_rollway_images_pull_list_prune(images, tmp_path):
+    from tests.cli import run_cli
+
+    cache = str(tmp_path / "cache")
+    name = "rollway.local/examples/gridfmt:1"
+    pulled = run_cli("images", "--cache-dir", cache, "pull", name, "--from", f"oci:{images.layout}:gridfmt")
+    assert pulled.returncode == 0 and f"ok {name} sha256:" in pulled.stdout, pulled
+    # --tasks: every image the set names; the one pulled is there, the others are not in any registry.
+    tasks = run_cli("images", "--cache-dir", cache, "pull", "--tasks", str(EXAMPLES_JSONL))
+    assert tasks.returncode == 1 and f"ok {name}" in tasks.stdout and "1 of 3 image(s) ready" in tasks.stdout
+    assert "FAILED image 'rollway.local/examples/namekit:1': not found" in tasks.stdout
+    listing = run_cli("images", "--cache-dir", cache, "list", "--json")
+    assert [json.loads(line)["refs"] for line in listing.stdout.splitlines()] == [[name]]
+    pruned = run_cli("images", "--cache-dir", cache, "prune")
+    assert pruned.returncode == 0 and "1 image(s) removed; 0 left" in pruned.stdout
