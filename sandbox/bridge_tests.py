@@ -3,6 +3,10 @@
 Runs pytest on the hidden tests. The workspace's modules are not on this process's
 path: imports of the top-level names the workspace defines (listed in the config file)
 resolve to proxies of the modules living in the solution's process, across the bridge.
+Where the grader gives both sandboxes a shared scratch folder (``scratch`` in the config),
+pytest's temporary folders (``tmp_path``, ``tmp_path_factory``) are made there and opened
+to the solution's uid, so a path a test hands the solution names the same file on both
+sides.
 """
 
 import json
@@ -22,6 +26,34 @@ sys.meta_path.append(
     bridge.SolutionFinder(connection, set(config["modules"]), config["workspace"], config["sources"])
 )
 import pytest  # noqa: E402
+
+
+def _share_temporary_folders(scratch: str, args: list) -> list:
+    """pytest's temporary folders under the shared scratch folder, readable and writable
+    by the solution's uid (another uid: pytest makes them 0700), files the tests write
+    there too (umask 0). Returns pytest's arguments with ``--basetemp`` added."""
+    if any(a == "--basetemp" or a.startswith("--basetemp=") for a in args):
+        return args
+    os.umask(0)
+    try:
+        from _pytest.tmpdir import TempPathFactory
+
+        def opened(method, mode):
+            def wrapper(self, *a, **kw):
+                path = method(self, *a, **kw)
+                try:
+                    os.chmod(path, mode)
+                except OSError:
+                    pass
+                return path
+            wrapper.__name__ = method.__name__
+            return wrapper
+
+        TempPathFactory.getbasetemp = opened(TempPathFactory.getbasetemp, 0o755)
+        TempPathFactory.mktemp = opened(TempPathFactory.mktemp, 0o777)
+    except (ImportError, AttributeError):  # an old pytest: tmp_path stays private to the tests
+        pass
+    return [*args, f"--basetemp={scratch.rstrip('/')}/pytest"]
 
 
 def _settle_deferred_calls():
@@ -67,4 +99,7 @@ def _settling(clock):
 
 
 plugin = _settle_deferred_calls()
-sys.exit(int(pytest.main(sys.argv[1:], plugins=[plugin] if plugin is not None else [])))
+arguments = sys.argv[1:]
+if config.get("scratch"):
+    arguments = _share_temporary_folders(config["scratch"], arguments)
+sys.exit(int(pytest.main(arguments, plugins=[plugin] if plugin is not None else [])))

@@ -33,6 +33,9 @@ from tasks.spec import TaskSpec
 
 SOURCES_DIR = "/solution-src"
 GRADER_DIR = "/grader"
+# A folder both sandboxes see, writable by both uids: pytest's temporary folders are made
+# there (bridge_tests.py), so a tmp_path a test hands the solution opens on both sides.
+SCRATCH_DIR = "/grader-scratch"
 # How long the solution's process may take to exit after the tests hang up.
 _SOLUTION_GRACE_S = 2.0
 _HERE = Path(__file__).parent
@@ -92,6 +95,9 @@ async def run(jail: Jail, cfg: SandboxConfig, limits: Limits, spec: TaskSpec, co
     tests_dir = _grader_dir(base / "run", "bridge_tests.py")
     plugin = plugin_dir(base, plan)
     out = Workspace.create(base / "out", uid, {})[0]
+    scratch = base / "scratch"
+    scratch.mkdir()
+    os.chmod(scratch, 0o1777)
     left, right = socket.socketpair()
     try:
         sol_fd, tests_fd = os.dup(left.fileno()), os.dup(right.fileno())
@@ -99,13 +105,14 @@ async def run(jail: Jail, cfg: SandboxConfig, limits: Limits, spec: TaskSpec, co
         left.close()
         right.close()
     config = {"workspace": WORKSPACE, "sources": SOURCES_DIR, "modules": sorted(top_level_modules(code)),
-              "cpu": cpu, "pin_after": cfg.grading_bridge_pin_after}
+              "cpu": cpu, "pin_after": cfg.grading_bridge_pin_after, "scratch": SCRATCH_DIR}
     write_ro(sol_dir / "bridge.json", json.dumps({**config, "fd": sol_fd}).encode())
     write_ro(tests_dir / "bridge.json", json.dumps({**config, "fd": tests_fd}).encode())
     async with jail.slot():
         solution = asyncio.ensure_future(jail.run_held(
             f"python -P {GRADER_DIR}/bridge_solution.py", workspace=ws.root, uid=solution_uid,
-            timeout_s=cfg.grading_timeout_s, binds=[Bind(str(sol_dir), GRADER_DIR)], limits=limits,
+            timeout_s=cfg.grading_timeout_s,
+            binds=[Bind(str(sol_dir), GRADER_DIR), Bind(str(scratch), SCRATCH_DIR, writable=True)], limits=limits,
             label="grade-solution", give_fds=(sol_fd,),
         ))
         try:
@@ -118,6 +125,7 @@ async def run(jail: Jail, cfg: SandboxConfig, limits: Limits, spec: TaskSpec, co
                     Bind(str(tests_dir), GRADER_DIR),
                     Bind(str(plugin), PLUGIN_DIR),
                     Bind(str(out.root), REPORT_DIR, writable=True),
+                    Bind(str(scratch), SCRATCH_DIR, writable=True),
                 ],
                 env={"PYTHONPATH": PLUGIN_DIR},
                 limits=limits, label="grade-tests", give_fds=(tests_fd,),

@@ -46,7 +46,7 @@ def raw():
 
 
 def _frame(payload: bytes) -> bytes:
-    return bridge._HEADER.pack(len(payload)) + payload
+    return bridge.HEADER.pack(len(payload)) + payload
 
 
 VALUES = [
@@ -123,7 +123,7 @@ def test_malformed_messages_refused(raw, payload):
 
 def test_oversized_header_refused(raw):
     conn, peer = raw
-    peer.sendall(bridge._HEADER.pack(bridge.MAX_MESSAGE_BYTES + 1) + b"[]")
+    peer.sendall(bridge.HEADER.pack(bridge.MAX_MESSAGE_BYTES + 1) + b"[]")
     with pytest.raises(BridgeError):
         conn._recv()
 
@@ -136,9 +136,9 @@ def test_peer_gone_is_a_bridge_error(raw):
 
 
 def test_messages_are_ascii():
-    data = bridge._dumps(["ok", "naïve ☃ \ud800", [math.nan, -math.inf, 2**100]])
+    data = bridge.dumps(["ok", "naïve ☃ \ud800", [math.nan, -math.inf, 2**100]])
     data.decode("ascii")
-    assert bridge._loads(data)[1] == "naïve ☃ \ud800"
+    assert bridge.loads(data)[1] == "naïve ☃ \ud800"
 
 
 def test_busy_bridge_pins_to_one_cpu():

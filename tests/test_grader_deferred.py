@@ -20,6 +20,8 @@ from pathlib import Path
 
 import pytest
 
+from sandbox import bridge
+
 ROOT = Path(__file__).resolve().parents[1]
 
 SOLUTION = '''
@@ -225,7 +227,7 @@ EXPECTED = {
 
 def _grader_dir(path: Path, script: str, config: dict) -> Path:
     path.mkdir()
-    (path / "_rollway_bridge.py").write_bytes((ROOT / "sandbox" / "bridge.py").read_bytes())
+    bridge.install(path)
     (path / script).write_bytes((ROOT / "sandbox" / script).read_bytes())
     (path / "bridge.json").write_text(json.dumps(config))
     return path
