@@ -58,12 +58,23 @@ def example_images() -> ExampleImages:
         if done.exists():
             return ExampleImages(str(layout), str(cache), 0.0)
         shutil.rmtree(folder, ignore_errors=True)
+        _remove_stale(folder)
         started = time.monotonic()
         build.build(folder / "out", log=lambda *_: None)
         build.import_into(layout, cache, log=lambda *_: None)
         _add_hostile(layout, cache, folder / "hostile")
         done.write_text("ok\n")
         return ExampleImages(str(layout), str(cache), round(time.monotonic() - started, 1))
+
+
+def _remove_stale(current: Path) -> None:
+    """Builds of older inputs (a day untouched) go, so /tmp does not fill up with them."""
+    import time
+
+    for other in current.parent.glob("rollway-test-images-*"):
+        if other != current and other.is_dir() and time.time() - other.stat().st_mtime > 86400:
+            shutil.rmtree(other, ignore_errors=True)
+            Path(f"{other}.lock").unlink(missing_ok=True)
 
 
 def _add_hostile(layout: Path, cache: Path, stage: Path) -> None:
