@@ -293,6 +293,15 @@ async def test_bad_requests_are_4xx_in_openai_shape_and_publish_nothing(hermes, 
         # The episode goes on from where it was: the faithful continuation is bridged.
         r2 = await client.chat.completions.create(model=MODEL, messages=messages + [said, tool_reply], tools=[BASH])
         assert r2.model_extra["rollway"]["new_segment"] == ""
+        # A harness that drops the sampled turns (a retry, a format error): a new segment,
+        # freshly rendered, counted.
+        again = messages + [{"role": "user", "content": "Start over."}]
+        r3 = await client.chat.completions.create(model=MODEL, messages=again, tools=[BASH])
+        assert r3.model_extra["rollway"]["new_segment"] == "history"
+        assert r3.model_extra["rollway"]["segment_index"] == 1
+        assert engine.calls[-1].prompt == fmt.render(again, [BASH]).ids
+        status, body = await post(f"{url}/v1/rollway/episodes/{ep['id']}", method="GET")
+        assert body["history_rewrites"] == 1 and body["segments"] == 2 and body["template_rerenders"] == 0
         status, _ = await post(f"{url}/v1/rollway/episodes/{idle['id']}", method="DELETE")
         assert status == 200
     chunks = await read_all(kafka_config, "trajectories")
@@ -324,3 +333,50 @@ async def test_mini_swe_agent_solves_a_task_in_the_sandbox_session(hermes, kafka
     assert sampled == [t for c in engine.calls for t in c.output]
     assert chunks[-1].finish_reason == "submitted" and chunks[-1].cost.turns == 3
     assert (await reward_of(kafka_config, episode["trajectory_id"])).score == 1.0
+
+
+async def test_a_sampler_replica_serves_the_endpoint_beside_its_task_loop(hermes, kafka_config, sandbox_cfg):
+    """``sampler.endpoint.enabled``: the replica (SamplerService) serves the endpoint with
+    its engine, producer and sandbox; its identity is on the chunks; stop closes it."""
+    import socket
+
+    from openai import AsyncOpenAI
+
+    from sampler.service import SamplerService
+    from syncer.config import SyncerConfig
+    from tests.waiting import wait_until_async
+
+    tok, fmt = hermes
+    engine = ScriptedEngine(tok, scripted([call_turn(fmt, "submit", {})]), max_model_len=2048)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    scfg = SamplerConfig(engine="torch", model_path="unused", format="chatml-hermes", max_model_len=2048,
+                         follow_weights=False, endpoint=EndpointConfig(enabled=True, port=port))
+    url = f"http://127.0.0.1:{port}"
+
+    async def serving() -> bool:
+        try:
+            return (await post(f"{url}/health", method="GET"))[0] == 200
+        except aiohttp.ClientError:
+            return False
+
+    async with EventProducer(kafka_config) as producer, live_sandbox(sandbox_cfg, publisher=producer) as sb, \
+            SandboxClient(sb.url) as client:
+        service = SamplerService(scfg, engine, kafka=kafka_config, syncer=SyncerConfig(), model_name=MODEL,
+                                 replica_id="replica-e", sandbox=client)
+        run = asyncio.create_task(service.run(install_signals=False))
+        await wait_until_async(serving, 60, "the replica's endpoint", task=run)
+        ep = await create_episode(url)
+        openai_client = AsyncOpenAI(base_url=ep["base_url"], api_key="unused", max_retries=0)
+        r = await openai_client.chat.completions.create(
+            model=MODEL, messages=[{"role": "user", "content": TASK.instruction}], tools=[SUBMIT])
+        assert tool_call_of(r.choices[0].message) == ("submit", {})
+        status, graded = await post(f"{url}/v1/rollway/episodes/{ep['id']}/submit")
+        assert status == 200 and graded["reward"]["score"] == 0.0  # nothing was fixed
+        service.request_stop()
+        await run
+    chunks = await final_chunks(kafka_config, ep["trajectory_id"])
+    assert {c.replica_id for c in chunks} == {"replica-e"} and chunks[-1].finish_reason == "submitted"
+    with pytest.raises(aiohttp.ClientError):
+        await post(f"{url}/health", method="GET")
