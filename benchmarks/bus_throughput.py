@@ -12,8 +12,9 @@ pre-encoded bytes. Ratio = Rollway / raw.
 
 ``--security`` (#32): the Rollway path on an open broker and on a secured one (SASL/SCRAM-
 SHA-512 + the ACL authorizer, bus/acl.py's table; the sampler principal writes, the
-trainer's reads) side by side: two local brokers started here, runs interleaved
-(open, secured, open, ...), best of ``--repeats`` each. Ratio = secured / open.
+trainer's reads) side by side: two local brokers started here, runs interleaved in ABBA
+order, best of ``--repeats`` each. Ratio = open seconds / secured seconds (throughput of
+the secured bus relative to the open one), also per repeat (paired) with its median.
 """
 
 from __future__ import annotations
@@ -110,8 +111,11 @@ async def security_compare(args: argparse.Namespace, events: list[TrajectoryChun
         boots = {name: kafka.start() for name, kafka in brokers.items()}
         creds = brokers["sasl+acl"].state.credentials_file
         results: dict[str, float] = {}
+        runs: dict[str, list[float]] = {name: [] for name in boots}
         for run in range(args.repeats):
-            for name, bootstrap in boots.items():
+            # ABBA order: the drift of a busy machine (warming up, neighbours) falls on both.
+            order = list(boots.items()) if run % 2 == 0 else list(reversed(boots.items()))
+            for name, bootstrap in order:
                 prefix = f"bench{run}{name[0]}{os.getpid()}."
                 common = dict(bootstrap_servers=bootstrap, topic_prefix=prefix, partitions={"trajectories": 3})
                 if name == "open":
@@ -125,6 +129,7 @@ async def security_compare(args: argparse.Namespace, events: list[TrajectoryChun
                     reader = KafkaConfig(**common, credentials_file=creds, role="trainer")
                 seconds = await rollway_path(writer, events, reader)
                 results[name] = min(results.get(name, float("inf")), seconds)
+                runs[name].append(seconds)
                 print(f"run {run} {name}: {seconds:.2f} s", flush=True)
         print(f"\nbus throughput, open vs SASL/SCRAM-SHA-512 + ACLs: {args.events} TrajectoryChunk events, "
               f"{args.tokens} tokens, {megabytes / args.events * 1000:.1f} KB/event, best of {args.repeats}, "
@@ -133,6 +138,9 @@ async def security_compare(args: argparse.Namespace, events: list[TrajectoryChun
         for name, seconds in results.items():
             print(f"{name:<10} {seconds:>8.2f} {args.events / seconds:>10.0f} {megabytes / seconds:>8.1f} "
                   f"{results['open'] / seconds:>6.2f}")
+        paired = sorted(o / s for o, s in zip(runs["open"], runs["sasl+acl"]))
+        print(f"paired ratios (open/secured seconds, per repeat): {', '.join(f'{r:.2f}' for r in paired)}; "
+              f"median {float(np.median(paired)):.2f}")
     finally:
         for kafka in brokers.values():
             kafka.stop()

@@ -135,7 +135,13 @@ async def test_each_role_may_do_its_table_rows_and_nothing_else(secured, role):
             group = rule.name + ("-app" if rule.pattern == "PREFIXED" else "")
             await _read(cfg, readable[0], group=group)
         elif rule.resource == "transactional_id" and rule.operation == "WRITE":
-            await _write(cfg, _topic(secured, "train-steps"), transactional_id=rule.name)
+            # The trainer's step: a record and its group's consumed offsets in one transaction.
+            steps = _topic(secured, "train-steps")
+            async with EventProducer(cfg, transactional_id=rule.name) as producer:
+                async with producer.transaction():
+                    await producer.publish_raw(steps, PROBE, key=b"k")
+                    await producer.send_offsets({TopicPartition(_topic(secured, "rewards"), 0): 0},
+                                                secured.names.trainer_group)
     if role == "analytics":  # may write nothing: even an idempotent producer is refused at start
         for short in ("rewards", "train-steps", "weights", "tasks"):
             with pytest.raises(NotAuthorized, match="principal User:rollway-analytics may not use this cluster-wide"):
