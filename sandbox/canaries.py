@@ -36,6 +36,7 @@ from sandbox.test_selection import ExpectedTest
 
 _VOCABULARY = ("case", "again", "basic", "more", "other", "edge", "values", "mixed", "extra", "simple",
                "small", "large", "empty", "single", "many", "result", "check", "works", "order", "input")
+_STOP_WORDS = frozenset({"the", "its", "and", "are", "for", "not", "with", "from", "own", "can", "has", "was"})
 _FLIP = {ast.Eq: ast.NotEq, ast.NotEq: ast.Eq, ast.Lt: ast.GtE, ast.GtE: ast.Lt, ast.Gt: ast.LtE, ast.LtE: ast.Gt,
          ast.In: ast.NotIn, ast.NotIn: ast.In, ast.Is: ast.IsNot, ast.IsNot: ast.Is}
 _UNITTEST_FLIP = {
@@ -316,7 +317,7 @@ def _fresh_name(rng: random.Random, used: set[str], tree: ast.Module) -> str:
     """``test_`` + two or three words from the module's own test names and a small
     vocabulary: unique in the module, different in every grading."""
     words = sorted({w for n in used if n.startswith("test") for w in re.split(r"_+", n.removeprefix("test"))
-                    if w and w.isidentifier() and len(w) > 1})
+                    if w.isidentifier() and len(w) > 2 and w.lower() not in _STOP_WORDS})
     pool = words + list(_VOCABULARY)
     while True:
         parts = rng.sample(pool, k=min(len(pool), rng.choice((2, 2, 3))))

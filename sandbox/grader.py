@@ -7,20 +7,18 @@ On submit:
    (:mod:`sandbox.cheating`) and attempts to reach the network in the session's tool-call
    log (:mod:`sandbox.netwatch`); any finding means reward 0 with the findings as reason,
    and the hidden tests do not run;
-3. run the hidden tests on the isolated path: two fresh sandboxes the agent never used,
-   joined by one socket (:mod:`sandbox.bridge`). The *tests' sandbox* holds the hidden
-   tests (from the grader's task store, read-only), the task's own unchanged pytest
-   configuration and the JUnit report folder ``/grader-out``; it runs pytest and never
-   imports solution code: the workspace's modules are proxies of modules living in the
-   *solution's sandbox*, which holds a copy of the snapshot (``*.pyc`` dropped: graded
-   code is the source the checks saw), runs as another uid in its own pid namespace, and
-   has no test file, no pytest, no report folder and no view of the tests' process. Only
-   plain data crosses (values by copy, objects as opaque handles, exceptions by type and
-   message), so solution code cannot read the tests' source, frames, code objects or
-   constants, patch pytest or its report, or end the test run. Outcomes come from the
-   report, never from the exit code alone: exit 0 with a missing report, or with failures
-   in it, is an exit-code trick (cheating). A task whose test command is not pytest runs
-   as written in one sandbox, and only its exit code counts;
+3. run the hidden tests in the task's grading mode (``TaskSpec.grading``, on the task's
+   image where it has one): ``bridged`` (:mod:`sandbox.grading_bridged`: the tests and
+   the solution in two fresh sandboxes joined by the plain-data bridge, so solution code
+   never runs in the tests' process) or ``in-env`` (:mod:`sandbox.grading_inenv`: the
+   tests in the solution's process, in a fresh sandbox on the agent's tree with every
+   test file and test config restored from the task). Both run this grading's canaries
+   (:mod:`sandbox.canaries`) and the grader's pytest plugin, and the report is checked
+   against what was selected and collected (:mod:`sandbox.result_check`): tampering is
+   cheating. Outcomes come from the report, never from the exit code alone: exit 0 with
+   a missing report, or with failures in it, is an exit-code trick (cheating). A task
+   whose test command is not pytest runs as written in one sandbox, and only its exit
+   code counts (refused unless ``sandbox.allow_unisolated_grading``);
 4. score (``all``: 1 when every test passed; ``fraction``: passed / total), reward via
    :func:`sandbox.reward.compute_reward`, publish ``Reward`` on ``rollway.rewards``.
 """
@@ -44,6 +42,7 @@ from sandbox.config import RewardConfig, SandboxConfig
 from sandbox.grading_common import (
     HIDDEN_TESTS_DIR, HiddenPlan, RunOutput, make_plan, root_configs, solution_files, write_ro,
 )
+from sandbox.images import ImageStore
 from sandbox.isolation import WORKSPACE, Bind, Limits
 from sandbox.junit import ReportError, outcomes_of, parse_report
 from sandbox.netwatch import ToolCall, network_attempts
@@ -97,6 +96,7 @@ class Grader:
         publisher: Publisher | None = None,
         *,
         quota: Quota | None = None,
+        images: ImageStore | None = None,
     ) -> None:
         self.cfg = cfg
         self.reward_cfg = reward_cfg
@@ -104,6 +104,7 @@ class Grader:
         self.jail = jail
         self.publisher = publisher
         self.quota = quota
+        self.images = images if images is not None else ImageStore(cfg.images)
         self.root = Path(cfg.workspace_root or tempfile.gettempdir())
         self._bridge_runs = 0
 
@@ -181,13 +182,21 @@ class Grader:
                 return await self._run_plain(spec, snapshot, base, uid=uid)
             code = solution_files(snapshot)
             configs = root_configs(spec.files)
-            if spec.grading == "in-env":
-                plan = make_plan(grading_inenv.pytest_args(spec, args), grading_inenv.layout(spec), configs)
-                output = await grading_inenv.run(self.jail, self.cfg, self._limits(), spec, code, plan, base, uid=uid)
-            else:
-                plan = make_plan(grading_bridged.pytest_args(spec, args), grading_bridged.layout(spec), configs)
-                output = await grading_bridged.run(self.jail, self.cfg, self._limits(), spec, code, plan, base,
-                                                   uid=uid, cpu=self._bridge_cpu())
+            # An image task grades on its image (an ImageError is the infrastructure's
+            # failure: the service answers 503, never a reward).
+            root = await self.images.acquire(spec.image) if spec.image else None
+            try:
+                if spec.grading == "in-env":
+                    plan = make_plan(grading_inenv.pytest_args(spec, args), grading_inenv.layout(spec), configs)
+                    output = await grading_inenv.run(self.jail, self.cfg, self._limits(), spec, code, plan, base,
+                                                     uid=uid, root=root)
+                else:
+                    plan = make_plan(grading_bridged.pytest_args(spec, args), grading_bridged.layout(spec), configs)
+                    output = await grading_bridged.run(self.jail, self.cfg, self._limits(), spec, code, plan, base,
+                                                       uid=uid, cpu=self._bridge_cpu(), root=root)
+            finally:
+                if root is not None:
+                    self.images.release(root)
             return self._judge(output, plan)
         finally:
             if area is not None:

@@ -26,6 +26,8 @@ from sandbox.grading_common import (
     HIDDEN_TESTS_DIR, PLUGIN_DIR, REPORT_DIR, REPORT_FILE, HiddenPlan, RunOutput, is_test_config, plugin_dir,
     write_ro,
 )
+from sandbox import image_workspace
+from sandbox.images import ImageRoot
 from sandbox.isolation import WORKSPACE, Bind, Limits
 from sandbox.runner import Jail
 from sandbox.workspace import Workspace, WorkspaceError, clean_relpath
@@ -64,15 +66,23 @@ def layout(spec: TaskSpec) -> dict[str, str]:
 def pytest_args(spec: TaskSpec, args: list[str]) -> list[str]:
     if not any(Path(p).name == "conftest.py" for p in spec.files):
         # The repository has no conftest of its own: load none but the hidden tests'.
-        args = args + [f"--confcutdir={WORKSPACE}/{HIDDEN_TESTS_DIR}"]
+        workdir = spec.workdir if spec.image else WORKSPACE
+        args = args + [f"--confcutdir={workdir}/{HIDDEN_TESTS_DIR}"]
     return args
 
 
 async def run(jail: Jail, cfg: SandboxConfig, limits: Limits, spec: TaskSpec, code: dict[str, bytes],
-              plan: HiddenPlan, base: Path, *, uid: int, cpu: int | None) -> RunOutput:
+              plan: HiddenPlan, base: Path, *, uid: int, cpu: int | None, root: ImageRoot | None = None) -> RunOutput:
+    """``root``: the task's image (both sandboxes run on it, the repository at
+    ``spec.workdir``); None: the host root, the repository at /workspace."""
     solution_uid = uid + cfg.grading_solution_uid_offset
+    workdir = spec.workdir if root is not None else WORKSPACE
+    on_root = {"root": root, "workdir": workdir} if root is not None else {}
     # The solution's sandbox: its workspace copy and the serving script. No test file.
-    ws, _ = Workspace.create(base / "ws", solution_uid, code)
+    if root is not None:
+        ws, _ = image_workspace.create(base / "ws", solution_uid, code, None, root, workdir)
+    else:
+        ws, _ = Workspace.create(base / "ws", solution_uid, code)
     sol_dir = _grader_dir(base / "sol", "bridge_solution.py")
     # The tests' sandbox: the hidden tests, the task's own (unchanged) test
     # configuration, the solution's sources as read-only data (inspect.getsource), and
@@ -104,7 +114,7 @@ async def run(jail: Jail, cfg: SandboxConfig, limits: Limits, spec: TaskSpec, co
     finally:
         left.close()
         right.close()
-    config = {"workspace": WORKSPACE, "sources": SOURCES_DIR, "modules": sorted(top_level_modules(code)),
+    config = {"workspace": workdir, "sources": SOURCES_DIR, "modules": sorted(top_level_modules(code)),
               "cpu": cpu, "pin_after": cfg.grading_bridge_pin_after, "scratch": SCRATCH_DIR}
     write_ro(sol_dir / "bridge.json", json.dumps({**config, "fd": sol_fd}).encode())
     write_ro(tests_dir / "bridge.json", json.dumps({**config, "fd": tests_fd}).encode())
@@ -113,22 +123,22 @@ async def run(jail: Jail, cfg: SandboxConfig, limits: Limits, spec: TaskSpec, co
             f"python -P {GRADER_DIR}/bridge_solution.py", workspace=ws.root, uid=solution_uid,
             timeout_s=cfg.grading_timeout_s,
             binds=[Bind(str(sol_dir), GRADER_DIR), Bind(str(scratch), SCRATCH_DIR, writable=True)], limits=limits,
-            label="grade-solution", give_fds=(sol_fd,),
+            label="grade-solution", give_fds=(sol_fd,), **on_root,
         ))
         try:
             result = await jail.run_held(
                 shlex.join(["python", "-P", f"{GRADER_DIR}/bridge_tests.py", *plan.args]),
                 workspace=tests_ws, uid=uid, timeout_s=cfg.grading_timeout_s,
                 binds=[
-                    Bind(str(hidden), f"{WORKSPACE}/{HIDDEN_TESTS_DIR}"),
+                    Bind(str(hidden), f"{workdir}/{HIDDEN_TESTS_DIR}"),
                     Bind(str(sources), SOURCES_DIR),
                     Bind(str(tests_dir), GRADER_DIR),
                     Bind(str(plugin), PLUGIN_DIR),
                     Bind(str(out.root), REPORT_DIR, writable=True),
                     Bind(str(scratch), SCRATCH_DIR, writable=True),
                 ],
-                env={"PYTHONPATH": PLUGIN_DIR},
-                limits=limits, label="grade-tests", give_fds=(tests_fd,),
+                env={"PYTHONPATH": PLUGIN_DIR, "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"},
+                limits=limits, label="grade-tests", give_fds=(tests_fd,), **on_root,
             )
         finally:
             # The tests hung up: the solution's process sees EOF and exits; one that

@@ -31,6 +31,8 @@ from sandbox.config import SandboxConfig
 from sandbox.grading_common import (
     HIDDEN_TESTS_DIR, PLUGIN_DIR, REPORT_DIR, REPORT_FILE, HiddenPlan, RunOutput, is_test_config, plugin_dir,
 )
+from sandbox import image_workspace
+from sandbox.images import ImageRoot
 from sandbox.isolation import Bind, Limits
 from sandbox.runner import Jail
 from sandbox.workspace import Workspace, WorkspaceError, clean_relpath
@@ -134,18 +136,29 @@ def _plugin_modules(files: dict[str, bytes]) -> set[str]:
 
 
 async def run(jail: Jail, cfg: SandboxConfig, limits: Limits, spec: TaskSpec, code: dict[str, bytes],
-              plan: HiddenPlan, base: Path, *, uid: int, run_kwargs: dict | None = None) -> RunOutput:
+              plan: HiddenPlan, base: Path, *, uid: int, root: ImageRoot | None = None) -> RunOutput:
+    """``root``: the task's image (a fresh copy-on-write tree of its ``spec.workdir`` with
+    the run's files over it); None: the host root, the tree at /workspace."""
     files, notes = tree(spec, code, plan)
-    ws, _ = Workspace.create(base / "ws", uid, files)
+    if root is not None:
+        ws, _ = image_workspace.create(base / "ws", uid, files, None, root, spec.workdir)
+        on_root = {"root": root, "workdir": spec.workdir}
+    else:
+        ws, _ = Workspace.create(base / "ws", uid, files)
+        on_root = {}
     plugin = plugin_dir(base, plan)
     out = Workspace.create(base / "out", uid, {})[0]
     command = shlex.join([*command_prefix(spec.test_command), *plan.args])
-    result = await jail.run(
-        command, workspace=ws.root, uid=uid, timeout_s=cfg.grading_timeout_s,
-        binds=[Bind(str(plugin), PLUGIN_DIR), Bind(str(out.root), REPORT_DIR, writable=True)],
-        env={"PYTHONPATH": PLUGIN_DIR, "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"},
-        limits=limits, label="grade-in-env", **(run_kwargs or {}),
-    )
+    try:
+        result = await jail.run(
+            command, workspace=ws.root, uid=uid, timeout_s=cfg.grading_timeout_s,
+            binds=[Bind(str(plugin), PLUGIN_DIR), Bind(str(out.root), REPORT_DIR, writable=True)],
+            env={"PYTHONPATH": PLUGIN_DIR, "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"},
+            limits=limits, label="grade-in-env", **on_root,
+        )
+    finally:
+        if root is not None:
+            ws.remove()
     return RunOutput(result=result, report=_read(out, REPORT_FILE), collected=_read(out, plan.collected_file),
                      notes=notes)
 

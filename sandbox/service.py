@@ -143,7 +143,7 @@ class SandboxService:
         self.pool = SessionPool(root, capacity=cfg.max_sessions, uid_base=cfg.uid_base, quota=self.quota,
                                 images=self.images, warm_per_image=cfg.images.warm_sessions_per_image)
         self._refilling: dict[tuple[str, str], asyncio.Task] = {}
-        self.grader = Grader(cfg, reward_cfg, store, self.jail, publisher, quota=self.quota)
+        self.grader = Grader(cfg, reward_cfg, store, self.jail, publisher, quota=self.quota, images=self.images)
         self._reaper: asyncio.Task | None = None
         request_limit = max(cfg.max_snapshot_bytes, 2 * cfg.max_file_bytes_api) + 1024 * 1024
         self.app = web.Application(middlewares=[*bearer_auth(cfg), _errors], client_max_size=request_limit)

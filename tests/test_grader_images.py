@@ -1,0 +1,79 @@
+"""Grading in the task's image (sandbox/grading_inenv.py and sandbox/grading_bridged.py
+with ``root=``): the example image task set (tasks/images/examples.jsonl, packages that
+exist only in the images) through the live grader. In-env (the SWE rows' default): every
+gold patch is paid, every untouched repository is not; the same task graded bridged runs
+both sandboxes on the image's own Python and pays the gold patch too. The images are
+built once per machine (tests/image_helpers.py)."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import msgspec
+import pytest
+import pytest_asyncio
+
+from sandbox.client import SandboxClient
+from sandbox.config import ImageConfig, RewardConfig, SandboxConfig
+from schemas import Reward
+from tasks.store import TaskStore
+from tasks.swe import load_swe_jsonl
+from tests.image_helpers import example_images
+from tests.sandbox_helpers import live_sandbox
+
+pytestmark = pytest.mark.slow
+
+ROOT = Path(__file__).resolve().parents[1]
+EXAMPLES = load_swe_jsonl(ROOT / "tasks" / "images" / "examples.jsonl")
+BRIDGED = msgspec.structs.replace(EXAMPLES[0], task_id=EXAMPLES[0].task_id + "-bridged", grading="bridged")
+JOBS = [(s.task_id, gold) for s in EXAMPLES for gold in (True, False)] + [(BRIDGED.task_id, True)]
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="session")
+async def graded(tmp_path_factory) -> dict[tuple[str, bool], Reward]:
+    images = await asyncio.to_thread(example_images)
+    store = TaskStore(ROOT / "tasks" / "demo")
+    for spec in [*EXAMPLES, BRIDGED]:
+        store.add(spec)
+    cfg = SandboxConfig(
+        max_sessions=len(JOBS), max_concurrent_commands=4, command_queue_timeout_s=600.0,
+        workspace_root=str(tmp_path_factory.mktemp("image-grading-ws")), tasks_dir=str(ROOT / "tasks" / "demo"),
+        grading_timeout_s=120.0, images=ImageConfig(cache_dir=images.cache_dir),
+    )
+    async with live_sandbox(cfg, RewardConfig(), store) as live, SandboxClient(live.url, timeout_s=600.0) as client:
+
+        async def grade(task_id: str, gold: bool) -> Reward:
+            spec = store.get(task_id)
+            sid = await client.create_session(task_id)
+            for path, content in (spec.solution if gold else {}).items():
+                await client.write_file(sid, path, content)
+            return await client.submit(sid, trajectory_id=f"{task_id}-{gold}")
+
+        rewards = await asyncio.gather(*(grade(*job) for job in JOBS))
+        return dict(zip(JOBS, rewards))
+
+
+def test_examples_are_image_tasks_graded_in_env():
+    assert len(EXAMPLES) >= 3
+    assert all(s.image and s.workdir == "/testbed" and s.grading == "in-env" for s in EXAMPLES)
+
+
+@pytest.mark.parametrize("task_id", [s.task_id for s in EXAMPLES])
+def test_gold_patch_is_paid_in_the_image(graded, task_id):
+    reward = graded[(task_id, True)]
+    assert (reward.score, reward.reward, reward.cheated, reward.reason) == (1.0, 1.0, False, "")
+    assert reward.tests_passed == reward.tests_total >= 2
+
+
+@pytest.mark.parametrize("task_id", [s.task_id for s in EXAMPLES])
+def test_untouched_repository_is_not_paid_in_the_image(graded, task_id):
+    reward = graded[(task_id, False)]
+    assert (reward.score, reward.reward, reward.cheated) == (0.0, 0.0, False), reward.reason
+    assert reward.tests_passed < reward.tests_total
+    assert "hidden tests did not pass" in reward.reason
+
+
+def test_bridged_grading_runs_on_the_image_too(graded):
+    reward = graded[(BRIDGED.task_id, True)]
+    assert (reward.score, reward.reward, reward.cheated, reward.reason) == (1.0, 1.0, False, ""), reward.reason
