@@ -170,9 +170,14 @@ def test_checkpoints_are_atomic_and_pruned(tmp_path):
     partial.mkdir()
     (partial / "state.pt").write_bytes(b"half")
     assert [c.step for c in ckpt.list_checkpoints(tmp_path)] == [3, 4, 5]
-    ckpt.AsyncCheckpointer(tmp_path, keep=3).close()
+    # The trainer's start-up claims the folder (trainer/checkpoint_owner.py) and cleans then.
+    from trainer.checkpoint_owner import FolderOwnership, Owner
+
+    writer = ckpt.AsyncCheckpointer(tmp_path, keep=3)
+    writer.claim(FolderOwnership(tmp_path, Owner(1, 0)))
+    writer.close()
     assert not partial.exists()
-    assert sorted(os.listdir(tmp_path)) == ["step-00000003", "step-00000004", "step-00000005"]
+    assert sorted(os.listdir(tmp_path)) == [".owner-p1-e0", "step-00000003", "step-00000004", "step-00000005"]
 
 
 def test_config_rejects_bad_values():
