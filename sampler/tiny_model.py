@@ -88,9 +88,35 @@ def _transcript(rng: random.Random) -> str:
     return "".join(parts)
 
 
-def synthetic_corpus(num_docs: int = 600, seed: int = 0) -> list[str]:
+def _chat_transcript(rng: random.Random, render) -> str:
+    """The same episode as :func:`_transcript` in a chat format: the template's render
+    with the tools, Hermes-style ``<tool_call>`` JSON calls and ``tool`` replies."""
+    f = rng.choice(_FUNCS)
+
+    def call(name: str, **arguments) -> dict:
+        return {"role": "assistant", "content": "", "tool_calls": [
+            {"id": "call_0", "type": "function", "function": {"name": name, "arguments": arguments}}]}
+
+    messages = [{"role": "user", "content": f"Fix `{f}` in solution.py so the tests pass.\nFiles: solution.py"}]
+    for _ in range(rng.randint(1, 3)):
+        messages.append(call("run", command=rng.choice(_CMDS)))
+        out = rng.choice(["1 passed", "1 failed", "solution.py", f"def {f}(x, y):", "ok"])
+        messages.append({"role": "tool", "tool_call_id": "call_0", "name": "run", "content": out})
+    messages.append(call("write", path="solution.py", content=_snippet(rng)))
+    messages.append({"role": "tool", "tool_call_id": "call_0", "name": "write", "content": "wrote solution.py"})
+    messages.append(call("submit"))
+    return render(messages, False)
+
+
+def synthetic_corpus(num_docs: int = 600, seed: int = 0, format: str = "rollway") -> list[str]:
+    """Agent transcripts (every other document) in ``format`` and code snippets."""
     rng = random.Random(seed)
-    return [_transcript(rng) if i % 2 == 0 else _snippet(rng) for i in range(num_docs)]
+    if format == "rollway":
+        return [_transcript(rng) if i % 2 == 0 else _snippet(rng) for i in range(num_docs)]
+    from sampler.formats.tokenizers import template_renderer
+
+    render = template_renderer(format)
+    return [_chat_transcript(rng, render) if i % 2 == 0 else _snippet(rng) for i in range(num_docs)]
 
 
 def train_tokenizer(corpus: list[str], vocab_size: int):
@@ -135,23 +161,35 @@ def build_tiny_model(
     max_position_embeddings: int = 2048,
     train_steps: int = 40,
     seed: int = 0,
+    format: str = "rollway",
 ) -> Path:
-    """Write a Hugging Face checkpoint (config, bf16 safetensors, tokenizer) to out_dir."""
+    """Write a Hugging Face checkpoint (config, bf16 safetensors, tokenizer) to out_dir.
+    ``format``: ``rollway`` (the dialect's ``<tool>`` tokens) or ``chatml-hermes`` (Qwen2.5's
+    layout: ``<tool_call>``/``</tool_call>`` added tokens and its chat template with tools;
+    sampler/formats)."""
     import torch
     from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
 
+    if format not in ("rollway", "chatml-hermes"):
+        raise ValueError(f"the tiny model is built in the rollway or chatml-hermes format, not {format!r}")
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    corpus = synthetic_corpus(seed=seed)
-    raw_tok = train_tokenizer(corpus, vocab_size)
-    tokenizer = PreTrainedTokenizerFast(
-        tokenizer_object=raw_tok,
-        eos_token="<|im_end|>",
-        pad_token="<|endoftext|>",
-        bos_token=None,
-        additional_special_tokens=SPECIAL_TOKENS[3:],
-    )
-    tokenizer.chat_template = CHAT_TEMPLATE
+    corpus = synthetic_corpus(seed=seed, format=format)
+    if format == "rollway":
+        raw_tok = train_tokenizer(corpus, vocab_size)
+        tokenizer = PreTrainedTokenizerFast(
+            tokenizer_object=raw_tok,
+            eos_token="<|im_end|>",
+            pad_token="<|endoftext|>",
+            bos_token=None,
+            additional_special_tokens=SPECIAL_TOKENS[3:],
+        )
+        tokenizer.chat_template = CHAT_TEMPLATE
+    else:
+        from sampler.formats import tokenizers
+
+        raw_tok = tokenizers.train_tokenizer(format, corpus, vocab_size)
+        tokenizer = tokenizers.hf_tokenizer(raw_tok, format)
     real_vocab = len(raw_tok.get_vocab())
 
     torch.manual_seed(seed)
@@ -175,7 +213,7 @@ def build_tiny_model(
     model.config.dtype = "bfloat16"
     model.save_pretrained(out, safe_serialization=True)
     tokenizer.save_pretrained(out)
-    (out / "rollway_tiny.json").write_text(json.dumps({"seed": seed, "train_steps": train_steps}))
+    (out / "rollway_tiny.json").write_text(json.dumps({"seed": seed, "train_steps": train_steps, "format": format}))
     log.info("tiny model built", path=str(out), vocab=real_vocab, params=sum(p.numel() for p in model.parameters()))
     return out
 

@@ -155,3 +155,23 @@ def test_live_view_counts_rerenders_per_thousand_turns():
 
     assert rerenders_per_1k_turns([]) is None
     assert rerenders_per_1k_turns([reward(8, 1), reward(12, 0)]) == 50.0
+
+
+def test_the_tiny_model_builds_in_the_chatml_hermes_layout(tmp_path):
+    """``rollway model tiny --format chatml-hermes``: the saved tokenizer, loaded as the
+    samplers load it, is detected as chatml-hermes, has <tool_call> as added tokens and
+    renders the tools with its own template (train_steps=0: the layout, not the skill)."""
+    from transformers import AutoTokenizer
+
+    from sampler.tiny_model import build_tiny_model
+
+    out = build_tiny_model(tmp_path / "tiny", format="chatml-hermes", train_steps=0, vocab_size=600)
+    tok = AutoTokenizer.from_pretrained(out)
+    fmt = load_format(tok, "auto", out)
+    assert fmt.name == "chatml-hermes"
+    assert fmt.call_open_id is not None and fmt.call_close_id is not None
+    start = fmt.render([fmt.user_message("Fix it.")], TOOL_SCHEMAS)
+    assert '"name": "edit"' in start.text and start.text.endswith("<|im_start|>assistant\n")
+    sampled = fmt.tokens.encode(hermes_call("run", command="ls"))
+    turn = fmt.parse_turn(sampled)
+    assert [(c.name, c.arguments) for c in turn.calls] == [("run", {"command": "ls"})]

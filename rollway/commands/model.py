@@ -19,6 +19,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     tiny.add_argument("--train-steps", type=int, default=150,
                       help="pre-training steps on the synthetic agent corpus (150: writes tool calls; "
                            "the test suite's default model uses 40)")
+    tiny.add_argument("--format", default="rollway", choices=["rollway", "chatml-hermes"],
+                      help="tokenizer layout and transcripts: rollway's <tool> dialect (default) or chatml-hermes "
+                           "(Qwen2.5's <tool_call> tokens and chat template with tools; sampler/formats)")
     init = sub.add_parser("init", help="build the warm-start model: SFT on the task family's train split")
     init.add_argument("--out", help="copy it here (default: print the cached path)")
     init.add_argument("--seed", type=int, default=None, help="model, data and SFT seed (default 0)")
@@ -69,7 +72,7 @@ def run(args: argparse.Namespace) -> int:
     if args.action == "tiny":
         from sampler.tiny_model import tiny_model_dir
 
-        cached = tiny_model_dir(seed=args.seed, train_steps=args.train_steps)
+        cached = tiny_model_dir(seed=args.seed, train_steps=args.train_steps, format=args.format)
         return _copy_out(cached, args.out, "rollway_tiny.json")
 
     import sys
