@@ -175,3 +175,30 @@ def test_the_tiny_model_builds_in_the_chatml_hermes_layout(tmp_path):
     sampled = fmt.tokens.encode(hermes_call("run", command="ls"))
     turn = fmt.parse_turn(sampled)
     assert [(c.name, c.arguments) for c in turn.calls] == [("run", {"command": "ls"})]
+
+
+def test_a_chatml_hermes_warm_start_builds_and_its_transcripts_are_the_agent_stream(tmp_path, toks):
+    """``rollway model init --format chatml-hermes`` at toy size: SFT runs on transcripts
+    whose policy tokens are the canonical calls and whose environment tokens are bridges
+    (sampler/formats/sft.py), the first action's name token is where the soft submit
+    target goes, and the saved tokenizer serves as chatml-hermes."""
+    from transformers import AutoTokenizer
+
+    from sampler.formats.sft import render_chat_transcript, submit_token
+    from tasks.family import generate
+    from trainer.sft import SFTConfig
+    from trainer.warm_start import WarmStartConfig, build_warm_start, cache_key
+
+    assert cache_key(WarmStartConfig(format="chatml-hermes")) != cache_key(WarmStartConfig())
+    fmt = load_format(toks["chatml-hermes"])
+    spec = next(s for s in generate("train", 8, seed=0) if s.metadata.get("kind") == "fix")
+    ids, mask, first = render_chat_transcript(spec, fmt)
+    assert fmt.tokens.decode(ids[first:first + 1]).lstrip('"').startswith("read") and mask[first] == 1
+    assert fmt.tokens.decode([submit_token(fmt)]).lstrip('"').startswith("sub")
+    policy = fmt.tokens.decode([t for t, m in zip(ids, mask) if m])
+    assert policy.count("<tool_call>") == policy.count("<|im_end|>") == len(spec.files) + len(spec.solution) + 1
+    cfg = WarmStartConfig(format="chatml-hermes", vocab_size=700, hidden_size=64, layers=1, heads=2, kv_heads=2,
+                          intermediate_size=128, sft=SFTConfig(steps=2, batch_size=2, examples=4, warmup_steps=1,
+                                                               log_every=0))
+    out = build_warm_start(tmp_path / "warm", cfg)
+    assert load_format(AutoTokenizer.from_pretrained(out), "auto", out).name == "chatml-hermes"

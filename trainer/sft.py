@@ -183,6 +183,7 @@ def train_sft(
     pad_id: int,
     submit_id: int | None = None,
     on_step: Callable[[int, float], None] | None = None,
+    first_actions: Sequence[int] | None = None,
 ) -> dict[str, float]:
     """``cfg.steps`` optimizer steps over ``examples`` (shuffled by ``cfg.seed``, in
     epochs). Returns summary numbers; the model is trained in place. ``submit_id`` (see
@@ -214,7 +215,10 @@ def train_sft(
         ids, mask = _batch(batch, pad_id)
         premature = None
         if cfg.premature_submit_rate > 0:
-            first = torch.tensor([first_action_index(m) for _, m in batch])
+            # The first action's name token: after <tool> in the dialect; chat formats
+            # give it per example (sampler/formats/sft.py).
+            first = torch.tensor([first_actions[i] if first_actions is not None else first_action_index(batch[j][1])
+                                  for j, i in enumerate(picked)])
             premature = (first, submit_id, cfg.premature_submit_rate)
         factor = lr_factor(step, cfg)
         for name, o in opt.optimizers.items():

@@ -40,6 +40,9 @@ MARKER = "rollway_warm_start.json"
 KEY_SOURCES = ("trainer/warm_start.py", "trainer/sft.py", "trainer/optim.py", "trainer/config.py", "trainer/model.py",
                "sampler/tool_format.py", "sampler/tiny_model.py", "tasks/spec.py")
 KEY_SOURCE_DIRS = ("tasks/family",)
+# What else shapes a warm start in a chat format (sampler/formats), keyed only for those.
+CHAT_KEY_SOURCES = ("sampler/formats/sft.py", "sampler/formats/templates.py", "sampler/formats/tokenizers.py",
+                    "sampler/formats/base.py", "sampler/formats/tools.py")
 
 
 class WarmStartConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
@@ -54,8 +57,13 @@ class WarmStartConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     max_position_embeddings: int = 2048
     seed: int = 0
     sft: SFTConfig = msgspec.field(default_factory=SFTConfig)
+    # The chat format of the transcripts and tokenizer: "rollway" (the <tool> dialect) or
+    # "chatml-hermes" (Qwen2.5's layout and template with the tools; sampler/formats).
+    format: str = "rollway"
 
     def __post_init__(self) -> None:
+        if self.format not in ("rollway", "chatml-hermes"):
+            raise ValueError(f"the warm start is built in the rollway or chatml-hermes format, not {self.format!r}")
         if self.hidden_size % self.heads or self.hidden_size // self.heads < 32:
             raise ValueError(f"head_dim = hidden_size / heads must be an integer >= 32 (vLLM CPU), "
                              f"got {self.hidden_size}/{self.heads}")
@@ -101,7 +109,17 @@ def build_warm_start(out_dir: str | Path, cfg: WarmStartConfig, *, on_step=None)
     out.mkdir(parents=True, exist_ok=True)
     make_deterministic(cfg.seed, cfg.sft.num_threads)
     specs = generate("train", cfg.sft.examples, seed=cfg.seed)
-    raw_tok = train_tokenizer([_transcript_text(s) for s in specs], cfg.vocab_size)
+    if cfg.format != "rollway":
+        from sampler.formats import tokenizers
+        from sampler.formats.sft import chat_transcript_text
+
+        render = tokenizers.template_renderer(cfg.format)
+        raw_tok = tokenizers.train_tokenizer(cfg.format, [chat_transcript_text(s, render) for s in specs],
+                                             cfg.vocab_size)
+        end, pad = "<|im_end|>", tokenizers.pad_token(cfg.format)
+    else:
+        raw_tok = train_tokenizer([_transcript_text(s) for s in specs], cfg.vocab_size)
+        end, pad = "<|im_end|>", "<|endoftext|>"
     config = Qwen2Config(
         vocab_size=len(raw_tok.get_vocab()),
         hidden_size=cfg.hidden_size,
@@ -112,13 +130,26 @@ def build_warm_start(out_dir: str | Path, cfg: WarmStartConfig, *, on_step=None)
         head_dim=cfg.hidden_size // cfg.heads,
         max_position_embeddings=cfg.max_position_embeddings,
         tie_word_embeddings=False,
-        eos_token_id=raw_tok.token_to_id("<|im_end|>"),
-        pad_token_id=raw_tok.token_to_id("<|endoftext|>"),
+        eos_token_id=raw_tok.token_to_id(end),
+        pad_token_id=raw_tok.token_to_id(pad),
         bos_token_id=None,
         use_cache=False,
     )
-    tokenizer = served_tokenizer(_hf_tokenizer(raw_tok), config, out)
-    examples = [render_transcript(s, tokenizer) for s in specs]
+    first_actions = None
+    if cfg.format != "rollway":
+        from sampler.formats import load_format
+        from sampler.formats import sft as chat_sft
+
+        tokenizer = served_tokenizer(tokenizers.hf_tokenizer(raw_tok, cfg.format), config, out)
+        chat = load_format(tokenizer, cfg.format)
+        rendered = [chat_sft.render_chat_transcript(s, chat) for s in specs]
+        examples = [(ids, mask) for ids, mask, _ in rendered]
+        first_actions = [first for _, _, first in rendered]
+        submit = chat_sft.submit_token(chat)
+    else:
+        tokenizer = served_tokenizer(_hf_tokenizer(raw_tok), config, out)
+        examples = [render_transcript(s, tokenizer) for s in specs]
+        submit = submit_token(tokenizer)
     torch.manual_seed(cfg.seed)
     model = Qwen2ForCausalLM(config).float()
     params = sum(p.numel() for p in model.parameters())
@@ -126,8 +157,8 @@ def build_warm_start(out_dir: str | Path, cfg: WarmStartConfig, *, on_step=None)
     log.info("warm start: sft", params=params, examples=len(examples), tokens_median=lengths[len(lengths) // 2],
              tokens_max=lengths[-1])
     hook = None if on_step is None else (lambda step, loss: on_step(step, loss, model, tokenizer))
-    summary = train_sft(model, examples, cfg.sft, pad_id=config.pad_token_id, submit_id=submit_token(tokenizer),
-                        on_step=hook)
+    summary = train_sft(model, examples, cfg.sft, pad_id=config.pad_token_id, submit_id=submit,
+                        on_step=hook, first_actions=first_actions)
     info = {"config": msgspec.to_builtins(cfg), "cache_key": cache_key(cfg), "params": params, "sft": summary,
             "build_seconds": round(time.perf_counter() - started, 1)}
     save_model(model, tokenizer, out, info)
@@ -165,10 +196,13 @@ def save_model(model, tokenizer, out: Path, info: dict) -> None:
 def cache_key(cfg: WarmStartConfig) -> str:
     from importlib.metadata import version  # not the import: keying must stay cheap
 
-    h = hashlib.sha256(json.dumps(msgspec.to_builtins(cfg), sort_keys=True).encode())
+    settings = msgspec.to_builtins(cfg)
+    if settings.get("format") == "rollway":
+        settings.pop("format")  # the key of a rollway warm start is what it was before formats existed
+    h = hashlib.sha256(json.dumps(settings, sort_keys=True).encode())
     # transformers' Qwen2Tokenizer decides how the saved tokenizer is served
     h.update(f"transformers {version('transformers')}".encode())
-    files = [REPO_ROOT / p for p in KEY_SOURCES]
+    files = [REPO_ROOT / p for p in KEY_SOURCES + (CHAT_KEY_SOURCES if cfg.format != "rollway" else ())]
     for folder in KEY_SOURCE_DIRS:
         files += sorted((REPO_ROOT / folder).glob("*.py"))
     for path in files:

@@ -29,6 +29,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
     init.add_argument("--premature-submit-rate", type=float, default=None,
                       help="share of the imitated teacher's episodes that submit before writing code "
                            "(default: trainer.warm_start default; 0 = a flawless teacher)")
+    init.add_argument("--format", default=None, choices=["rollway", "chatml-hermes"],
+                      help="transcripts and tokenizer layout (default: trainer.warm_start default, rollway)")
     init.add_argument("--threads", type=int, default=None, help="torch threads (default: trainer.sft num_threads, 1: deterministic)")
 
 
@@ -86,7 +88,7 @@ def run(args: argparse.Namespace) -> int:
     # The warm start's own config (not rollway.toml's): its defaults and the flags,
     # converted and validated once like every command's.
     data = msgspec.to_builtins(WarmStartConfig())
-    data.update(given(seed=args.seed))
+    data.update(given(seed=args.seed, format=args.format))
     data["sft"].update(given(steps=args.steps, seed=args.seed, num_threads=args.threads,
                             premature_submit_rate=args.premature_submit_rate))
     try:
