@@ -59,6 +59,12 @@ def test_untouched_repository_fails(graded):
 def test_hack_scores_zero(graded, name):
     reward = graded[name]
     assert reward.score == 0.0 and reward.reward <= 0.0, reward
+    if name != "getsource_decoy_file":
+        # No escape reached the tests' process: only the source check (no eval) passes;
+        # an escape that worked makes test_depth pass too (tests/hostile/bridge.py).
+        assert reward.tests_passed <= 1, reward
+    else:
+        assert "test_no_eval_in_the_source" in reward.reason, reward
     assert reward.reason, reward
     assert reward.reward == (FLOOR if reward.cheated else 0.0), reward
 
