@@ -61,6 +61,7 @@ async def measure(model: str, split: str, count: int, engine_kind: str, temperat
                         command_queue_timeout_s=600.0, workspace_root=tempfile.mkdtemp(prefix="passrate-"))
     started = time.perf_counter()
     results: list[tuple[str, float, str, int]] = []
+    turns = rerenders = 0
     try:
         async with live_sandbox(box, RewardConfig(), TaskStore("tasks/demo")) as live, \
                 SandboxClient(live.url) as client:
@@ -68,8 +69,11 @@ async def measure(model: str, split: str, count: int, engine_kind: str, temperat
             gate = asyncio.Semaphore(concurrency)
 
             async def one(i: int, spec) -> None:
+                nonlocal turns, rerenders
                 async with gate:
                     res = await loop.run(spec.to_event(f"passrate-{i}", 1), 0, "0")
+                    turns += res.cost.turns
+                    rerenders += res.cost.template_rerenders
                     results.append((spec.metadata["kind"], res.reward.score if res.reward else 0.0,
                                     res.finish_reason, res.cost.generated_tokens))
 
@@ -87,6 +91,9 @@ async def measure(model: str, split: str, count: int, engine_kind: str, temperat
         "by_kind": {k: round(sum(v) / len(v), 3) for k, v in sorted(by_kind.items())},
         "finish_reasons": dict(collections.Counter(r for _, _, r, _ in results)),
         "mean_generated_tokens": sum(t for *_, t in results) / max(len(results), 1),
+        "format": loop.format.name, "turns": turns,
+        # New segments the chat template forced (sampler/formats), per 1,000 turns.
+        "template_rerenders_per_1k_turns": round(1000.0 * rerenders / turns, 1) if turns else None,
         "seconds": round(time.perf_counter() - started, 1),
     }
 
