@@ -206,12 +206,15 @@ def _run(args, cfg, upcfg, env: dict[str, str], log_dir) -> int:
         env["KAFKA_BOOTSTRAP_SERVERS"] = bootstrap
         cfg.kafka.bootstrap_servers = bootstrap
         if secure:
-            from rollway.commands.acl import secure_setup
-
             # Each component authenticates as its own role (rollway.commands.acl) from
             # this file; the sandbox API's tokens are in it too.
             env["ROLLWAY_KAFKA__CREDENTIALS_FILE"] = cfg.kafka.credentials_file = kafka.state.credentials_file
-            secure_setup(cfg)
+        from bus.security import security_protocol
+
+        if security_protocol(cfg.kafka) != "PLAINTEXT":
+            from rollway.commands.acl import secure_setup
+
+            secure_setup(cfg)  # as admin: topics, users and the ACL table of this config
         else:
             asyncio.run(ensure_topics(cfg.kafka))
         if not _build_models(model_paths(cfg, {p.kind for p in procs}), env, log_dir):
