@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Sequence
 
 import structlog
+from aiokafka.errors import KafkaTimeoutError
 
 from bus import RecordMissing, codec, fetch_records
 from bus.config import KafkaConfig
@@ -29,6 +30,13 @@ log = structlog.get_logger(__name__)
 
 class StepLogError(RuntimeError):
     """The train-step log is inconsistent (a gap, an unreadable entry, missing records)."""
+
+
+class StepLogUnreadable(StepLogError, KafkaTimeoutError):
+    """The step log's committed end is known but its records could not be fetched in
+    time: a broker away or a partition leader moving (chaos seed 4, issue #30). Inside
+    the trainer's step transaction it counts as the broker being away (the transaction is
+    retried whole, ``bus.producer.BROKER_AWAY``); elsewhere it is a ``StepLogError``."""
 
 
 class StepAlreadyLogged(StepLogError):
@@ -217,7 +225,7 @@ class StepLogWatch:
                     self.last_step = max(self.last_step, event.step)
                     self.hashes.setdefault(event.step, event.weights_hash)
         except RecordMissing as exc:
-            raise StepLogError(str(exc)) from None
+            raise StepLogUnreadable(str(exc)) from None
         if step and self.last_step >= step:
             raise StepAlreadyLogged(
                 f"step {step} is already in the train-step log {self.topic} (it holds steps up to "
