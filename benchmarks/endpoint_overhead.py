@@ -8,7 +8,8 @@ Both paths sample through ``Engine.record`` into a ``TrajectoryRecorder`` and pu
 their chunks to Kafka; the sandbox is :class:`sandbox.timing.TimingSandbox` with zero
 latency (commands and grading take no time), so what differs is what the endpoint adds:
 HTTP, JSON, the chat template's render and bridge per turn, parsing, and the harness's
-own loop (in this process, on the same cores). Rows alternate (loop, endpoint, loop,
+turn-around (the harness, the ``openai`` client, runs in its own process, as harnesses
+do, on the same cores). Rows alternate (loop, endpoint, loop,
 ...); each row runs ``--episodes`` episodes at once and reports generated tokens over
 its wall time. The ratio is endpoint / loop (goal >= 0.9).
 """
@@ -81,16 +82,38 @@ async def harness_episode(http, client, url: str, model: str, scfg, tag: str, in
     return generated
 
 
+async def harness_worker(url: str, model: str, turns: int, tokens_per_turn: int) -> None:
+    """The harness process: for each line ``TAG N`` on stdin, run N episodes at once and
+    answer the tokens they generated on stdout (a harness runs in its own process, so
+    its client's CPU time is not taken from the engine's interpreter)."""
+    import types
+
+    import aiohttp
+    from openai import AsyncOpenAI
+
+    scfg = types.SimpleNamespace(max_turns=turns, max_tokens_per_turn=tokens_per_turn)
+    client = AsyncOpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0)
+    loop = asyncio.get_running_loop()
+    async with aiohttp.ClientSession() as http:
+        print("ready", flush=True)
+        while line := await loop.run_in_executor(None, sys.stdin.readline):
+            tag, n = line.split()
+            counts = await asyncio.gather(*(harness_episode(http, client, url, model, scfg, tag, i)
+                                            for i in range(int(n))))
+            print(sum(counts), flush=True)
+
+
 async def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--episodes", type=int, default=8, help="episodes at once per row")
     ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument("--turns", type=int, default=4)
     ap.add_argument("--tokens-per-turn", type=int, default=48)
+    ap.add_argument("--harness", metavar="URL", help=argparse.SUPPRESS)  # the harness process
     args = ap.parse_args()
-
-    import aiohttp
-    from openai import AsyncOpenAI
+    if args.harness:
+        await harness_worker(args.harness, "rollway-tiny", args.turns, args.tokens_per_turn)
+        return
 
     from bus import EventProducer, ensure_topics
     from bus.config import KafkaConfig
@@ -120,9 +143,20 @@ async def main() -> None:
                                                                                   max_turns=args.turns,
                                                                                   max_total_tokens=scfg.max_total_tokens),
                                            producer.publish, chat_format, replica_id="bench-endpoint")
-                async with serve(EndpointServer(registry, model)) as url, aiohttp.ClientSession() as http:
-                    client = AsyncOpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0)
-                    await loop_row(agent, 2, "warmup")  # compile/warm the engine once
+                async with serve(EndpointServer(registry, model)) as url:
+                    harness = await asyncio.create_subprocess_exec(
+                        sys.executable, __file__, "--harness", url, "--turns", str(args.turns),
+                        "--tokens-per-turn", str(args.tokens_per_turn),
+                        stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE)
+
+                    async def harness_row(tag: str) -> int:
+                        harness.stdin.write(f"{tag} {args.episodes}\n".encode())
+                        await harness.stdin.drain()
+                        return int(await harness.stdout.readline())
+
+                    assert (await harness.stdout.readline()).strip() == b"ready"
+                    await loop_row(agent, 2, "warmup")  # warm the engine once
+                    await harness_row("warmup")
                     rows = []
                     for r in range(args.repeat):
                         for path in ("loop", "endpoint"):
@@ -131,11 +165,11 @@ async def main() -> None:
                             if path == "loop":
                                 tokens = await loop_row(agent, args.episodes, tag)
                             else:
-                                counts = await asyncio.gather(*(harness_episode(http, client, url, model, scfg, tag, i)
-                                                                for i in range(args.episodes)))
-                                tokens = sum(counts)
+                                tokens = await harness_row(tag)
                             seconds = time.perf_counter() - t0
                             rows.append((r, path, tokens, seconds, tokens / seconds))
+                    harness.stdin.close()
+                    await harness.wait()
         finally:
             await engine.close()
     loop_rates = [x[4] for x in rows if x[1] == "loop"]

@@ -165,8 +165,10 @@ class EpisodeRegistry:
 
     # -- lifecycle ----------------------------------------------------------------------
     async def create(self, spec: EpisodeSpec) -> Episode:
-        if len(self.episodes) >= self.ecfg.max_episodes:
-            raise ApiError(429, f"{len(self.episodes)} episodes are open (sampler.endpoint.max_episodes); "
+        self._forget_graded(keep=self.ecfg.max_episodes)
+        live = sum(1 for ep in self.episodes.values() if ep.status != "done")
+        if live >= self.ecfg.max_episodes:
+            raise ApiError(429, f"{live} episodes are open (sampler.endpoint.max_episodes); "
                            "submit or delete one first", type="rate_limit_error", code="too_many_episodes")
         for name in ("temperature",):
             value = getattr(spec, name)
@@ -216,7 +218,17 @@ class EpisodeRegistry:
             await self.sandbox.close_session(ep.session_id)
         log.info("episode abandoned", episode=ep.id, why=why, status=ep.status)
 
+    def _forget_graded(self, keep: int, older_than_s: float | None = None) -> None:
+        """Graded episodes stay readable (GET, a repeated submit) until ``keep`` newer ones
+        were graded or, with ``older_than_s``, they went unused that long."""
+        done = sorted((ep for ep in self.episodes.values() if ep.status == "done"), key=lambda ep: ep.last_used)
+        now = time.monotonic()
+        for i, ep in enumerate(done):
+            if i < len(done) - keep or (older_than_s is not None and now - ep.last_used > older_than_s):
+                self.episodes.pop(ep.id, None)
+
     async def reap_idle(self) -> int:
+        self._forget_graded(self.ecfg.max_episodes, self.ecfg.episode_idle_timeout_s)
         now = time.monotonic()
         idle = [ep for ep in self.episodes.values() if ep.status == "open" and not ep.lock.locked()
                 and now - ep.last_used > self.ecfg.episode_idle_timeout_s]
@@ -421,6 +433,7 @@ class EpisodeRegistry:
             raise
         ep.reward = reward
         ep.status = "done"
+        ep.last_used = time.monotonic()
         log.info("episode graded", episode=ep.id, trajectory_id=ep.trajectory_id, score=reward.score,
                  turns=ep.turns, segments=cost.segments, template_rerenders=ep.template_rerenders,
                  history_rewrites=ep.history_rewrites)
