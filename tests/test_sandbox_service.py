@@ -503,7 +503,7 @@ async def test_session_pool_is_bounded_with_429(tmp_path):
         assert await client.health() == {
             "sessions": 2, "capacity": 2, "commands_running": 0, "command_slots": 1,
             "cgroups": live.service.cgroups is not None, "privileged": os.geteuid() == 0,
-            "disk_quota": os.geteuid() == 0, "seccomp": True,
+            "disk_quota": os.geteuid() == 0, "seccomp": True, "warm_sessions": 0,
         }
         await client.close_session(a)
         c = await client.create_session("hostile")

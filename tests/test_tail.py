@@ -133,7 +133,7 @@ async def test_tail_last_counts_across_partitions_after_filtering_merged_by_time
 async def test_tail_line_format_has_full_timestamps_and_whole_nested_fields(timed_rewards):
     (line,) = await run_tail(timed_rewards, topic="rewards", last=1, format="line")
     assert line.startswith("2026-05-28T20:26:59.000Z ")  # BASE_MS + 19 s, with the date, in UTC
-    cost = '{"generated_tokens":190,"env_tokens":0,"turns":19,"tool_seconds":0.0,"segments":1}'
+    cost = '{"generated_tokens":190,"env_tokens":0,"turns":19,"tool_seconds":0.0,"segments":1,"template_rerenders":0}'
     assert f" cost={cost} " in line  # regression: nested fields were cut at 40 characters
     (short,) = await run_tail(timed_rewards, topic="rewards", last=1, format="line", max_width=12)
     assert ' cost={"generat... ' in short and " trajectory_id=traj-19 " in short
