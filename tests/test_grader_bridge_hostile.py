@@ -50,11 +50,6 @@ async def graded(tmp_path_factory) -> dict[str, Reward]:
         return {job[0]: reward for job, reward in zip(jobs, rewards)}
 
 
-def test_untouched_repository_fails(graded):
-    """(Sanity of the task: the stubs raise; covered by the hacks' 0 as well.)"""
-    assert all(graded[name].score == 0.0 for name, _, _ in BRIDGE_HACKS)
-
-
 @pytest.mark.parametrize("name", [h[0] for h in BRIDGE_HACKS])
 def test_hack_scores_zero(graded, name):
     reward = graded[name]

@@ -30,7 +30,7 @@ import sys
 from decimal import Decimal
 from fractions import Fraction
 
-from .proxies import Proxy, RemoteMethod
+from .proxies import Proxy
 from .wire import BridgeError, wide_int
 
 MAX_ITEMS = 5_000_000
