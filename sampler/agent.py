@@ -87,6 +87,17 @@ class _RolloutState:
     compactions: int = 0  # chat formats (sampler/chat_loop.py)
     template_rerenders: int = 0
 
+    def budget_spent(self, cfg, rec: TrajectoryRecorder) -> str | None:
+        """The finish reason when a turn, token or tool-time budget is spent; None otherwise
+        (both agent loops check it before every turn)."""
+        if self.turns >= cfg.max_turns:
+            return "budget_turns"
+        if rec.generated_tokens >= cfg.max_total_tokens:
+            return "budget_tokens"
+        if self.tool_seconds >= cfg.max_tool_seconds:
+            return "budget_tool_seconds"
+        return None
+
 
 class AgentLoop:
     """Runs rollouts with one engine and one sandbox client (both shared)."""
@@ -246,12 +257,8 @@ class AgentLoop:
                            tokens=len(rec.segment_tokens), compact_at=self.compact_at)
             return "context_exhausted"
         while True:
-            if state.turns >= cfg.max_turns:
-                return "budget_turns"
-            if rec.generated_tokens >= cfg.max_total_tokens:
-                return "budget_tokens"
-            if state.tool_seconds >= cfg.max_tool_seconds:
-                return "budget_tool_seconds"
+            if spent := state.budget_spent(cfg, rec):
+                return spent
             if len(rec.segment_tokens) >= self.compact_at:
                 if rec.segment_index + 1 >= cfg.max_segments:
                     return "context_exhausted"

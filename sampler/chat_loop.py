@@ -77,12 +77,8 @@ async def template_turns(agent: "AgentLoop", task: "Task", rec: "TrajectoryRecor
                        tokens=len(rec.segment_tokens), compact_at=agent.compact_at)
         return "context_exhausted"
     while True:
-        if state.turns >= cfg.max_turns:
-            return "budget_turns"
-        if rec.generated_tokens >= cfg.max_total_tokens:
-            return "budget_tokens"
-        if state.tool_seconds >= cfg.max_tool_seconds:
-            return "budget_tool_seconds"
+        if spent := state.budget_spent(cfg, rec):
+            return spent
         if len(rec.segment_tokens) >= agent.compact_at:
             if state.compactions + 1 >= cfg.max_segments:
                 return "context_exhausted"
