@@ -438,3 +438,14 @@ num_threads = 1
     steps = [e.event.step for e in await read_topic(kafka, "train-steps")]
     assert steps == [1, 2]  # the trainer ran --max-steps 2, though a third group was waiting
     assert leftover_processes(config) == []
+
+
+def test_model_init_is_asked_for_the_samplers_format_where_it_can_build_it():
+    from rollway.commands.up import model_command
+
+    assert model_command("m") == ["model", "init", "--out", "m"]
+    assert model_command("m", "chatml-hermes") == ["model", "init", "--out", "m", "--format", "chatml-hermes"]
+    assert model_command("m", "rollway") == ["model", "init", "--out", "m", "--format", "rollway"]
+    # Families init cannot build are left to init's default; the agent then refuses a
+    # model whose tokenizer does not match the configured format, with a message.
+    assert model_command("m", "qwen3") == ["model", "init", "--out", "m"]

@@ -126,9 +126,17 @@ def needs_model_init(path: str) -> bool:
     return Path(path, MARKER).exists() and is_outdated(path)
 
 
-def model_command(path: str) -> list[str]:
-    """The warm start (``rollway model init``: SFT on the family's train split), copied to ``path``."""
-    return ["model", "init", "--out", path]
+# Formats ``rollway model init`` can build a tiny warm start in (sampler.format names).
+INIT_FORMATS = ("rollway", "chatml-hermes")
+
+
+def model_command(path: str, sampler_format: str = "auto") -> list[str]:
+    """The warm start (``rollway model init``: SFT on the family's train split), copied to
+    ``path``, in the sampler's format where init can build it (``auto``: init's default)."""
+    argv = ["model", "init", "--out", path]
+    if sampler_format in INIT_FORMATS:
+        argv += ["--format", sampler_format]
+    return argv
 
 
 def run(args: argparse.Namespace) -> int:
@@ -217,7 +225,7 @@ def _run(args, cfg, upcfg, env: dict[str, str], log_dir) -> int:
             secure_setup(cfg)  # as admin: topics, users and the ACL table of this config
         else:
             asyncio.run(ensure_topics(cfg.kafka))
-        if not _build_models(model_paths(cfg, {p.kind for p in procs}), env, log_dir):
+        if not _build_models(model_paths(cfg, {p.kind for p in procs}), cfg.sampler.format, env, log_dir):
             return 1
         specs = [ComponentSpec(name=p.name, argv=[sys.executable, "-m", "rollway.cli", *p.argv],
                                env={**env, **p.env}, log_path=log_dir / f"{p.name}.log",
@@ -248,7 +256,7 @@ def _run(args, cfg, upcfg, env: dict[str, str], log_dir) -> int:
             kafka.stop()
 
 
-def _build_models(paths: list[str], env: dict[str, str], log_dir) -> bool:
+def _build_models(paths: list[str], sampler_format: str, env: dict[str, str], log_dir) -> bool:
     """Build each model folder that needs it (``rollway model init``, logged to
     ``model.log``); False, after one line on stderr, when a build failed."""
     import subprocess
@@ -257,7 +265,7 @@ def _build_models(paths: list[str], env: dict[str, str], log_dir) -> bool:
     for path in paths:
         if not needs_model_init(path):
             continue
-        argv = model_command(path)
+        argv = model_command(path, sampler_format)
         print(f"rollway up: building the model: rollway {' '.join(argv)} (log: {log_dir}/model.log)", flush=True)
         with open(log_dir / "model.log", "ab") as out:
             done = subprocess.run([sys.executable, "-m", "rollway.cli", *argv], env=env, stdout=out,
