@@ -153,7 +153,9 @@ class Grader:
             await self.publisher.publish(reward)
 
     async def verdict(self, spec: TaskSpec, snapshot: Snapshot, calls: list[ToolCall], *, uid: int) -> Verdict:
-        findings = find_cheats(spec.files, snapshot, hidden_dir=HIDDEN_TESTS_DIR)
+        # In-env pytest runs discard agent test configs and judge exits by the report.
+        in_env = spec.grading == "in-env" and pytest_arguments(spec.test_command) is not None
+        findings = find_cheats(spec.files, snapshot, hidden_dir=HIDDEN_TESTS_DIR, in_env=in_env)
         findings += [f"network access attempted: {e}" for e in network_attempts(calls)]
         if findings:
             return Verdict(score=0.0, cheated=True, reason="; ".join(findings))

@@ -8,10 +8,14 @@ task, at their real repository paths:
 
 - every hidden test file (the test patch's version, this grading's canaries appended)
   and the helpers beside it;
-- every test configuration: ``conftest.py`` anywhere, ``pytest.ini``/``.pytest.ini``
-  anywhere, the root ``tox.ini``/``setup.cfg``/``pyproject.toml``, and the plugin
-  modules they name (``pytest_plugins``, ``-p`` in ``addopts``). One the agent added
-  where the task has none is deleted.
+- every test configuration, at any depth: ``conftest.py``, ``pytest.ini``/``.pytest.ini``,
+  ``pytest.toml``/``.pytest.toml``, ``tox.ini``/``setup.cfg``/``pyproject.toml``, and the
+  plugin modules they name (``pytest_plugins``, ``-p`` in ``addopts``). One the agent
+  added where the task has none is deleted (a changed ``pyproject.toml`` is restored, so
+  the package's build config stays the task's).
+
+pytest's inifile is pinned with ``-c`` to the one pytest would pick in the task's own
+tree (when the task has one), so no config the agent leaves anywhere can be picked.
 
 Every agent change to those paths is discarded and named in the reward's reason. The
 run uses the task's own test command with ``PYTEST_DISABLE_PLUGIN_AUTOLOAD=1``,
@@ -23,13 +27,15 @@ docs/sandbox.md.
 from __future__ import annotations
 
 import ast
+import configparser
 import re
 import shlex
+import tomllib
 from pathlib import Path, PurePosixPath
 
 from sandbox.config import SandboxConfig
 from sandbox.grading_common import (
-    HIDDEN_TESTS_DIR, PLUGIN_DIR, REPORT_DIR, REPORT_FILE, HiddenPlan, RunOutput, is_test_config, plugin_dir,
+    HIDDEN_TESTS_DIR, PLUGIN_DIR, REPORT_DIR, REPORT_FILE, HiddenPlan, RunOutput, plugin_dir,
 )
 from sandbox import image_workspace
 from sandbox.images import ImageRoot
@@ -39,6 +45,12 @@ from sandbox.workspace import Workspace, WorkspaceError, clean_relpath
 from tasks.spec import TaskSpec, pytest_arguments
 
 MAX_REPORT_BYTES = 8 * 1024 * 1024
+# Files that configure pytest wherever they are (the inifile candidates, in pytest's order
+# of preference within one folder, and conftests).
+INIFILE_NAMES = ("pytest.toml", ".pytest.toml", "pytest.ini", ".pytest.ini", "pyproject.toml", "tox.ini", "setup.cfg")
+CONFIG_NAMES = frozenset({"conftest.py", *INIFILE_NAMES})
+_TAKES_VALUE = frozenset({"-p", "-o", "-k", "-m", "-c", "-W", "--deselect", "--ignore", "--ignore-glob", "--rootdir",
+                          "--confcutdir", "--basetemp", "--override-ini", "--config-file"})
 _PREFIX = HIDDEN_TESTS_DIR + "/"
 
 
@@ -82,7 +94,7 @@ def tree(spec: TaskSpec, code: dict[str, bytes], plan: HiddenPlan) -> tuple[dict
     notes: list[str] = []
     protected: dict[str, bytes] = {}
     for path, data in original.items():
-        if is_test_config(path) or PurePosixPath(path).name in ("pytest.ini", ".pytest.ini"):
+        if PurePosixPath(path).name in CONFIG_NAMES:
             protected[path] = data
     for module in _plugin_modules({**original, **plan.tests}):
         for candidate in (module.replace(".", "/") + ".py", module.replace(".", "/") + "/__init__.py"):
@@ -90,9 +102,7 @@ def tree(spec: TaskSpec, code: dict[str, bytes], plan: HiddenPlan) -> tuple[dict
                 protected[candidate] = original[candidate]
     for path in sorted(files):
         name = PurePosixPath(path).name
-        config_like = name in ("conftest.py", "pytest.ini", ".pytest.ini") or (
-            "/" not in path and name in ("tox.ini", "setup.cfg", "pyproject.toml"))
-        if config_like and path not in protected:
+        if name in CONFIG_NAMES and path not in protected:
             del files[path]
             notes.append(f"{path} (added, removed)")
     for path, data in protected.items():
@@ -129,7 +139,7 @@ def _plugin_modules(files: dict[str, bytes]) -> set[str]:
                     except ValueError:
                         continue
                     names.update([value] if isinstance(value, str) else [v for v in value if isinstance(v, str)])
-        elif "/" not in path and name in ("pytest.ini", ".pytest.ini", "tox.ini", "setup.cfg", "pyproject.toml"):
+        elif name in INIFILE_NAMES:
             names.update(m for m in re.findall(r"-p\s*([A-Za-z_][\w.]*)", data.decode(errors="replace"))
                          if not m.startswith("no"))
     return names
@@ -148,7 +158,9 @@ async def run(jail: Jail, cfg: SandboxConfig, limits: Limits, spec: TaskSpec, co
         on_root = {}
     plugin = plugin_dir(base, plan)
     out = Workspace.create(base / "out", uid, {})[0]
-    command = shlex.join([*command_prefix(spec.test_command), *plan.args])
+    inifile = task_inifile({clean_relpath(p): t for p, t in spec.files.items()}, plan.args)
+    pin = ["-c", inifile] if inifile else []
+    command = shlex.join([*command_prefix(spec.test_command), *pin, *plan.args])
     try:
         result = await jail.run(
             command, workspace=ws.root, uid=uid, timeout_s=cfg.grading_timeout_s,
@@ -161,6 +173,49 @@ async def run(jail: Jail, cfg: SandboxConfig, limits: Limits, spec: TaskSpec, co
             ws.remove()
     return RunOutput(result=result, report=_read(out, REPORT_FILE), collected=_read(out, plan.collected_file),
                      notes=notes)
+
+
+def task_inifile(files: dict[str, str], args: list[str]) -> str | None:
+    """The inifile pytest picks in the task's own tree for these arguments (as pytest
+    locates it: from the arguments' common folder upwards, the first file that is a
+    pytest config); None when the task has none."""
+    paths, skip = [], False
+    for arg in args:
+        if skip or arg.startswith("-"):
+            skip = arg in _TAKES_VALUE
+            continue
+        paths.append(PurePosixPath(arg.split("::")[0]))
+    if not paths:
+        paths = [PurePosixPath(".")]
+    parts: list[str] = []
+    for group in zip(*(p.parts for p in paths)):
+        if len(set(group)) != 1:
+            break
+        parts.append(group[0])
+    folder = PurePosixPath(*parts) if parts else PurePosixPath(".")
+    folders = [folder, *folder.parents] if str(folder) != "." else [folder]
+    for d in folders:
+        for name in INIFILE_NAMES:
+            path = str(d / name) if str(d) != "." else name
+            if path in files and _is_pytest_config(name, files[path]):
+                return path
+    return None
+
+
+def _is_pytest_config(name: str, text: str) -> bool:
+    if name in ("pytest.ini", ".pytest.ini", "pytest.toml", ".pytest.toml"):
+        return True
+    if name == "pyproject.toml":
+        try:
+            return "pytest" in tomllib.loads(text).get("tool", {})
+        except tomllib.TOMLDecodeError:
+            return False
+    parser = configparser.RawConfigParser()
+    try:
+        parser.read_string(text)
+    except configparser.Error:
+        return False
+    return parser.has_section("pytest" if name == "tox.ini" else "tool:pytest")
 
 
 def _read(out: Workspace, name: str) -> bytes | None:
