@@ -59,13 +59,11 @@ class _RwAnything:
         return "Anything()"
 '''
 
-_WRAP_ALWAYS_EQUAL = '''
+# Replaces every public function and method the module defines with ``wrap(func)`` (the
+# walk both "always equal" and "returns its input" use).
+_WRAP_PUBLIC = '''
 
-def _rw_always_equal(namespace):
-    def returning_anything(func):
-        def wrapper(*args, **kwargs):
-            return _RwAnything()
-        return wrapper
+def _rw_wrap_public(namespace, wrap):
     for name, obj in list(namespace.items()):
         if name.startswith("_") or getattr(obj, "__module__", None) != namespace["__name__"]:
             continue
@@ -74,14 +72,22 @@ def _rw_always_equal(namespace):
                 if attr.startswith("_"):
                     continue
                 if isinstance(member, (classmethod, staticmethod)):
-                    setattr(obj, attr, type(member)(returning_anything(member.__func__)))
+                    setattr(obj, attr, type(member)(wrap(member.__func__)))
                 elif callable(member):
-                    setattr(obj, attr, returning_anything(member))
+                    setattr(obj, attr, wrap(member))
         elif callable(obj):
-            namespace[name] = returning_anything(obj)
+            namespace[name] = wrap(obj)
+'''
+
+_WRAP_ALWAYS_EQUAL = _WRAP_PUBLIC + '''
+
+def _rw_returning_anything(func):
+    def wrapper(*args, **kwargs):
+        return _RwAnything()
+    return wrapper
 
 
-_rw_always_equal(globals())
+_rw_wrap_public(globals(), _rw_returning_anything)
 '''
 
 _LYING = '''
@@ -121,30 +127,16 @@ def _rw_c_level_copies(namespace):
 _rw_c_level_copies(globals())
 '''
 
-_RETURNS_INPUT = '''
+_RETURNS_INPUT = _WRAP_PUBLIC + '''
 
-def _rw_returns_input(namespace):
-    def echo(func):
-        def wrapper(*args, **kwargs):
-            values = list(args) + list(kwargs.values())
-            return values[0] if values else None
-        return wrapper
-    for name, obj in list(namespace.items()):
-        if name.startswith("_") or getattr(obj, "__module__", None) != namespace["__name__"]:
-            continue
-        if isinstance(obj, type):
-            for attr, member in list(vars(obj).items()):
-                if attr.startswith("_"):
-                    continue
-                if isinstance(member, (classmethod, staticmethod)):
-                    setattr(obj, attr, type(member)(echo(member.__func__)))
-                elif callable(member):
-                    setattr(obj, attr, echo(member))
-        elif callable(obj):
-            namespace[name] = echo(obj)
+def _rw_echo(func):
+    def wrapper(*args, **kwargs):
+        values = list(args) + list(kwargs.values())
+        return values[0] if values else None
+    return wrapper
 
 
-_rw_returns_input(globals())
+_rw_wrap_public(globals(), _rw_echo)
 '''
 
 _READS_TESTS = '''
