@@ -70,6 +70,13 @@ def _points() -> dict[str, tuple[int, bool]]:
     return points
 
 
+def hits(name: str) -> int:
+    """How often an armed point has been reached since it was armed (an in-process
+    driver waits on this to know an operation is standing at the point)."""
+    with _lock:
+        return _hits.get(name, 0)
+
+
 def _should_hang(name: str) -> bool:
     nth = armed().get(name)
     if nth is None:

@@ -118,7 +118,10 @@ def test_a_write_whose_folder_a_newer_trainer_removed_is_fenced(tmp_path, monkey
     writer.claim(FolderOwnership(ckpt, OLD))
     writer.adopt_log({2: "h2"})
     done = writer.save(snapshot(2), "h2")
-    tmp = wait_until(lambda: [p for p in ckpt.iterdir() if ".tmp-" in p.name], 30, "the paused write")[0]
+    # The temporary folder appears as the write starts; only at the point are its files
+    # all written (removing it earlier races the writer's own file creation).
+    wait_until(lambda: failpoints.hits("checkpoint.before_rename") == 1, 30, "the paused write")
+    (tmp,) = [p for p in ckpt.iterdir() if ".tmp-" in p.name]
     FolderOwnership(ckpt, NEW).claim()
     import shutil
 
