@@ -164,6 +164,11 @@ def admin(cfg: KafkaConfig, bootstrap_timeout_ms: int = 15_000):
                                 client_id=f"{cfg.client_id}-acl", request_timeout_ms=cfg.request_timeout_ms,
                                 bootstrap_timeout_ms=bootstrap_timeout_ms, **client_security(cfg))
     except KafkaTimeoutError:
+        from bus.tls import TlsMismatch, listener_mismatch
+
+        mismatch = listener_mismatch(cfg.bootstrap_servers, client_security(cfg).get("ssl_context"))
+        if mismatch:  # reached, but TLS on one side only or an untrusted certificate
+            raise TlsMismatch(mismatch) from None
         raise KafkaUnreachable(cfg.bootstrap_servers) from None
 
 

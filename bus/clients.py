@@ -9,6 +9,7 @@ breaks in one place (aiokafka is pinned <0.15 in pyproject.toml):
 * :func:`cluster_metadata` — metadata of every topic (the public
   ``partitions_for_topic`` only knows topics the consumer subscribed to);
 * :func:`client_user` — the SASL user a client authenticates as (for error lines);
+* :func:`client_tls` — the TLS context a client connects with (for bus.tls's check);
 * :func:`transaction_manager` — a transactional producer's state: the epoch the broker
   granted it, whether it failed fatally (fenced), its transaction-end waiter.
 """
@@ -52,3 +53,12 @@ def client_user(client: Any) -> str | None:
     producer's ``client``, and its ``_sasl_plain_username``."""
     inner = getattr(client, "_client", None) or getattr(client, "client", None)
     return getattr(inner, "_sasl_plain_username", None)
+
+
+def client_tls(client: Any):
+    """The ``ssl.SSLContext`` an aiokafka client connects with, None without TLS.
+    Private API: as :func:`client_user`, and ``_security_protocol``/``_ssl_context``."""
+    inner = getattr(client, "_client", None) or getattr(client, "client", None)
+    if getattr(inner, "_security_protocol", "PLAINTEXT") not in ("SSL", "SASL_SSL"):
+        return None
+    return getattr(inner, "_ssl_context", None)

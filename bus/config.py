@@ -58,7 +58,8 @@ class KafkaConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     # each command sets its own (rollway trainer -> trainer, tools -> admin) unless the
     # config names one. Credentials: ``sasl_username``/``sasl_password``, or the role's
     # entry of ``credentials_file`` (written by ``rollway broker start``, mode 0600).
-    # "auto": SASL_PLAINTEXT when credentials are known, else PLAINTEXT (an open broker).
+    # "auto": SASL_SSL when credentials and ssl_cafile are known, SASL_PLAINTEXT with
+    # credentials only, else PLAINTEXT (an open broker).
     # PLAIN is not offered: a password never crosses the wire in clear.
     security_protocol: Literal["auto", "PLAINTEXT", "SASL_PLAINTEXT", "SASL_SSL"] = "auto"
     sasl_mechanism: Literal["SCRAM-SHA-512", "SCRAM-SHA-256"] = "SCRAM-SHA-512"

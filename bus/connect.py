@@ -25,8 +25,9 @@ from typing import Any
 import structlog
 from aiokafka.errors import KafkaConnectionError
 
-from bus.clients import client_user
+from bus.clients import client_tls, client_user
 from bus.security import NotAuthorized, authentication_failed_message, authorization_errors, denied_message
+from bus.tls import TlsMismatch, listener_mismatch
 
 log = structlog.get_logger(__name__)
 
@@ -119,6 +120,10 @@ async def start_client(client: Any, bootstrap: str, what: str = "client") -> Non
                 # Reached, but refused our credentials: retrying cannot help.
                 await close_client(client)
                 raise NotAuthorized(authentication_failed_message(_auth_failures[-1], client_user(client))) from None
+            mismatch = await asyncio.to_thread(listener_mismatch, bootstrap, client_tls(client))
+            if mismatch:  # reached, but TLS on one side only or an untrusted certificate
+                await close_client(client)
+                raise TlsMismatch(mismatch) from None
             if not _wait or _stop_requested:
                 await close_client(client)
                 raise KafkaUnreachable(bootstrap) from None

@@ -178,9 +178,14 @@ def sasl_user(cfg: KafkaConfig) -> UserSecret | None:
 
 
 def security_protocol(cfg: KafkaConfig) -> str:
+    """``kafka.security_protocol``; "auto": SASL_SSL with credentials and a CA file
+    (``rollway broker start --tls`` prints both), SASL_PLAINTEXT with credentials only,
+    else PLAINTEXT (an open broker)."""
     if cfg.security_protocol != "auto":
         return cfg.security_protocol
-    return "SASL_PLAINTEXT" if (cfg.sasl_username or cfg.credentials_file) else "PLAINTEXT"
+    if not (cfg.sasl_username or cfg.credentials_file):
+        return "PLAINTEXT"
+    return "SASL_SSL" if cfg.ssl_cafile else "SASL_PLAINTEXT"
 
 
 def principal(cfg: KafkaConfig) -> str:
@@ -202,8 +207,18 @@ def client_security(cfg: KafkaConfig) -> dict[str, Any]:
     out: dict[str, Any] = dict(security_protocol=protocol, sasl_mechanism=cfg.sasl_mechanism,
                                sasl_plain_username=user.username, sasl_plain_password=user.password)
     if protocol == "SASL_SSL":
-        out["ssl_context"] = ssl.create_default_context(cafile=cfg.ssl_cafile or None)
+        out["ssl_context"] = ssl_context(cfg)
     return out
+
+
+def ssl_context(cfg: KafkaConfig) -> ssl.SSLContext:
+    """The client TLS context: verifies the broker's certificate against
+    ``kafka.ssl_cafile`` (else the system's CAs) and its hostname."""
+    if cfg.ssl_cafile and not Path(cfg.ssl_cafile).is_file():
+        raise CredentialsError(f"kafka.ssl_cafile {cfg.ssl_cafile} is not a readable file")
+    context = ssl.create_default_context(cafile=cfg.ssl_cafile or None)
+    context.minimum_version = ssl.TLSVersion.TLSv1_2
+    return context
 
 
 def set_sandbox_token(token: str) -> None:

@@ -13,6 +13,11 @@ storage is formatted, and the super users are the admin and the brokers' own use
 controller listener stays PLAINTEXT, bound to loopback only (KRaft cannot take SCRAM
 there); its anonymous principal is a super user so brokers and controllers can talk.
 
+With ``tls=True`` as well (``rollway broker start --tls``) the broker listener is SASL_SSL:
+a local CA and a broker certificate for 127.0.0.1 and localhost are generated on first start into
+``<data_dir>/tls/`` (bus.tls); clients trust ``<data_dir>/tls/ca.pem`` (``kafka.ssl_cafile``).
+Inter-broker traffic runs on the same listener, so it is encrypted too.
+
 With ``KAFKA_BOOTSTRAP_SERVERS`` set, callers use that cluster and start nothing
 (see :func:`external_bootstrap`).
 """
@@ -102,15 +107,25 @@ class ClusterState:
     # SASL/SCRAM + ACLs; clients take the users of credentials_file.
     secure: bool = False
     credentials_file: str = ""
+    # SASL_SSL listeners (secure only): the CA clients trust, "" without TLS.
+    ca_file: str = ""
+
+    def client_config(self, role: str = "admin"):
+        """A ``KafkaConfig`` of ``role`` for this cluster (bootstrap, credentials, CA)."""
+        from bus.config import KafkaConfig
+
+        if not self.secure:
+            return KafkaConfig(bootstrap_servers=self.bootstrap)
+        return KafkaConfig(bootstrap_servers=self.bootstrap, credentials_file=self.credentials_file, role=role,
+                           ssl_cafile=self.ca_file)
 
     def admin_security(self) -> dict:
         """Client settings of the admin user (none for an open cluster)."""
         if not self.secure:
             return {}
-        from bus.config import KafkaConfig
         from bus.security import client_security
 
-        return client_security(KafkaConfig(credentials_file=self.credentials_file, role="admin"))
+        return client_security(self.client_config("admin"))
 
     @property
     def bootstrap(self) -> str:
@@ -126,7 +141,8 @@ class ClusterState:
             raise BrokerError(f"no cluster state in {path}; is a broker running from {data_dir}?")
         raw = json.loads(path.read_text())
         return cls(data_dir=raw["data_dir"], nodes=[NodeState(**n) for n in raw["nodes"]],
-                   secure=raw.get("secure", False), credentials_file=raw.get("credentials_file", ""))
+                   secure=raw.get("secure", False), credentials_file=raw.get("credentials_file", ""),
+                   ca_file=raw.get("ca_file", ""))
 
 
 def pid_alive(pid: int) -> bool:
@@ -158,9 +174,12 @@ class LocalKafka:
         log_level: str = "INFO",
         version: str | None = None,
         secure: bool = False,
+        tls: bool = False,
     ) -> None:
         if nodes not in (1, 3):
             raise BrokerError(f"--nodes must be 1 or 3, not {nodes}")
+        if tls and not secure:
+            raise BrokerError("TLS listeners come with SASL/SCRAM and ACLs: --tls cannot go with --insecure")
         self.data_dir = Path(data_dir).resolve()
         self.num_nodes = nodes
         self.ports = ports
@@ -168,9 +187,12 @@ class LocalKafka:
         self.log_level = log_level
         self.version = version
         self.secure = secure
+        self.tls = tls
         self.state = ClusterState(data_dir=str(self.data_dir), secure=secure,
-                                  credentials_file=str(self.data_dir / "credentials.json") if secure else "")
+                                  credentials_file=str(self.data_dir / "credentials.json") if secure else "",
+                                  ca_file=str(self.data_dir / "tls" / "ca.pem") if tls else "")
         self._creds = None
+        self._tls = None
         self._procs: dict[int, subprocess.Popen] = {}
 
     # -- configuration -----------------------------------------------------------
@@ -178,7 +200,7 @@ class LocalKafka:
         voters = ",".join(f"{n.node_id}@127.0.0.1:{n.controller_port}" for n in self.state.nodes)
         rf = 3 if self.num_nodes == 3 else 1
         min_isr = 2 if self.num_nodes == 3 else 1
-        listener = "SASL_PLAINTEXT" if self.secure else "PLAINTEXT"
+        listener = self.listener
         props = {
             "process.roles": "broker,controller",
             "node.id": node.node_id,
@@ -208,6 +230,10 @@ class LocalKafka:
         }
         return "".join(f"{k}={v}\n" for k, v in props.items())
 
+    @property
+    def listener(self) -> str:
+        return ("SASL_SSL" if self.tls else "SASL_PLAINTEXT") if self.secure else "PLAINTEXT"
+
     def _security_properties(self) -> dict[str, str]:
         from bus.security import BROKER_USER
 
@@ -217,7 +243,8 @@ class LocalKafka:
         return {
             "sasl.enabled.mechanisms": "SCRAM-SHA-512",
             "sasl.mechanism.inter.broker.protocol": "SCRAM-SHA-512",
-            "listener.name.sasl_plaintext.scram-sha-512.sasl.jaas.config": jaas,
+            f"listener.name.{self.listener.lower()}.scram-sha-512.sasl.jaas.config": jaas,
+            **(self._tls.server_properties(self.listener) if self._tls else {}),
             "authorizer.class.name": "org.apache.kafka.metadata.authorizer.StandardAuthorizer",
             "allow.everyone.if.no.acl.found": "false",
             # ANONYMOUS is only ever the controller listener's principal (loopback only).
@@ -253,6 +280,11 @@ class LocalKafka:
                 raise BrokerError(f"{self.data_dir} holds a cluster formatted without users (started with "
                                   "--insecure): start it with --insecure, or remove the folder to start a secure one")
             self._creds = ensure_credentials(self.state.credentials_file)
+        if self.tls:
+            from bus.tls import ensure_broker_tls
+
+            # The listeners bind loopback only: the certificate names 127.0.0.1 and localhost.
+            self._tls = ensure_broker_tls(self.data_dir / "tls")
         for node in self.state.nodes:
             node_dir = self.data_dir / f"node-{node.node_id}"
             node_dir.mkdir(parents=True, exist_ok=True)

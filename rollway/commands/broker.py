@@ -19,6 +19,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     start.add_argument("--timeout", type=float, default=120.0)
     start.add_argument("--insecure", action="store_true",
                        help="no authentication and no ACLs: any client may write any topic (quick local work only)")
+    start.add_argument("--tls", action="store_true",
+                       help="SASL_SSL listeners: a local CA and broker certificate are generated on first start "
+                            "into <data-dir>/tls/; clients trust <data-dir>/tls/ca.pem (kafka.ssl_cafile)")
     for name, help_text in (("stop", "stop the brokers started from --data-dir"),
                             ("status", "show nodes, pids and whether they answer")):
         p = sub.add_parser(name, help=help_text)
@@ -29,7 +32,7 @@ INSECURE_WARNING = ("rollway broker: WARNING: --insecure: no authentication, no 
                     "port can write rewards, train steps and weights")
 
 
-def secure_cluster_setup(args: argparse.Namespace, bootstrap: str, credentials_file: str) -> None:
+def secure_cluster_setup(args: argparse.Namespace, bootstrap: str, credentials_file: str, ca_file: str = "") -> None:
     """As admin: the config's topics, the users and the ACL table (bus/acl.py)."""
     from rollway.commands import load_config_or_exit
     from rollway.commands.acl import secure_setup
@@ -37,6 +40,8 @@ def secure_cluster_setup(args: argparse.Namespace, bootstrap: str, credentials_f
     cfg = load_config_or_exit(args, "broker")
     cfg.kafka.bootstrap_servers = bootstrap
     cfg.kafka.credentials_file = credentials_file
+    cfg.kafka.ssl_cafile = ca_file
+    cfg.kafka.security_protocol = "SASL_SSL" if ca_file else "SASL_PLAINTEXT"
     cfg.kafka.role = "admin"
     secure_setup(cfg)
 
@@ -80,20 +85,28 @@ def run(args: argparse.Namespace) -> int:
             ports = None
             if args.port:
                 ports = list(range(args.port, args.port + 2 * args.nodes))
+            if args.insecure and args.tls:
+                print("rollway broker: --tls comes with SASL/SCRAM and ACLs; drop --insecure", file=sys.stderr)
+                return 2
             if args.insecure:
                 print(INSECURE_WARNING, file=sys.stderr)
-            kafka = LocalKafka(args.data_dir, nodes=args.nodes, ports=ports, heap=args.heap, secure=not args.insecure)
+            kafka = LocalKafka(args.data_dir, nodes=args.nodes, ports=ports, heap=args.heap, secure=not args.insecure,
+                               tls=args.tls)
             try:
                 bootstrap = kafka.start(timeout=args.timeout)
                 if not args.insecure:
-                    secure_cluster_setup(args, bootstrap, kafka.state.credentials_file)
+                    secure_cluster_setup(args, bootstrap, kafka.state.credentials_file, kafka.state.ca_file)
             except BaseException:
                 kafka.stop()
                 raise
-            print(f"kafka ready: {bootstrap}" + ("" if args.insecure else " (SASL/SCRAM, ACLs on)"))
+            mode = "" if args.insecure else (" (SASL_SSL: TLS + SCRAM, ACLs on)" if args.tls
+                                             else " (SASL/SCRAM, ACLs on)")
+            print(f"kafka ready: {bootstrap}{mode}")
             print(f"export KAFKA_BOOTSTRAP_SERVERS={bootstrap}")
             if not args.insecure:
                 print(f"export ROLLWAY_KAFKA__CREDENTIALS_FILE={kafka.state.credentials_file}")
+            if args.tls:
+                print(f"export ROLLWAY_KAFKA__SSL_CAFILE={kafka.state.ca_file}")
             return 0
         state = ClusterState.load(args.data_dir)
         if args.action == "stop":
