@@ -87,9 +87,12 @@ def test_four_turns_rendered_incrementally_equal_the_full_render(formats, family
         bridge = fmt.bridge(prefix, sampled, messages, TOOL_SCHEMAS)
         assert bridge is not None, f"turn {content or calls} did not bridge"
         segment += sampled + bridge.ids
-        prefix = Render(segment, bridge.text)
+        prefix = Render(segment, bridge.text, bridge.messages)
     full = fmt.render(messages, TOOL_SCHEMAS)
     assert segment == full.ids
+    # Turns 2 and 3 rendered only a window (head, the message before the turn, the turn,
+    # its replies): the incremental bridge, checked here against the whole render.
+    assert fmt.incremental and fmt.bridges["window"] >= 2
     theirs = fmt.tokenizer.apply_chat_template(messages, tools=TOOL_SCHEMAS, add_generation_prompt=True, tokenize=True,
                                                return_dict=False, **fmt.family.template_kwargs)
     assert segment == list(theirs)

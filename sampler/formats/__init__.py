@@ -25,17 +25,19 @@ FORMATS = ("rollway", "chatml-hermes", "qwen3", "qwen3-coder", "llama3-json")
 FAMILIES: dict[str, Family] = {
     "chatml-hermes": Family(
         "chatml-hermes", templates.QWEN25, ("<|im_end|>", "<|endoftext|>"), "<tool_call>", "</tool_call>",
-        body=json_body),
+        body=json_body, append_stable=True),
     # Qwen3 with thinking; its template drops the reasoning of turns before the last user query.
     "qwen3": Family(
         "qwen3", templates.QWEN3, ("<|im_end|>", "<|endoftext|>"), "<tool_call>", "</tool_call>",
-        think_open="<think>", think_close="</think>", body=json_body, template_kwargs={"enable_thinking": True}),
+        think_open="<think>", think_close="</think>", body=json_body, template_kwargs={"enable_thinking": True},
+        append_stable=True, history_roles=("user", "system")),
     "qwen3-coder": Family(
         "qwen3-coder", templates.QWEN3_CODER, ("<|im_end|>", "<|endoftext|>"), "<tool_call>", "</tool_call>",
-        body=qwen3_xml_body, content_call_separator="\n\n"),
+        body=qwen3_xml_body, content_call_separator="\n\n", append_stable=True),
     "llama3-json": Family(
         "llama3-json", templates.LLAMA3_JSON, ("<|eot_id|>", "<|eom_id|>", "<|end_of_text|>"),
-        whole_turn_call=True, whole_turn_prefix="<|python_tag|>", body=llama_body, content_call_separator=""),
+        whole_turn_call=True, whole_turn_prefix="<|python_tag|>", body=llama_body, content_call_separator="",
+        append_stable=True),
 }
 
 

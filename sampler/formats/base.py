@@ -20,6 +20,19 @@ after a new user query; the model's call was not in the template's canonical spe
 a turn cut inside a UTF-8 character), ``bridge`` returns None and the caller starts a new
 segment with a fresh full render (counted as a template re-render).
 
+Incremental bridge: rendering the whole conversation each turn costs time that grows with
+the conversation (Jinja's sandbox walks every message: ~2 ms at 20 turns, per turn). For
+a template known to be *append-stable* (appending messages after the sampled turn never
+changes how earlier messages render: the families' templates as published here, Qwen3's
+only while no new user query arrives) the bridge renders a constant-size window instead:
+the head (system and first user message: what the template puts in its system part), the
+message before the sampled turn, the sampled turn and the new messages. The window's
+render must start with the window's own prompt followed by the sampled text (the same
+prefix-equality check, on the window), else None (counted). The segment's cached text is
+reused, never re-rendered. A template that is not one of these (a model's own template
+that differs from the family's published one, e.g. a real Qwen3-Coder's unsimplified
+one) keeps the full render and the whole-text check.
+
 Tool calls: only the family's special-token ids delimit a call (``<tool_call>`` ...
 ``</tool_call>``; for Llama 3 JSON the whole turn); text between them goes to the
 family's body parser (vLLM's for Qwen3-Coder's XML, strict JSON with a reason for the
@@ -45,10 +58,12 @@ class CallError(ValueError):
 
 @dataclass(frozen=True, slots=True)
 class Render:
-    """Token ids and the template text they stand for."""
+    """Token ids and the template text they stand for; ``messages``: how many messages
+    of the conversation the text renders (-1: unknown, the next bridge renders it all)."""
 
     ids: list[int]
     text: str
+    messages: int = -1
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,6 +103,12 @@ class Family:
     # Strip this many trailing newlines of the content before the first call (the
     # template puts them back): Qwen's "content\n<tool_call>".
     content_call_separator: str = "\n"
+    # The family's template (``template``) never re-renders earlier messages when messages
+    # are appended after a sampled turn, except when a new message has one of
+    # ``history_roles`` (Qwen3: a new user query drops earlier reasoning): the bridge may
+    # render only a window (see the module docstring). Holds for ``template`` only.
+    append_stable: bool = False
+    history_roles: tuple[str, ...] = ()
 
 
 class _Tokens:
@@ -161,6 +182,10 @@ class ChatFormat:
         eos = getattr(tokenizer, "eos_token_id", None)
         self.stop_token_ids: tuple[int, ...] = tuple(dict.fromkeys(ends + ([eos] if isinstance(eos, int) else [])))
         self._vllm_parser = None
+        # The window bridge only for the family's own (checked) template.
+        self.incremental = family.append_stable and self.template.strip() == family.template.strip()
+        # How many bridges took each path (benchmarks and tests read them).
+        self.bridges = {"window": 0, "full": 0}
 
     def __repr__(self) -> str:
         return f"ChatFormat({self.name!r})"
@@ -182,7 +207,7 @@ class ChatFormat:
                     for i, m in enumerate(messages)]
             text = self.render_text(safe, tools)
             ids = self.tokens.encode(text)
-        return Render(ids, text)
+        return Render(ids, text, len(messages))
 
     def _break_added(self, text: str) -> str:
         return self.tokens._pattern.sub(lambda m: m.group(0)[0] + "\u200b" + m.group(0)[1:], text)
@@ -231,20 +256,55 @@ class ChatFormat:
         """The ids to append after ``prefix.ids + sampled_ids`` so that the segment is the
         template's render of ``messages`` (the whole conversation: the sampled turn's
         :meth:`assistant_message` and the new environment messages) with the generation
-        prompt; None when that equality cannot be shown (start a new segment)."""
+        prompt; None when that equality cannot be shown (start a new segment).
+        ``messages[:prefix.messages]`` must be the messages ``prefix`` rendered, unchanged."""
         sampled_text = self.tokens.decode(sampled_ids)
         if "\ufffd" in sampled_text:
             return None  # a cut UTF-8 character: text equality says nothing
-        full = self.render_text(messages, tools)
-        head = prefix.text + sampled_text
-        if not full.startswith(head):
+        window = self._window(prefix, messages)
+        if window is None:
+            self.bridges["full"] += 1
+            return self._bridge_in(messages, tools, prefix.text, sampled_ids, sampled_text, prefix.text,
+                                   len(messages))
+        self.bridges["window"] += 1
+        shown, turn = window
+        head = self.render_text(shown[:turn], tools)
+        return self._bridge_in(shown, tools, head, sampled_ids, sampled_text, prefix.text, len(messages))
+
+    def _window(self, prefix: Render, messages: list[dict]) -> tuple[list[dict], int] | None:
+        """The messages to render instead of the whole conversation, and the sampled turn's
+        index among them; None: render it all (not append-stable, a new message that makes
+        the template rewrite history, or a window no shorter than the conversation)."""
+        s = prefix.messages
+        if not self.incremental or not 0 <= s < len(messages) or messages[s].get("role") != "assistant":
             return None
-        rest = full[len(head):]
+        if any(m.get("role") in self.family.history_roles for m in messages[s + 1:]):
+            return None
+        # The head: up to the first message that is not a system message (templates put
+        # messages[0] and, Llama 3, the first user message in their system part).
+        head = next((i for i, m in enumerate(messages) if m.get("role") != "system"), len(messages)) + 1
+        start = s - 1  # the message before the turn: templates look at neighbours' roles
+        if start <= head:
+            return None
+        return messages[:head] + messages[start:], head + 1
+
+    def _bridge_in(self, messages: list[dict], tools, head: str, sampled_ids: Sequence[int], sampled_text: str,
+                   prefix_text: str, count: int) -> Render | None:
+        """The bridge read off the render of ``messages`` (the conversation or its window),
+        whose prompt before the sampled turn renders as ``head``; ``count``: the whole
+        conversation's number of messages."""
+        full = self.render_text(messages, tools)
+        lead = head + sampled_text
+        if not full.startswith(lead):
+            return None
+        rest = full[len(lead):]
         boundary = (sampled_ids and sampled_ids[-1] in self.tokens.added_ids) or self.tokens.starts_with_added(rest)
         if not boundary:
             return None
-        ids = self._tokenize(messages, tools, full, len(head))
-        return None if ids is None else Render(ids, full)
+        ids = self._tokenize(messages, tools, full, len(lead))
+        if ids is None:
+            return None
+        return Render(ids, prefix_text + sampled_text + rest, count)
 
     # -- turns ------------------------------------------------------------------------------
     def parse_turn(self, ids: Sequence[int], *, truncated: bool = False) -> ParsedTurn:

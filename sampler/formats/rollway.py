@@ -32,7 +32,7 @@ def _body(_format: ChatFormat, body: str) -> tuple[str, dict]:
 
 ROLLWAY = Family(
     "rollway", templates.ROLLWAY, (fmt.TOOL_CLOSE, fmt.IM_END), fmt.TOOL_OPEN, fmt.TOOL_CLOSE, body=_body,
-    content_call_separator="")
+    content_call_separator="", append_stable=True)
 
 
 def rollway_format(tokenizer) -> ChatFormat:

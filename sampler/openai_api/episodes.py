@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -347,7 +348,7 @@ class EpisodeRegistry:
             await rec.add_env(ids, self.engine.weight_version)
             prompt_ids = list(rec.segment_tokens)
             # The bridge's text is the whole new prefix; its ids are only the appended ones.
-            prefix = render if why else type(render)(ids=prompt_ids, text=render.text)
+            prefix = render if why else dataclasses.replace(render, ids=prompt_ids)
             if on_start is not None:
                 await on_start()
             rec.listener = on_token
