@@ -161,6 +161,17 @@ def load_credentials(path: str | os.PathLike[str]) -> Credentials:
         raise CredentialsError(f"the credentials file {path} is not valid: {exc}") from None
 
 
+def role_credentials(creds: Credentials, role: str) -> Credentials:
+    """What a process of ``role`` may hold: its own Kafka user and sandbox token only
+    (docker-compose.yml gives each service such a file). The grader's holds every
+    sandbox token: the sandbox service checks them. The admin's is everything."""
+    if role == "admin":
+        return creds
+    sandbox = dict(creds.sandbox) if role == "grader" else \
+        {role: creds.sandbox[role]} if role in creds.sandbox else {}
+    return Credentials(kafka={role: creds.user(role)}, sandbox=sandbox)
+
+
 def ensure_credentials(path: str | os.PathLike[str]) -> Credentials:
     """The credentials at ``path``, generated on first use."""
     if not Path(path).exists():

@@ -145,6 +145,35 @@ class ClusterState:
                    ca_file=raw.get("ca_file", ""))
 
 
+def secure_broker_properties(creds, listener: str) -> dict[str, str]:
+    """The broker settings of a secured cluster (also docker-compose.yml's broker, through
+    ``rollway acl credentials``): SCRAM-SHA-512 on ``listener`` (clients and inter-broker,
+    as the ``broker`` user of ``creds``), the StandardAuthorizer, deny by default, super
+    users admin and broker. Holds the broker's password: write it 0600."""
+    from bus.security import BROKER_USER
+
+    broker, admin = creds.user(BROKER_USER), creds.user("admin")
+    jaas = (f'org.apache.kafka.common.security.scram.ScramLoginModule required '
+            f'username="{broker.username}" password="{broker.password}";')
+    return {
+        "sasl.enabled.mechanisms": "SCRAM-SHA-512",
+        "sasl.mechanism.inter.broker.protocol": "SCRAM-SHA-512",
+        f"listener.name.{listener.lower()}.scram-sha-512.sasl.jaas.config": jaas,
+        "authorizer.class.name": "org.apache.kafka.metadata.authorizer.StandardAuthorizer",
+        "allow.everyone.if.no.acl.found": "false",
+        # ANONYMOUS is only ever the controller listener's principal (loopback only).
+        "super.users": f"User:{admin.username};User:{broker.username};User:ANONYMOUS",
+    }
+
+
+def scram_format_args(creds, roles: tuple[str, ...] | None = None) -> list[str]:
+    """``kafka-storage format`` arguments creating the SCRAM users of ``roles`` (all of
+    ``creds`` when None): KRaft needs the brokers' user before they first talk."""
+    users = creds.kafka.values() if roles is None else [creds.user(r) for r in roles]
+    return [arg for user in users
+            for arg in ("--add-scram", f"SCRAM-SHA-512=[name={user.username},password={user.password}]")]
+
+
 def pid_alive(pid: int) -> bool:
     if pid <= 0:
         return False
@@ -235,21 +264,10 @@ class LocalKafka:
         return ("SASL_SSL" if self.tls else "SASL_PLAINTEXT") if self.secure else "PLAINTEXT"
 
     def _security_properties(self) -> dict[str, str]:
-        from bus.security import BROKER_USER
-
-        broker, admin = self._creds.user(BROKER_USER), self._creds.user("admin")
-        jaas = (f'org.apache.kafka.common.security.scram.ScramLoginModule required '
-                f'username="{broker.username}" password="{broker.password}";')
-        return {
-            "sasl.enabled.mechanisms": "SCRAM-SHA-512",
-            "sasl.mechanism.inter.broker.protocol": "SCRAM-SHA-512",
-            f"listener.name.{self.listener.lower()}.scram-sha-512.sasl.jaas.config": jaas,
-            **(self._tls.server_properties(self.listener) if self._tls else {}),
-            "authorizer.class.name": "org.apache.kafka.metadata.authorizer.StandardAuthorizer",
-            "allow.everyone.if.no.acl.found": "false",
-            # ANONYMOUS is only ever the controller listener's principal (loopback only).
-            "super.users": f"User:{admin.username};User:{broker.username};User:ANONYMOUS",
-        }
+        props = secure_broker_properties(self._creds, self.listener)
+        if self._tls:
+            props.update(self._tls.server_properties(self.listener))
+        return props
 
     def _java(self, node_dir: Path) -> list[str]:
         """The JVM argv (heap, classpath, the node's log4j2 config) before the main class."""
@@ -312,8 +330,7 @@ class LocalKafka:
                "-c", str(node_dir / "server.properties"), "--ignore-formatted"]
         if self.secure:
             # KRaft: SCRAM users must exist before the brokers first talk to each other.
-            for user in self._creds.kafka.values():
-                cmd += ["--add-scram", f"SCRAM-SHA-512=[name={user.username},password={user.password}]"]
+            cmd += scram_format_args(self._creds)
         proc = subprocess.run(cmd, capture_output=True, text=True)
         if proc.returncode != 0:
             raise BrokerError(f"kafka storage format failed in {node_dir}: {proc.stderr or proc.stdout}")
