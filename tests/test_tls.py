@@ -87,6 +87,8 @@ def test_broker_start_tls_prints_the_ca_and_keeps_keys_private(tls):
     props = data_dir / "node-1" / "server.properties"
     assert props.stat().st_mode & 0o777 == 0o600
     assert "SASL_SSL://127.0.0.1:" in props.read_text()
+    status = _rollway("broker", "status", "--data-dir", str(data_dir), timeout=60)
+    assert status.returncode == 0 and status.stdout.splitlines()[-1] == "brokers answering: [1]", status.stdout
     # A second start keeps the CA and the broker certificate (clients keep trusting ca.pem).
     before = {p.name: p.read_bytes() for p in folder.iterdir()}
     ensure_broker_tls(folder)
