@@ -24,7 +24,7 @@ echo "log.dirs=${KAFKA_LOG_DIRS:-/var/lib/kafka/data}" > "$conf"
 # JVM and launcher variables are not broker properties.
 env | grep '^KAFKA_' \
     | grep -v -e '^KAFKA_LOG_DIRS=' -e '^KAFKA_HEAP_OPTS=' -e '^KAFKA_OPTS=' -e '^KAFKA_JVM_' -e '^KAFKA_LOG4J' \
-          -e '^KAFKA_JMX' -e '^KAFKA_HOME=' -e '^KAFKA_VERSION=' -e '^KAFKA_GC_' \
+          -e '^KAFKA_JMX' -e '^KAFKA_HOME=' -e '^KAFKA_VERSION=' -e '^KAFKA_GC_' -e '^KAFKA_LIBS=' \
     | while IFS='=' read -r name value; do
         key=$(echo "${name#KAFKA_}" | tr 'A-Z' 'a-z' | sed -e 's/___/-/g' -e 's/__/@/g' -e 's/_/./g' -e 's/@/_/g')
         echo "$key=$value" >> "$conf"
