@@ -25,6 +25,7 @@ On submit:
 
 from __future__ import annotations
 
+import asyncio
 import os
 import shutil
 import tempfile
@@ -42,6 +43,7 @@ from sandbox.config import RewardConfig, SandboxConfig
 from sandbox.grading_common import (
     HIDDEN_TESTS_DIR, HiddenPlan, RunOutput, make_plan, root_configs, solution_files, write_ro,
 )
+from sandbox.image_repo import ImageRepoCache
 from sandbox.images import ImageStore
 from sandbox.isolation import WORKSPACE, Bind, Limits
 from sandbox.junit import ReportError, outcomes_of, parse_report
@@ -107,6 +109,7 @@ class Grader:
         self.images = images if images is not None else ImageStore(cfg.images)
         self.root = Path(cfg.workspace_root or tempfile.gettempdir())
         self._bridge_runs = 0
+        self.image_repos = ImageRepoCache()
 
     async def grade(self, request: SubmitRequest, *, snapshot: Snapshot | None, calls: list[ToolCall], uid: int,
                     snapshot_error: str = "") -> Reward:
@@ -153,6 +156,8 @@ class Grader:
             await self.publisher.publish(reward)
 
     async def verdict(self, spec: TaskSpec, snapshot: Snapshot, calls: list[ToolCall], *, uid: int) -> Verdict:
+        if spec.needs_image_repo:
+            spec = await self.with_image_repo(spec)
         # In-env pytest runs discard agent test configs and judge exits by the report.
         in_env = spec.grading == "in-env" and pytest_arguments(spec.test_command) is not None
         findings = find_cheats(spec.files, snapshot, hidden_dir=HIDDEN_TESTS_DIR, in_env=in_env)
@@ -160,6 +165,16 @@ class Grader:
         if findings:
             return Verdict(score=0.0, cheated=True, reason="; ".join(findings))
         return await self.run_hidden_tests(spec, snapshot, uid=uid)
+
+    async def with_image_repo(self, spec: TaskSpec) -> TaskSpec:
+        """A task whose repository is only in its image, made whole from it (hidden tests,
+        reference solution, base tree; sandbox/image_repo.py). An ImageError is the
+        infrastructure's failure (503), as for any image task."""
+        root = await self.images.acquire(spec.image)
+        try:
+            return await asyncio.to_thread(self.image_repos.resolve, spec, root)
+        finally:
+            self.images.release(root)
 
     async def run_hidden_tests(self, spec: TaskSpec, snapshot: Snapshot, *, uid: int) -> Verdict:
         grade_dir = self.root / f"rollway-grade-{uuid.uuid4().hex[:12]}"

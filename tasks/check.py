@@ -206,6 +206,9 @@ async def check_hygiene(specs: list[TaskSpec], cfg: "SandboxConfig", *, only: li
                 return graded
 
             async def task(spec: TaskSpec) -> TaskHygiene:
+                # A row whose repository is only in its image: its reference solution and
+                # base tree come from the image (the whole tree is what a session holds).
+                spec = await service.grader.with_image_repo(spec) if spec.needs_image_repo else spec
                 jobs = solutions_to_grade(spec, only)
                 graded = await asyncio.gather(*(grade(spec, *job) for job in jobs))
                 return TaskHygiene(task_id=spec.task_id, grading=spec.grading, graded=list(graded))

@@ -48,6 +48,15 @@ class TaskSpec(msgspec.Struct, kw_only=True):
     # solution's process, in a fresh sandbox on the agent's final tree with every test
     # file and test config restored from the task (repository tasks: SWE-style rows).
     grading: str = "bridged"
+    # A SWE-style row whose repository is only in its image (no ``files``): its test patch
+    # and gold patch edit files the row does not hold, so its hidden tests, reference
+    # solution and base tree are made where the image is unpacked (tasks/image_repo.py),
+    # from this row (the JSON text as given). Never sent to samplers (to_event omits it).
+    image_repo_row: str = ""
+
+    @property
+    def needs_image_repo(self) -> bool:
+        return bool(self.image_repo_row)
 
     def __post_init__(self) -> None:
         if self.grading not in GRADING_MODES:

@@ -35,6 +35,9 @@ field                             required  meaning
                                             ``files`` may be omitted (the repository is in
                                             the image) and ``workdir`` defaults to /testbed
 ``workdir``                       no        where the repository lives in the sandbox
+                                            (an image row without ``files``: the
+                                            patches apply to the image's tree there,
+                                            see tasks/image_repo.py)
 ``repo``, ``base_commit``,        no        kept as metadata
 ``version``, ``created_at``,
 ``hints_text``,
@@ -62,6 +65,8 @@ import re
 import shlex
 from pathlib import Path, PurePosixPath
 from typing import Any, Iterator
+
+import msgspec
 
 from tasks.patch import PatchError, apply_patch, patched_paths
 from tasks.spec import GRADING_MODES, TaskSpec
@@ -189,6 +194,20 @@ def parse_row(data: Any, *, source: str = "<jsonl>", line: int = 1, task_set: st
     fail_to_pass = row.test_ids("FAIL_TO_PASS", required=True)
     pass_to_pass = row.test_ids("PASS_TO_PASS")
 
+    if image and not files:
+        # The repository is only in the image: what the patches edit is there. Checked
+        # now: everything that needs no repository text; the rest where the image is
+        # unpacked (tasks/image_repo.py: with_image_repo).
+        _patch_or_files(row, "test_patch", "test_files")
+        _patch_or_files(row, "patch", "solution_files")
+        return TaskSpec(
+            task_id=task_id, instruction=instruction, files={}, hidden_tests={}, solution={},
+            difficulty=_difficulty(row), test_command=_test_command(row, fail_to_pass + pass_to_pass),
+            language="python", task_set=task_set, metadata=_metadata(row, fail_to_pass, pass_to_pass),
+            image=image, workdir=workdir, grading=_grading(row),
+            image_repo_row=json.dumps(data, sort_keys=True),
+        )
+
     with_tests, touched = _with_tests(row, files)
     return TaskSpec(
         task_id=task_id,
@@ -314,6 +333,24 @@ def _metadata(row: _Row, fail_to_pass: list[str], pass_to_pass: list[str]) -> di
     metadata["PASS_TO_PASS"] = json.dumps(pass_to_pass)
     metadata["source"] = "swe"
     return metadata
+
+
+def with_image_repo(spec: TaskSpec, repo: dict[str, str]) -> TaskSpec:
+    """A row whose repository is only in its image (``spec.needs_image_repo``), made
+    whole with the image's tree at ``workdir`` (``repo``, read by
+    sandbox/image_repo.py): the test patch and gold patch applied to it, the hidden tests
+    and their helpers taken from it, and ``files`` = that tree, the base against which the
+    grader sees what the agent changed and restores test files and configuration. A
+    patch that does not apply to the image raises :class:`SWEFormatError`."""
+    if not spec.needs_image_repo:
+        return spec
+    data = json.loads(spec.image_repo_row)
+    if not repo:
+        raise SWEFormatError(f"image {spec.image}", 1, "workdir",
+                             f"the image holds no repository files at {spec.workdir}")
+    whole = parse_row({**data, "files": repo}, source=f"image {spec.image}", line=1, task_set=spec.task_set,
+                      allow_unknown_fields=True)
+    return msgspec.structs.replace(whole, metadata=spec.metadata)
 
 
 def iter_swe_jsonl(path: str | Path, *, task_set: str | None = None,

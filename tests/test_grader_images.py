@@ -18,7 +18,9 @@ from sandbox.client import SandboxClient
 from sandbox.config import ImageConfig, RewardConfig, SandboxConfig
 from schemas import Reward
 from tasks.store import TaskStore
-from tasks.swe import load_swe_jsonl
+from tasks.images.examples import EXAMPLES as EXAMPLE_DEFS
+from tasks.images.examples import rows
+from tasks.swe import load_swe_jsonl, parse_row
 from tests.image_helpers import example_images
 from tests.sandbox_helpers import live_sandbox
 
@@ -27,14 +29,20 @@ pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = load_swe_jsonl(ROOT / "tasks" / "images" / "examples.jsonl")
 BRIDGED = msgspec.structs.replace(EXAMPLES[0], task_id=EXAMPLES[0].task_id + "-bridged", grading="bridged")
-JOBS = [(s.task_id, gold) for s in EXAMPLES for gold in (True, False)] + [(BRIDGED.task_id, True)]
+# The same instance as SWE-Gym ships it: no ``files``, the repository (with its own
+# tests/conftest.py fixture) only in the image; its test patch edits a file there.
+REPO_IN_IMAGE = parse_row({**{k: v for k, v in rows()[0].items() if k != "files"},
+                           "instance_id": EXAMPLES[0].task_id + "-repo-in-image"}, task_set="examples")
+GOLD = {REPO_IN_IMAGE.task_id: dict(EXAMPLE_DEFS[0].fixed)}
+JOBS = ([(s.task_id, gold) for s in EXAMPLES for gold in (True, False)] + [(BRIDGED.task_id, True)]
+        + [(REPO_IN_IMAGE.task_id, gold) for gold in (True, False)])
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="session")
 async def graded(tmp_path_factory) -> dict[tuple[str, bool], Reward]:
     images = await asyncio.to_thread(example_images)
     store = TaskStore(ROOT / "tasks" / "demo")
-    for spec in [*EXAMPLES, BRIDGED]:
+    for spec in [*EXAMPLES, BRIDGED, REPO_IN_IMAGE]:
         store.add(spec)
     cfg = SandboxConfig(
         max_sessions=len(JOBS), max_concurrent_commands=4, command_queue_timeout_s=600.0,
@@ -46,7 +54,7 @@ async def graded(tmp_path_factory) -> dict[tuple[str, bool], Reward]:
         async def grade(task_id: str, gold: bool) -> Reward:
             spec = store.get(task_id)
             sid = await client.create_session(task_id)
-            for path, content in (spec.solution if gold else {}).items():
+            for path, content in (GOLD.get(task_id, spec.solution) if gold else {}).items():
                 await client.write_file(sid, path, content)
             return await client.submit(sid, trajectory_id=f"{task_id}-{gold}")
 
@@ -77,3 +85,14 @@ def test_untouched_repository_is_not_paid_in_the_image(graded, task_id):
 def test_bridged_grading_runs_on_the_image_too(graded):
     reward = graded[(BRIDGED.task_id, True)]
     assert (reward.score, reward.reward, reward.cheated, reward.reason) == (1.0, 1.0, False, ""), reward.reason
+
+
+def test_a_repository_only_in_its_image_is_graded_against_the_image(graded):
+    """Before: the test patch could not apply (its base was not in the row), and in-env
+    grading dropped the image's own conftest.py as if the agent had added it."""
+    assert REPO_IN_IMAGE.needs_image_repo and REPO_IN_IMAGE.files == {}
+    gold, untouched = graded[(REPO_IN_IMAGE.task_id, True)], graded[(REPO_IN_IMAGE.task_id, False)]
+    assert (gold.score, gold.cheated, gold.reason) == (1.0, False, ""), gold.reason
+    assert gold.tests_passed == gold.tests_total == 2
+    assert (untouched.score, untouched.cheated) == (0.0, False), untouched.reason
+    assert (untouched.tests_passed, untouched.tests_total) == (1, 2)

@@ -62,6 +62,14 @@ EXAMPLES = (
                 '    assert column_name("createdAt") == "created_at"\n'
             ),
             "README.md": "# namekit\n\nTable and column names from model names.\n",
+            # The repository's own test configuration: a fixture the tests need, so a
+            # grading that drops or loses the repository's conftest.py fails the gold patch.
+            "tests/conftest.py": (
+                "import pytest\n\n\n"
+                "@pytest.fixture\n"
+                "def model_tables():\n"
+                '    return {"BlogPost": "blog_posts", "Person": "people"}\n'
+            ),
         },
         fixed={
             "namekit/__init__.py": (
@@ -79,9 +87,9 @@ EXAMPLES = (
                 "from namekit import column_name, table_name\n\n\n"
                 "def test_column_name():\n"
                 '    assert column_name("createdAt") == "created_at"\n\n\n'
-                "def test_table_name_is_plural():\n"
-                '    assert table_name("BlogPost") == "blog_posts"\n'
-                '    assert table_name("Person") == "people"\n'
+                "def test_table_name_is_plural(model_tables):\n"
+                "    for model, table in model_tables.items():\n"
+                "        assert table_name(model) == table\n"
             ),
         },
         fail_to_pass=("tests/test_names.py::test_table_name_is_plural",),
