@@ -8,7 +8,9 @@
 # checkpoints and logs. Builds (or reuses) the warm start, runs the default
 # `rollway up` for MINUTES (default 30) with every component seeded by SEED, then
 # measures held-out pass@1 of version 0 (the warm start) and of the last version with
-# `rollway eval` on 100 held-out instances (2 samples each), and writes `rollway report` into the run.
+# `rollway eval` on 100 held-out instances (2 samples each) of each split in EVAL_SPLITS
+# (held-out behaviours with training names, and with held-out names) for each draw in
+# EVAL_SEEDS (default 0 1 2), and writes `rollway report` into the run.
 # The live evaluator is left out (--without evaluator): on 2 cores each of its 100-task
 # evaluations takes the CPU from training for minutes, and the evaluations after the
 # run measure the same versions on the same tasks.
@@ -26,6 +28,10 @@ EVAL_TASKS=${EVAL_TASKS:-100}
 # Samples per held-out task: one sample on 100 tasks moves by up to 5 points between two
 # evaluations of the same model; 2 halves that spread.
 EVAL_SAMPLES=${EVAL_SAMPLES:-2}
+# Held-out behaviours named from the training pool, and from the held-out name pool.
+EVAL_SPLITS=${EVAL_SPLITS:-heldout heldout-names}
+# Draws of held-out instances: the rise depends on the draw, so every split is measured on several.
+EVAL_SEEDS=${EVAL_SEEDS:-0 1 2}
 SANDBOX_PORT=${SANDBOX_PORT:-8391}
 BROKER_PORT=${BROKER_PORT:-9092}  # another port lets a second run start while one evaluates
 
@@ -62,15 +68,27 @@ for _ in $(seq 120); do  # the sandbox's self-check takes a few seconds
     kill -0 "$sandbox_pid" 2>/dev/null || { echo "sandbox exited; see $RUN/logs/eval-sandbox.log" >&2; exit 1; }
     sleep 0.5
 done
-eval_args=(--split heldout --max-tasks "$EVAL_TASKS" --samples "$EVAL_SAMPLES" --seed 0 --sandbox-url "http://127.0.0.1:$SANDBOX_PORT" --json)
-"$ROLLWAY" eval --version 0 "${eval_args[@]}" >"$RUN/eval-v0.json"
-"$ROLLWAY" eval --version latest "${eval_args[@]}" >"$RUN/eval-last.json"
+for split in $EVAL_SPLITS; do
+    for eval_seed in $EVAL_SEEDS; do
+        eval_args=(--split "$split" --max-tasks "$EVAL_TASKS" --samples "$EVAL_SAMPLES" --seed "$eval_seed"
+                   --sandbox-url "http://127.0.0.1:$SANDBOX_PORT" --json)
+        "$ROLLWAY" eval --version 0 "${eval_args[@]}" >"$RUN/eval-$split-s$eval_seed-v0.json"
+        "$ROLLWAY" eval --version latest "${eval_args[@]}" >"$RUN/eval-$split-s$eval_seed-last.json"
+    done
+done
 "$ROLLWAY" report --out "$RUN/report" | tail -3
-.venv/bin/python - "$RUN" <<'EOF'
+.venv/bin/python - "$RUN" "$EVAL_SPLITS" "$EVAL_SEEDS" <<'EOF'
 import json, sys
-run = sys.argv[1]
-for tag, label in (("v0", "warm start"), ("last", "after RL")):
-    result = json.load(open(f"{run}/eval-{tag}.json"))["result"]
-    print(json.dumps({"run": run, "model": label, **{k: result.get(k) for k in
-                                                      ("weight_version", "pass_at_1", "per_kind", "tasks", "samples", "seconds")}}))
+run, splits, seeds = sys.argv[1], sys.argv[2].split(), sys.argv[3].split()
+for split in splits:
+    rises = []
+    for seed in seeds:
+        v0, last = (json.load(open(f"{run}/eval-{split}-s{seed}-{tag}.json"))["result"] for tag in ("v0", "last"))
+        rises.append(last["pass_at_1"] - v0["pass_at_1"])
+        for result, label in ((v0, "warm start"), (last, "after RL")):
+            print(json.dumps({"run": run, "split": split, "eval_seed": int(seed), "model": label,
+                              **{k: result.get(k) for k in ("weight_version", "pass_at_1", "per_kind", "tasks",
+                                                            "samples", "seconds")}}))
+    print(json.dumps({"run": run, "split": split, "rise_per_draw": [round(r, 3) for r in rises],
+                      "mean_rise": round(sum(rises) / len(rises), 3), "min_rise": round(min(rises), 3)}))
 EOF

@@ -162,7 +162,8 @@ class SamplerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
 class EvalConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """``rollway eval`` and the evaluator component (:mod:`sampler.evaluation`, :mod:`sampler.evaluator`)."""
 
-    # What to evaluate: "family:heldout" / "family:train" (also "heldout", "train"), or
+    # What to evaluate: "family:heldout" / "family:heldout-names" (held-out behaviours named
+    # from the held-out name pool) / "family:train" (also without "family:"), or
     # "dir:PATH", a folder in the task format (what ``rollway eval --tasks DIR`` sets).
     split: str = "family:heldout"
     samples: int = 1  # samples per task; pass@1 = mean over tasks of the solved fraction

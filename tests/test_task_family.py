@@ -66,8 +66,8 @@ def normalised_tests(spec) -> str:
 
 def test_api_names_and_errors():
     assert KINDS == ("arith", "text", "lists", "fix")
-    assert tuple(split_names) == ("train", "heldout") == split_names()
-    with pytest.raises(ValueError, match=r"unknown split 'test'; valid splits: train, heldout"):
+    assert tuple(split_names) == ("train", "heldout", "heldout-names") == split_names()
+    with pytest.raises(ValueError, match=r"unknown split 'test'; valid splits: train, heldout, heldout-names"):
         generate("test", 3)
     with pytest.raises(ValueError, match=r"valid kinds: arith, text, lists, fix"):
         generate("train", 3, kinds=["sorting"])

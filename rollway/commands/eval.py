@@ -12,8 +12,8 @@ import argparse
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--split", help="family:heldout or family:train ('heldout', 'train' for short; "
-                                        "default: eval.split)")
+    parser.add_argument("--split", help="family:heldout, family:heldout-names (held-out names too) or family:train "
+                                        "('heldout', 'heldout-names', 'train' for short; default: eval.split)")
     parser.add_argument("--tasks", metavar="DIR", help="evaluate a folder of tasks in the task format instead of a split")
     parser.add_argument("--version", default="latest",
                         help="weight version N from the store, or 'latest' (default); 0 = the base model")

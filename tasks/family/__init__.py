@@ -11,8 +11,9 @@ operation/constant combinations.
     generate("train", 2000, seed=0)      # list[TaskSpec], deterministic
     resolve("fam.arith.calc.scale.n.mul3_add7")   # any family id -> its TaskSpec
 
-Splits are disjoint by behaviour (see :mod:`tasks.family.base`). Task ids encode the
-kind and parameters, so the grader regenerates a task from its id alone.
+Splits are disjoint by behaviour (see :mod:`tasks.family.base`); ``heldout-names`` holds
+out the names too (:mod:`tasks.family.names`). Task ids encode the kind and parameters,
+so the grader regenerates a task from its id alone.
 """
 
 from __future__ import annotations
@@ -22,7 +23,8 @@ import random
 from typing import Sequence
 
 from tasks.family.arith import Arith
-from tasks.family.base import ID_PREFIX, SPLITS, FamilyError, Kind, split_of_fingerprint, task_id
+from tasks.family.base import (ID_PREFIX, SPLITS, FamilyError, Kind, behaviour_split, names_pool_of_split, split_of,
+                               split_of_fingerprint, task_id)
 from tasks.family.fix import Fix
 from tasks.family.lists import Lists
 from tasks.family.text import Text
@@ -34,7 +36,7 @@ TASK_SET_PREFIX = "family:"
 
 
 class _SplitNames(tuple):
-    """``("train", "heldout")``; also callable (``split_names()``), so both spellings work."""
+    """``("train", "heldout", "heldout-names")``; also callable (``split_names()``), so both spellings work."""
 
     def __call__(self) -> tuple[str, ...]:
         return tuple(self)
@@ -69,15 +71,16 @@ def generate(split: str, count: int, *, seed: int = 0, kinds: Sequence[str] | No
     if count < 0:
         raise FamilyError(f"count must be >= 0, got {count}")
     rngs = {k: random.Random(f"rollway-family:{split}:{seed}:{k}") for k in chosen}
+    behaviours, names = behaviour_split(split), names_pool_of_split(split)
     seen: set[str] = set()
     out: list[TaskSpec] = []
     for i in range(count):
         name = chosen[i % len(chosen)]
         kind, rng = _KINDS[name], rngs[name]
         for _ in range(_MAX_DRAWS_PER_TASK):
-            tokens = kind.sample(rng)
+            tokens = kind.sample(rng, names)
             tid = task_id(name, tokens)
-            if tid not in seen and split_of_fingerprint(kind.fingerprint(tokens)) == split:
+            if tid not in seen and split_of_fingerprint(kind.fingerprint(tokens)) == behaviours:
                 break
         else:
             raise FamilyError(f"could not draw {count} distinct {split} tasks of kind {name!r}")
@@ -101,7 +104,7 @@ def resolve(task_id: str) -> TaskSpec:
     kind = _KINDS[kind_name]
     tokens = tuple(params.split("."))
     built = kind.build(tokens)
-    split = split_of_fingerprint(kind.fingerprint(tokens))
+    split = split_of(split_of_fingerprint(kind.fingerprint(tokens)), kind.names_pool(tokens))
     return TaskSpec(
         task_id=task_id,
         instruction=built.instruction,
@@ -110,7 +113,7 @@ def resolve(task_id: str) -> TaskSpec:
         solution=built.solution,
         difficulty="easy",
         task_set=TASK_SET_PREFIX + split,
-        metadata={"kind": kind_name, "split": split},
+        metadata={"kind": kind_name, "split": split, "skill": kind.skill(tokens)},
     )
 
 

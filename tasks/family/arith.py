@@ -5,14 +5,16 @@
 
 Solution: ``def scale(n):\\n    return n * 3 + 7``. Tokens: file, function, argument,
 operations (``mul3_add7``). Operations and constants are each seen in training; the
-held-out split has combinations (behaviours) the train split never has.
+held-out split has combinations (behaviours) the train split never has. Names: the
+English ones below or pseudo-words (:mod:`tasks.family.names`).
 """
 
 from __future__ import annotations
 
 import random
 
-from tasks.family.base import Built, FamilyError, check_choice, pick, stable_int, test_module
+from tasks.family import names as N
+from tasks.family.base import Built, FamilyError, pick, stable_int, test_module
 
 FILES = ("calc", "mathx", "numfun", "arith")
 FUNCS = ("scale", "shift", "step", "bump", "adjust", "compute", "convert", "tweak", "morph", "warp",
@@ -87,21 +89,48 @@ def cases(ops: list[Op], example: int) -> list[tuple[str, int]]:
     return [(repr(x), evaluate(ops, x)) for x in inputs]
 
 
+def draw_names(rng: random.Random, pool: str, files: tuple[str, ...], funcs: tuple[str, ...],
+               args: tuple[str, ...]) -> tuple[str, str, str]:
+    """File, function and argument names of ``pool``, pairwise distinct."""
+    module = N.draw(rng, files, "file", pool)
+    func = N.draw(rng, funcs, "function", pool, avoid=(module,))
+    return module, func, N.draw(rng, args, "argument", pool, avoid=(module, func))
+
+
+def check_names(module: str, func: str, arg: str, files: tuple[str, ...], funcs: tuple[str, ...],
+                args: tuple[str, ...]) -> str:
+    """The names' pool; FamilyError for an unknown name or two roles sharing one."""
+    pools = (N.check(module, files, "file"), N.check(func, funcs, "function"), N.check(arg, args, "argument"))
+    if len({module, func, arg}) < 3:
+        raise FamilyError(f"file, function and argument names must differ: {module!r}, {func!r}, {arg!r}")
+    return N.names_pool(*pools)
+
+
+def skill_of(ops: list[Op]) -> str:
+    return "_".join(name for name, _ in ops)
+
+
 class Arith:
     name = "arith"
 
-    def sample(self, rng: random.Random) -> tuple[str, ...]:
-        return (pick(rng, FILES), pick(rng, FUNCS), pick(rng, ARGS), ops_token(sample_ops(rng)))
+    def sample(self, rng: random.Random, names: str = "train") -> tuple[str, ...]:
+        return (*draw_names(rng, names, FILES, FUNCS, ARGS), ops_token(sample_ops(rng)))
 
     def _parse(self, tokens: tuple[str, ...]):
         if len(tokens) != 4:
             raise FamilyError(f"arith takes 4 parameters, got {len(tokens)}")
         module, func, arg, ops = tokens
-        return (check_choice(module, FILES, "file"), check_choice(func, FUNCS, "function"),
-                check_choice(arg, ARGS, "argument"), parse_ops(ops))
+        check_names(module, func, arg, FILES, FUNCS, ARGS)
+        return module, func, arg, parse_ops(ops)
 
     def fingerprint(self, tokens: tuple[str, ...]) -> str:
         return fingerprint(self._parse(tokens)[3])
+
+    def names_pool(self, tokens: tuple[str, ...]) -> str:
+        return check_names(*tokens[:3], FILES, FUNCS, ARGS)
+
+    def skill(self, tokens: tuple[str, ...]) -> str:
+        return f"arith:{skill_of(self._parse(tokens)[3])}"
 
     def build(self, tokens: tuple[str, ...]) -> Built:
         module, func, arg, ops = self._parse(tokens)

@@ -11,6 +11,10 @@ fingerprint's hash puts it in ``train`` or ``heldout``. So two instances that co
 the same thing (a renamed copy, ``+3 then +4`` vs ``+4 then +3``, a fix task whose fixed
 function equals an implement task's) always land in the same split, and every held-out
 operation/constant combination is one the train split never shows.
+
+Names are held out too (:mod:`tasks.family.names`): ``train`` and ``heldout`` use names
+of the training pool, ``heldout-names`` is held-out behaviours named from the held-out
+pool. A training behaviour is never named from the held-out pool.
 """
 
 from __future__ import annotations
@@ -20,7 +24,7 @@ import random
 from dataclasses import dataclass
 from typing import Callable, Protocol
 
-SPLITS = ("train", "heldout")
+SPLITS = ("train", "heldout", "heldout-names")
 ID_PREFIX = "fam"
 # Percent of behaviours held out.
 HELDOUT_PERCENT = 25
@@ -41,11 +45,18 @@ class Built:
 class Kind(Protocol):
     name: str
 
-    def sample(self, rng: random.Random) -> tuple[str, ...]:
-        """Random parameter tokens (any split)."""
+    def sample(self, rng: random.Random, names: str = "train") -> tuple[str, ...]:
+        """Random parameter tokens (any behaviour split), named from pool ``names``."""
 
     def fingerprint(self, tokens: tuple[str, ...]) -> str:
         """The behaviour the solution must have; decides the split."""
+
+    def names_pool(self, tokens: tuple[str, ...]) -> str:
+        """``train`` or ``heldout``: the pool of the task's names (held out if any is)."""
+
+    def skill(self, tokens: tuple[str, ...]) -> str:
+        """A coarse behaviour class (the operations without their constants), shared by
+        many instances: the feeder pools solve rates by it (tasks.selection)."""
 
     def build(self, tokens: tuple[str, ...]) -> Built:
         """The task; raises FamilyError on tokens that do not parse."""
@@ -54,6 +65,24 @@ class Kind(Protocol):
 def split_of_fingerprint(fingerprint: str) -> str:
     digest = hashlib.blake2b(fingerprint.encode(), digest_size=8).digest()
     return "heldout" if int.from_bytes(digest, "big") % 100 < HELDOUT_PERCENT else "train"
+
+
+def behaviour_split(split: str) -> str:
+    """The behaviour share a split draws from (``heldout-names`` holds out behaviours too)."""
+    return "heldout" if split == "heldout-names" else split
+
+
+def names_pool_of_split(split: str) -> str:
+    return "heldout" if split == "heldout-names" else "train"
+
+
+def split_of(behaviour: str, names: str) -> str:
+    """The split of a task from its behaviour's split and its names' pool."""
+    if names == "heldout":
+        if behaviour != "heldout":
+            raise FamilyError("held-out names only name held-out behaviours (this task's behaviour is a training one)")
+        return "heldout-names"
+    return behaviour
 
 
 def task_id(kind: str, tokens: tuple[str, ...]) -> str:

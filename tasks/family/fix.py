@@ -17,6 +17,7 @@ from __future__ import annotations
 import random
 
 from tasks.family import arith as A
+from tasks.family import names as N
 from tasks.family.base import Built, FamilyError, check_choice, pick, split_of_fingerprint, test_module
 
 BASE_WORDS = {"add": "add {k}", "sub": "subtract {k}", "mul": "multiply it by {k}"}
@@ -44,8 +45,8 @@ def breaks(ops: list[A.Op], buggy: list[A.Op], example: int) -> bool:
 class Fix:
     name = "fix"
 
-    def sample(self, rng: random.Random) -> tuple[str, ...]:
-        module, func, arg = pick(rng, A.FILES), pick(rng, A.FUNCS), pick(rng, A.ARGS)
+    def sample(self, rng: random.Random, names: str = "train") -> tuple[str, ...]:
+        module, func, arg = A.draw_names(rng, names, A.FILES, A.FUNCS, A.ARGS)
         ops = A.sample_ops(rng)
         while True:
             index = rng.randrange(len(ops))
@@ -54,7 +55,7 @@ class Fix:
             if breaks(ops, apply_bug(ops, bug), A.example_input(*tokens_so_far)):
                 break
         split = split_of_fingerprint(A.fingerprint(ops))
-        helper = pick(rng, tuple(f for f in A.FUNCS if f != func))
+        helper = N.draw(rng, A.FUNCS, "function", names, avoid=(module, func, arg))
         helper_ops = A.sample_ops(rng)
         while split_of_fingerprint(A.fingerprint(helper_ops)) != split:
             helper_ops = A.sample_ops(rng)
@@ -64,10 +65,10 @@ class Fix:
         if len(tokens) != 8:
             raise FamilyError(f"fix takes 8 parameters, got {len(tokens)}")
         module, func, arg, ops_tok, bug, helper, helper_tok, order = tokens
-        check_choice(module, A.FILES, "file")
-        check_choice(func, A.FUNCS, "function")
-        check_choice(arg, A.ARGS, "argument")
-        check_choice(helper, tuple(f for f in A.FUNCS if f != func), "helper function")
+        A.check_names(module, func, arg, A.FILES, A.FUNCS, A.ARGS)
+        N.check(helper, A.FUNCS, "function")
+        if helper in (module, func, arg):
+            raise FamilyError(f"the helper function's name {helper!r} is taken by the file, function or argument")
         check_choice(order, ("t", "h"), "order")
         ops, helper_ops = A.parse_ops(ops_tok), A.parse_ops(helper_tok)
         buggy = apply_bug(ops, bug)
@@ -80,6 +81,14 @@ class Fix:
 
     def fingerprint(self, tokens: tuple[str, ...]) -> str:
         return A.fingerprint(self._parse(tokens)[3])
+
+    def names_pool(self, tokens: tuple[str, ...]) -> str:
+        self._parse(tokens)
+        return N.names_pool(A.check_names(*tokens[:3], A.FILES, A.FUNCS, A.ARGS), N.check(tokens[5], A.FUNCS, "function"))
+
+    def skill(self, tokens: tuple[str, ...]) -> str:
+        ops = self._parse(tokens)[3]
+        return f"fix:{A.skill_of(ops)}:{tokens[4].partition('_')[0]}"
 
     def build(self, tokens: tuple[str, ...]) -> Built:
         module, func, arg, ops, buggy, helper, helper_ops, order, ex = self._parse(tokens)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import random
 
+from tasks.family.arith import check_names, draw_names
 from tasks.family.base import Built, FamilyError, check_choice, pick, stable_int, test_module
 
 FILES = ("listfun", "seqs", "listops", "nums")
@@ -68,14 +69,15 @@ def describe(flt: tuple[str, int], mp: tuple[str, int], agg: str) -> str:
 class Lists:
     name = "lists"
 
-    def sample(self, rng: random.Random) -> tuple[str, ...]:
+    def sample(self, rng: random.Random, names: str = "train") -> tuple[str, ...]:
+        module, func, arg = draw_names(rng, names, FILES, FUNCS, ARGS)
         while True:
             flt, mp, agg = pick(rng, FILTERS), pick(rng, MAPS), pick(rng, AGGS)
             if flt == "all" and mp == "same" and agg == "list":
                 continue  # the identity: nothing to do
             flt += str(rng.choice(CONSTS)) if flt in ("gt", "lt") else ""
             mp += str(rng.choice(CONSTS)) if mp in ("mul", "add", "sub") else ""
-            return (pick(rng, FILES), pick(rng, FUNCS), pick(rng, ARGS), flt, mp, agg)
+            return (module, func, arg, flt, mp, agg)
 
     def _parse(self, tokens: tuple[str, ...]):
         if len(tokens) != 6:
@@ -86,8 +88,15 @@ class Lists:
         check_choice(agg, AGGS, "result")
         if flt[0] == "all" and mp[0] == "same" and agg == "list":
             raise FamilyError("the identity transform is not a task")
-        return (check_choice(module, FILES, "file"), check_choice(func, FUNCS, "function"),
-                check_choice(arg, ARGS, "argument"), flt, mp, agg)
+        check_names(module, func, arg, FILES, FUNCS, ARGS)
+        return module, func, arg, flt, mp, agg
+
+    def names_pool(self, tokens: tuple[str, ...]) -> str:
+        return check_names(*tokens[:3], FILES, FUNCS, ARGS)
+
+    def skill(self, tokens: tuple[str, ...]) -> str:
+        _, _, _, flt, mp, agg = self._parse(tokens)
+        return f"lists:{flt[0]}_{mp[0]}_{agg}"
 
     def fingerprint(self, tokens: tuple[str, ...]) -> str:
         _, _, _, flt, mp, agg = self._parse(tokens)

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import random
 
-from tasks.family.base import Built, FamilyError, check_choice, pick, stable_int, test_module
+from tasks.family.arith import check_names, draw_names
+from tasks.family.base import Built, FamilyError, pick, stable_int, test_module
 
 FILES = ("words", "strx", "textfun", "strops")
 FUNCS = ("tidy", "dress", "wrap", "mangle", "remix", "polish", "encode", "garble", "style", "twist",
@@ -99,9 +100,10 @@ def describe(steps: list[tuple[str, str]]) -> str:
 class Text:
     name = "text"
 
-    def sample(self, rng: random.Random) -> tuple[str, ...]:
+    def sample(self, rng: random.Random, names: str = "train") -> tuple[str, ...]:
+        module, func, arg = draw_names(rng, names, FILES, FUNCS, ARGS)
         steps = [sample_step(rng) for _ in range(rng.choice((1, 2, 2)))]
-        return (pick(rng, FILES), pick(rng, FUNCS), pick(rng, ARGS), "_".join(steps))
+        return (module, func, arg, "_".join(steps))
 
     def _parse(self, tokens: tuple[str, ...]):
         if len(tokens) != 4:
@@ -110,8 +112,14 @@ class Text:
         steps = [parse_step(t) for t in steps_tok.split("_")]
         if not 1 <= len(steps) <= 2:
             raise FamilyError(f"need 1 or 2 steps, got {steps_tok!r}")
-        return (check_choice(module, FILES, "file"), check_choice(func, FUNCS, "function"),
-                check_choice(arg, ARGS, "argument"), steps)
+        check_names(module, func, arg, FILES, FUNCS, ARGS)
+        return module, func, arg, steps
+
+    def names_pool(self, tokens: tuple[str, ...]) -> str:
+        return check_names(*tokens[:3], FILES, FUNCS, ARGS)
+
+    def skill(self, tokens: tuple[str, ...]) -> str:
+        return "text:" + "_".join(name for name, _ in self._parse(tokens)[3])
 
     def fingerprint(self, tokens: tuple[str, ...]) -> str:
         steps = self._parse(tokens)[3]
