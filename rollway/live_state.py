@@ -79,6 +79,9 @@ class ViewModel(msgspec.Struct, kw_only=True):
     # Rolling, over the window's rewards (their Cost): new segments the chat template forced
     # (sampler/formats, a turn that could not be bridged token-exactly) per 1,000 turns.
     template_rerenders_per_1k_turns: float | None = None
+    # Groups trained / (trained + dropped for zero variance): the share of groups decided
+    # on their rewards that carried a learning signal (rollway.group_signal).
+    informative_share: float | None = None
     eval_latest: EvalFigure | None
     eval_first: EvalFigure | None  # first eval of the latest one's split
     entropy_full: float | None
@@ -94,6 +97,11 @@ class ViewModel(msgspec.Struct, kw_only=True):
     replicas: list[ReplicaRow]
     components: list[ComponentRow]
     notices: list[str]
+
+
+def informative_share(trained: int, zero_variance: int) -> float | None:
+    decided = trained + zero_variance
+    return trained / decided if decided else None
 
 
 # Trainer counters the view sums over processes: groups dropped (one per group, by
@@ -219,6 +227,8 @@ class LiveState:
             reward_mean=sum(r.reward for r in window) / len(window) if window else None,
             solve_rate=sum(1 for r in window if solved(r)) / len(window) if window else None,
             template_rerenders_per_1k_turns=rerenders_per_1k_turns(window),
+            informative_share=informative_share(int(sum(self._step_groups.values())),
+                                                groups_dropped.get("zero_variance", 0)),
             eval_latest=latest,
             eval_first=first,
             entropy_full=tv("entropy_full"),

@@ -38,7 +38,8 @@ def figures(m: ViewModel) -> list[tuple[str, str]]:
          f"{m.train_step}" + ("" if m.published_version is None else f"  (published v{m.published_version})")),
         ("tokens/s", f"sampling {m.sampling_tokens_per_s:.1f}  training {num(m.training_tokens_per_s, 1)}"),
         ("groups", f"trained {m.groups_trained}  dropped {dropped}" + (f" ({reasons})" if reasons else "")
-         + ("" if m.groups_published is None else f"  published {m.groups_published}")),
+         + ("" if m.groups_published is None else f"  published {m.groups_published}")
+         + ("" if m.informative_share is None else f"  with a learning signal {m.informative_share:.2f}")),
         ("trajectories dropped", lone),
         ("reward mean", f"{num(m.reward_mean)} (last {m.window_rewards} of {m.rewards_seen} rewards)"
          f"  last step {num(m.step_reward_mean)}"),
@@ -70,7 +71,8 @@ def status_line(m: ViewModel) -> str:
         f"weights {versions or DASH}",
         f"tok/s {m.sampling_tokens_per_s:.0f}",
         f"groups {m.groups_trained} trained/{sum(m.groups_dropped.values())} dropped"
-        + "".join(f" {k}={v}" for k, v in m.groups_dropped.items() if v),
+        + "".join(f" {k}={v}" for k, v in m.groups_dropped.items() if v)
+        + ("" if m.informative_share is None else f" signal={m.informative_share:.2f}"),
         f"reward {num(m.reward_mean)}",
         f"solve {num(m.solve_rate)}",
         f"pass@1 {DASH if m.eval_latest is None else f'{m.eval_latest.pass_at_1:.3f}@v{m.eval_latest.weight_version}'}",

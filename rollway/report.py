@@ -11,6 +11,9 @@ draws them. Sources:
   * tokens per trajectory, overall solve rate, the rolling solve rate against time and
     weight version, per task kind, and the length trade-off (``rollway.report_curves``):
     ``Reward`` (one per trajectory), kinds from the issued ``Task``'s metadata;
+  * groups with a learning signal (trained vs dropped for zero variance, per step and
+    rolling), trained groups per minute: ``TrainStep.groups`` / ``.dropped`` and
+    ``GroupsDropped`` (``rollway.group_signal``);
   * held-out pass@1 per version: ``EvalResult``;
   * weight-apply pauses: sampler ``Metrics`` (``apply_pause_ms``), else heartbeats;
   * dead letters: ``DeadLetter`` count.
@@ -24,8 +27,9 @@ from typing import Iterable
 import msgspec
 
 from rollway.live_state import solved
+from rollway import group_signal
 from rollway import report_curves as curves
-from schemas import DeadLetter, EvalResult, Heartbeat, Metrics, Reward, Task, TrainStep
+from schemas import DeadLetter, EvalResult, GroupsDropped, Heartbeat, Metrics, Reward, Task, TrainStep
 
 
 class Pause(msgspec.Struct, frozen=True):
@@ -48,6 +52,7 @@ class RunData(msgspec.Struct, kw_only=True):
     kinds: dict[str, str] = {}  # task id -> kind (Task.metadata["kind"])
     window: int = 200  # rewards in the rolling solve rate (the live view's up.solve_window)
     length_penalty: float = 0.0  # reward.length_penalty_per_token configured
+    groups: list[group_signal.StepGroups] = []  # per step: groups trained and dropped (the step log)
 
     def empty(self) -> bool:
         return not (self.steps or self.rewards or self.evals or self.pauses)
@@ -63,10 +68,14 @@ def collect(events: Iterable[object], trainer_source: str = "trainer", *, window
     beat_pauses: dict[tuple[str, int], Pause] = {}
     dead = 0
     tasks: list[Task] = []
+    ends: list[TrainStep | GroupsDropped] = []
     for e in events:
         if isinstance(e, Task):
             tasks.append(e)
+        elif isinstance(e, GroupsDropped):
+            ends.append(e)
         elif isinstance(e, TrainStep):
+            ends.append(e)
             steps.setdefault(e.step, dict(e.metrics))
         elif isinstance(e, Metrics):
             if e.source == trainer_source and e.step >= 0:
@@ -107,6 +116,7 @@ def collect(events: Iterable[object], trainer_source: str = "trainer", *, window
         kinds=curves.kinds_of(tasks),
         window=window,
         length_penalty=length_penalty,
+        groups=group_signal.step_groups(ends),
     )
 
 
@@ -139,6 +149,7 @@ def summary_markdown(data: RunData, plots: list[tuple[str, str]], source: str) -
         if st:
             rows.append(("staleness (versions)", f"mean of steps {statistics.fmean(st):.2f}"
                          + (f", tokens per bin {staleness_bins(data.staleness_hist)}" if data.staleness_hist else "")))
+    rows += signal_rows(data.groups)
     if data.rewards:
         rewards = data.rewards
         tokens = [r.cost.generated_tokens for r in rewards]
@@ -180,6 +191,27 @@ def summary_markdown(data: RunData, plots: list[tuple[str, str]], source: str) -
         lines += ["", "## Plots", ""]
         lines += [f"![{caption}]({name})" for name, caption in plots]
     return "\n".join(lines) + "\n"
+
+
+def signal_rows(groups: list[group_signal.StepGroups]) -> list[tuple[str, str]]:
+    """The informative-group share (trained / (trained + zero-variance drops)) overall
+    and by half of the run, the other ends, trained groups per minute."""
+    total = group_signal.tally(groups)
+    if total.informative_share is None:
+        return []
+    half = len(groups) // 2
+    halves = [group_signal.tally(groups[:half]).informative_share, group_signal.tally(groups[half:]).informative_share]
+    other = ", ".join(f"{k} {v}" for k, v in total.dropped.items() if k != "zero_variance" and v)
+    rows = [("groups with a learning signal (step log)",
+             f"{f3(total.informative_share)} = {total.trained} trained / ({total.trained} + {total.zero_variance} "
+             f"dropped for zero variance)"
+             + (f"; first / second half of the steps {' / '.join('-' if h is None else f3(h) for h in halves)}"
+                if half else "")
+             + (f"; other drops: {other}" if other else ""))]
+    per_min = group_signal.trained_per_minute(groups)
+    if per_min is not None:
+        rows.append(("trained groups per minute", f"{per_min:.2f}"))
+    return rows
 
 
 def length_section(t: curves.LengthTradeoff) -> list[str]:

@@ -49,6 +49,17 @@ class FeederConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     # instances of kinds the policy always or never solves are drawn less (their groups
     # carry no gradient). 0 = no pooling.
     pool_by_kind_window: int = 256
+    # Pool solve rates by skill too (metadata "skill": a kind's behaviour class, e.g.
+    # arith's "mul_add"), over this many recent outcomes of the skill, with the kind's
+    # rate as its prior: kinds mix easy and hard skills. 0 = no skill pooling.
+    pool_by_skill_window: int = 64
+    # What a task's weight is: "informative", the chance that a group of group_size
+    # samples has reward variance (1 - p^G - (1-p)^G: the trainer drops the others), or
+    # "variance", the Bernoulli variance p(1 - p).
+    selection_weight: str = "informative"
+    # Weight ** (1 / temperature): < 1 draws more from tasks likely to give an
+    # informative group, > 1 spreads draws more evenly.
+    selection_temperature: float = 1.0
     seed: int = 0
 
     def __post_init__(self) -> None:
@@ -62,6 +73,11 @@ class FeederConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
             (self.prior_successes > 0 and self.prior_failures > 0, "feeder.prior_successes and prior_failures must be positive"),
             (self.solve_rate_window >= 1, "feeder.solve_rate_window must be at least 1"),
             (self.pool_by_kind_window >= 0, "feeder.pool_by_kind_window must not be negative"),
+            (self.pool_by_skill_window >= 0, "feeder.pool_by_skill_window must not be negative"),
+            (self.selection_weight in ("informative", "variance"),
+             f"feeder.selection_weight must be 'informative' or 'variance', got {self.selection_weight!r}"),
+            (self.selection_temperature > 0,
+             f"feeder.selection_temperature must be positive, got {self.selection_temperature}"),
             (0 <= self.min_attempts_to_retire <= self.solve_rate_window,
              f"feeder.min_attempts_to_retire must be within 0..solve_rate_window ({self.solve_rate_window}), "
              f"got {self.min_attempts_to_retire}"),

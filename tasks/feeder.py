@@ -53,7 +53,8 @@ class Feeder:
         self.store = store
         self.clock = clock
         kinds = {spec.task_id: spec.metadata["kind"] for spec in store if spec.metadata.get("kind")}
-        self.selector = TaskSelector.from_config(store.ids(), cfg, groups=kinds)
+        skills = {spec.task_id: spec.metadata["skill"] for spec in store if spec.metadata.get("skill")}
+        self.selector = TaskSelector.from_config(store.ids(), cfg, groups=kinds, skills=skills)
         self.outstanding = OutstandingGroups()
         self.published = 0
         self.published_by_task: dict[str, int] = {}
@@ -224,6 +225,8 @@ class Feeder:
 
     def snapshot(self) -> dict[str, float]:
         rates = [self.selector.solve_rate(t) for t in self.selector.active()]
+        expected = self.selector.expected_informative()
+        extra = {} if expected is None else {"expected_informative_share": expected}
         return {
             "published_groups": float(self.published),
             "outstanding_groups": float(len(self.outstanding)),
@@ -232,6 +235,7 @@ class Feeder:
             "retired_tasks": float(len(self.selector.retired())),
             "mean_active_solve_rate": sum(rates) / len(rates) if rates else 0.0,
             "backpressure_seconds": self.backpressure_seconds,
+            **extra,
         }
 
     async def _publish_metrics(self, producer: EventProducer) -> None:

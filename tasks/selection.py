@@ -11,6 +11,14 @@ Beta(``a``, ``b``) prior::
                                            group is largest when its samples disagree
     P(task) = weight / sum of weights over active tasks
 
+With ``group_size`` G (the feeder passes its own), the weight is instead the chance that
+a group of G samples is *informative* (not all equal: the trainer drops the rest)::
+
+    weight = (1 - p^G - (1 - p)^G) ^ (1 / temperature)
+
+``temperature`` < 1 sharpens the draws towards tasks whose groups are likely to carry a
+signal, > 1 flattens them (1: proportional to the chance itself).
+
 Pooling by kind: with ``groups`` (task id -> kind, e.g. the family's ``arith``), the
 prior's mean is the kind's recent solve rate instead of a / (a + b)::
 
@@ -22,6 +30,15 @@ fresh (thousands of generated tasks, each drawn about once), per-task counts car
 information, and without pooling the draws spread evenly over kinds the policy always
 or never solves, whose groups have no variance. Without groups (or with no outcomes of
 the kind yet) m = a / (a + b) and p is the plain posterior above.
+
+Pooling by skill: a kind mixes behaviours of very different difficulty (one addition vs
+a multiplication then a subtraction; a bug in the first or the second operation), and a
+kind at 0.5 made of skills at 0 and 1 yields no informative group at all. With
+``skills`` (task id -> skill, the family's ``metadata["skill"]``), the skill's recent
+outcomes sit between the kind and the task::
+
+    m_skill = (S_s + (a + b) m) / (N_s + a + b)    over the skill's last ``skill_window``
+    p       = (s + (a + b) m_skill) / (n + a + b)
 
 An unseen task of an unpooled (or untried) kind has p = a / (a + b) (0.25 weight with
 the default a = b = 1, the maximum), so new tasks are tried early. A task is retired for good once it has at least
@@ -74,9 +91,19 @@ class TaskSelector:
         seed: int = 0,
         groups: Mapping[str, str] | None = None,
         group_window: int = 256,
+        skills: Mapping[str, str] | None = None,
+        skill_window: int = 64,
+        group_size: int = 0,
+        temperature: float = 1.0,
     ) -> None:
         if group_window < 1:
             raise ValueError(f"group_window must be at least 1, got {group_window}")
+        if skill_window < 1:
+            raise ValueError(f"skill_window must be at least 1, got {skill_window}")
+        if group_size < 0:
+            raise ValueError(f"group_size must be >= 0 (0: weight by the variance p(1 - p)), got {group_size}")
+        if not temperature > 0:
+            raise ValueError(f"temperature must be positive, got {temperature}")
         if not 0 <= min_attempts_to_retire <= window:
             raise ValueError(f"min_attempts_to_retire must be within 0..window ({window}), got {min_attempts_to_retire}")
         self.prior_successes = prior_successes
@@ -96,10 +123,15 @@ class TaskSelector:
             raise ValueError("no tasks to select from")
         self.groups: dict[str, str] = {t: g for t, g in (groups or {}).items() if t in self.stats}
         self.group_windows: dict[str, deque] = {g: deque(maxlen=group_window) for g in self.groups.values()}
+        self.skills: dict[str, str] = {t: k for t, k in (skills or {}).items() if t in self.stats}
+        self.skill_windows: dict[str, deque] = {k: deque(maxlen=skill_window) for k in self.skills.values()}
+        self.group_size = group_size
+        self.temperature = temperature
 
     @classmethod
     def from_config(cls, task_ids: Iterable[str], cfg: FeederConfig,
-                    groups: Mapping[str, str] | None = None) -> "TaskSelector":
+                    groups: Mapping[str, str] | None = None,
+                    skills: Mapping[str, str] | None = None) -> "TaskSelector":
         return cls(
             task_ids,
             prior_successes=cfg.prior_successes,
@@ -111,6 +143,10 @@ class TaskSelector:
             seed=cfg.seed,
             groups=groups if cfg.pool_by_kind_window else None,
             group_window=max(1, cfg.pool_by_kind_window),
+            skills=skills if cfg.pool_by_skill_window else None,
+            skill_window=max(1, cfg.pool_by_skill_window),
+            group_size=cfg.group_size if cfg.selection_weight == "informative" else 0,
+            temperature=cfg.selection_temperature,
         )
 
     # -- observations ---------------------------------------------------------------
@@ -120,6 +156,8 @@ class TaskSelector:
         stats.window.append(1 if solved else 0)
         if task_id in self.groups:
             self.group_windows[self.groups[task_id]].append(1 if solved else 0)
+        if task_id in self.skills:
+            self.skill_windows[self.skills[task_id]].append(1 if solved else 0)
         stats.attempts += 1
         stats.solved += bool(solved)
         if stats.retired or not self.min_attempts_to_retire or stats.window_attempts < self.min_attempts_to_retire:
@@ -138,8 +176,8 @@ class TaskSelector:
         a, b = self.prior_successes, self.prior_failures
         return (stats.window_solved + (a + b) * self.prior_mean(task_id)) / (stats.window_attempts + a + b)
 
-    def prior_mean(self, task_id: str) -> float:
-        """The prior's mean for this task: its kind's posterior solve rate when pooled."""
+    def kind_mean(self, task_id: str) -> float:
+        """The kind's posterior solve rate (a / (a + b) unpooled)."""
         a, b = self.prior_successes, self.prior_failures
         group = self.groups.get(task_id)
         if group is None:
@@ -147,11 +185,30 @@ class TaskSelector:
         outcomes = self.group_windows[group]
         return (sum(outcomes) + a) / (len(outcomes) + a + b)
 
+    def prior_mean(self, task_id: str) -> float:
+        """The prior's mean for this task: its skill's posterior solve rate (itself with
+        the kind's as prior) when pooled by skill, else the kind's."""
+        m = self.kind_mean(task_id)
+        skill = self.skills.get(task_id)
+        if skill is None:
+            return m
+        outcomes = self.skill_windows[skill]
+        return (sum(outcomes) + (self.prior_successes + self.prior_failures) * m) / (
+            len(outcomes) + self.prior_successes + self.prior_failures)
+
+    def informative_chance(self, task_id: str) -> float:
+        """The chance that a group of ``group_size`` samples of the task does not have
+        every reward equal, at its posterior solve rate (``group_size`` 0: p(1 - p))."""
+        p = self.solve_rate(task_id)
+        if not self.group_size:
+            return p * (1.0 - p)
+        return 1.0 - p ** self.group_size - (1.0 - p) ** self.group_size
+
     def weight(self, task_id: str) -> float:
         if self.stats[task_id].retired:
             return 0.0
-        p = self.solve_rate(task_id)
-        return p * (1.0 - p)
+        chance = self.informative_chance(task_id)
+        return chance if self.temperature == 1.0 else chance ** (1.0 / self.temperature)
 
     def weights(self) -> dict[str, float]:
         return {task_id: self.weight(task_id) for task_id in self.stats}
@@ -160,6 +217,14 @@ class TaskSelector:
         weights = self.weights()
         total = sum(weights.values())
         return {t: (w / total if total else 0.0) for t, w in weights.items()}
+
+    def expected_informative(self) -> float | None:
+        """The chance that the next draw gives an informative group, by the current
+        estimates (None without a group size): sum over tasks of P(task) x its chance."""
+        if not self.group_size:
+            return None
+        probs = self.probabilities()
+        return sum(q * self.informative_chance(t) for t, q in probs.items() if q)
 
     def active(self) -> list[str]:
         return [t for t, s in self.stats.items() if not s.retired]
