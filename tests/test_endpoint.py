@@ -11,6 +11,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import aiohttp
 import numpy as np
@@ -306,6 +310,58 @@ async def test_bad_requests_are_4xx_in_openai_shape_and_publish_nothing(hermes, 
         assert status == 200
     chunks = await read_all(kafka_config, "trajectories")
     assert not [c for c in chunks if c.trajectory_id == idle["trajectory_id"]]
+
+
+async def run_mini_cli(url: str, episode: dict, tmp_path: Path, task: str, **config) -> tuple[int, dict, str]:
+    """mini-swe-agent's ``mini`` CLI (the installed entry point) on ``episode``, unattended
+    as a script runs it: yolo mode, ``--exit-immediately``, stdin not a terminal. Its exit
+    code, its saved trajectory (``-o``) and its output."""
+    import yaml
+    from minisweagent import package_dir
+
+    from sampler.openai_api.mini_swe_agent import CLI_ENV, cli_config
+
+    ours = tmp_path / "rollway-mini.yaml"
+    ours.write_text(yaml.safe_dump(cli_config(url, episode, **config)))
+    out = tmp_path / "mini.traj.json"
+    root = str(Path(__file__).resolve().parent.parent)
+    env = {**os.environ, **CLI_ENV, "MSWEA_GLOBAL_CONFIG_DIR": str(tmp_path / "mswea"),
+           "PYTHONPATH": os.pathsep.join([root, os.environ.get("PYTHONPATH", "")])}
+    proc = await asyncio.create_subprocess_exec(
+        str(Path(sys.executable).parent / "mini"), "-c", str(package_dir / "config" / "mini.yaml"), "-c", str(ours),
+        "-y", "--exit-immediately", "-t", task, "-o", str(out),
+        stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env)
+    output, _ = await asyncio.wait_for(proc.communicate(), timeout=300)
+    text = output.decode(errors="replace")
+    assert out.exists(), f"mini wrote no trajectory (exit {proc.returncode}):\n{text[-3000:]}"
+    return proc.returncode, json.loads(out.read_text()), text
+
+
+async def test_mini_cli_solves_a_task_in_the_sandbox_session(hermes, kafka_config, sandbox_cfg, tmp_path):
+    """The ``mini`` CLI route (docs/agents.md): an episode created over HTTP, the CLI run
+    with the package's mini.yaml and our config (sampler.openai_api.mini_swe_agent
+    .cli_config): its bash calls run in the episode's sandbox session and its submit
+    convention grades the workspace it edited."""
+    tok, fmt = hermes
+    turns = [call_turn(fmt, "bash", {"command": "cat solution.py"}, "THOUGHT: look first."),
+             call_turn(fmt, "bash", {"command": FIX}, "THOUGHT: fix the sign."),
+             call_turn(fmt, "bash", {"command": "echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT"})]
+    engine = ScriptedEngine(tok, scripted(turns), max_model_len=4096)
+    async with running_endpoint(engine, fmt, kafka_config, sandbox_cfg) as (url, registry):
+        episode = await create_episode(url)
+        code, traj, output = await run_mini_cli(url, episode, tmp_path, TASK.instruction, agent={"step_limit": 5})
+        status, graded = await post(f"{url}/v1/rollway/episodes/{episode['id']}", method="GET")
+    assert code == 0, output[-3000:]
+    assert traj["info"]["exit_status"] == "Submitted" and traj["info"]["model_stats"]["api_calls"] == 3
+    assert status == 200 and graded["status"] == "done" and graded["turns"] == 3
+    assert graded["reward"]["score"] == 1.0 and graded["history_rewrites"] == 0 and graded["segments"] == 1
+    # The agent saw the sandbox's file (its first command's output).
+    assert any(m["role"] == "tool" and "return x - y" in m["content"] for m in traj["messages"])
+    chunks = await final_chunks(kafka_config, episode["trajectory_id"])
+    rec = concat(chunks)
+    assert [t for t, m in zip(rec["ids"], rec["mask"]) if m] == [t for c in engine.calls for t in c.output]
+    assert chunks[-1].finish_reason == "submitted" and chunks[-1].cost.turns == 3
+    assert (await reward_of(kafka_config, episode["trajectory_id"])).score == 1.0
 
 
 async def test_mini_swe_agent_solves_a_task_in_the_sandbox_session(hermes, kafka_config, sandbox_cfg):

@@ -19,7 +19,7 @@ import pytest_asyncio
 from sampler.engine import Engine, SampledToken
 from tests.sampler_helpers import agent_model_dir, start_test_engine
 from tests.test_endpoint import (MODEL, TASK, concat, create_episode, final_chunks, post, reward_of,  # noqa: F401
-                                 running_endpoint, sandbox_cfg)
+                                 run_mini_cli, running_endpoint, sandbox_cfg)
 
 pytestmark = [pytest.mark.vllm, pytest.mark.kafka]
 
@@ -208,3 +208,33 @@ async def test_mini_swe_agent_on_the_tiny_model_end_to_end(vllm, chat_format, ka
     assert chunks[-1].finish_reason in ("submitted", f"agent_{result['exit_status']}")
     reward = await reward_of(kafka_config, episode["trajectory_id"])
     assert reward.score == episode["reward"]["score"]
+
+
+async def test_mini_cli_on_the_tiny_model_end_to_end(vllm, chat_format, kafka_config, sandbox_cfg, tmp_path):
+    """mini-swe-agent's ``mini`` CLI (the installed entry point, unattended: yolo,
+    ``--exit-immediately``, stdin not a terminal) drives an episode of the tiny model with
+    a step limit of 2. The tiny model does not submit, so the CLI stops at its limit
+    (``LimitsExceeded``, exit 0) and leaves the episode open; the driver submits it with
+    the agent's exit status, as docs/agents.md says. Checked: the plumbing."""
+    engine = TapEngine(vllm)
+    short = {"step_limit": 2, "instance_template": "Please solve this issue: {{task}}\nWhen done, run "
+                                                   "`echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT`."}
+    async with running_endpoint(engine, chat_format, kafka_config, sandbox_cfg, top_p=0.95) as (url, registry):
+        episode = await create_episode(url)
+        code, traj, output = await run_mini_cli(url, episode, tmp_path, TASK.instruction, agent=short,
+                                                model_kwargs={"max_tokens": 32})
+        exit_status = traj["info"]["exit_status"]
+        status, graded = await post(f"{url}/v1/rollway/episodes/{episode['id']}", method="GET")
+        if graded["status"] == "open":
+            status, graded = await post(f"{url}/v1/rollway/episodes/{episode['id']}/submit",
+                                        {"finish_reason": f"agent_{exit_status}"})
+    assert code == 0, output[-3000:]
+    calls = traj["info"]["model_stats"]["api_calls"]
+    assert exit_status in ("LimitsExceeded", "Submitted", "RepeatedFormatError") and 1 <= calls <= 2
+    assert status == 200 and graded["status"] == "done" and graded["turns"] == calls
+    tid = episode["trajectory_id"]
+    chunks = await final_chunks(kafka_config, tid)
+    assert_chunks_are_the_engine_record(concat(chunks), engine.log[tid])
+    assert chunks[-1].finish_reason in ("submitted", f"agent_{exit_status}") and chunks[-1].cost.turns == calls
+    reward = await reward_of(kafka_config, tid)
+    assert reward.score == graded["reward"]["score"]

@@ -128,6 +128,35 @@ def create_episode(endpoint: str, spec: dict[str, Any], timeout_s: float = 300.0
     return body
 
 
+# The environment mini-swe-agent's ``mini`` CLI needs to run unattended and offline.
+CLI_ENV = {
+    "MSWEA_CONFIGURED": "true",  # else the CLI's first run asks for a default model on the terminal
+    "MSWEA_SILENT_STARTUP": "1",
+    "LITELLM_LOCAL_MODEL_COST_MAP": "True",
+    "MSWEA_COST_TRACKING": "ignore_errors",
+    "MSWEA_MODEL_RETRY_STOP_AFTER_ATTEMPT": "1",
+}
+
+
+def cli_config(endpoint: str, episode: dict[str, Any], *, model: str | None = None,
+               agent: dict[str, Any] | None = None, model_kwargs: dict[str, Any] | None = None) -> dict[str, Any]:
+    """A config for mini-swe-agent's ``mini`` CLI, merged over its own ``mini.yaml`` (``mini
+    -c mini.yaml -c THIS.yaml -y --exit-immediately -t TASK``, with :data:`CLI_ENV` and
+    this repository on ``PYTHONPATH``): the episode's base URL as the model's API base,
+    commands in the episode's sandbox session. ``episode``: ``POST /v1/rollway/episodes``'s
+    answer. The CLI grades the episode only through the submit convention; a run that
+    stops otherwise (step limit) leaves it open: ``POST .../submit`` it afterwards."""
+    return {
+        "agent": {**(agent or {})},
+        "model": {"model_class": "litellm", "model_name": f"openai/{model or episode['model']}",
+                  "cost_tracking": "ignore_errors",
+                  "model_kwargs": {"api_base": episode["base_url"], "api_key": "rollway", "num_retries": 0,
+                                   **(model_kwargs or {})}},
+        "environment": {"environment_class": f"{RollwaySandboxEnvironment.__module__}.RollwaySandboxEnvironment",
+                        "endpoint": endpoint, "episode_id": episode["id"]},
+    }
+
+
 def run_episode(endpoint: str, spec: dict[str, Any], *, model: str | None = None, step_limit: int = 10,
                 model_kwargs: dict[str, Any] | None = None, agent_overrides: dict[str, Any] | None = None) -> dict[str, Any]:
     """Create an episode for ``spec`` (``POST /v1/rollway/episodes``'s body), run
