@@ -24,6 +24,13 @@ class ImageConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     # containers-policy.json(5) for skopeo; empty = the system's (/etc/containers/policy.json),
     # or accept anything when there is none.
     policy: str = ""
+    # containers-registries.conf(5) for skopeo (mirrors, blocked registries, a registry
+    # served over plain HTTP with ``insecure = true``); empty = the system's.
+    registries_conf: str = ""
+    # Registry credentials, containers-auth.json(5) (``skopeo login --authfile`` writes
+    # one; Docker's ~/.docker/config.json has the same format); empty = skopeo's default
+    # (${XDG_RUNTIME_DIR}/containers/auth.json, then ~/.docker/config.json).
+    auth_file: str = ""
     # Sessions kept ready per image (created ahead, while earlier ones run); 0 = off.
     warm_sessions_per_image: int = 0
 

@@ -53,7 +53,11 @@ def source_of(ref: str) -> str:
     return "docker://" + ref
 
 
-def skopeo_argv(source: str, layout: Path, policy: str = "") -> list[str]:
+def skopeo_argv(source: str, layout: Path, policy: str = "", *, registries_conf: str = "",
+                auth_file: str = "") -> list[str]:
+    """``registries_conf``/``auth_file``: containers-registries.conf(5) and
+    containers-auth.json(5) files (skopeo 1.9 reads no environment variable for the
+    former, so it is passed as a flag)."""
     skopeo = shutil.which("skopeo")
     if skopeo is None:
         raise FetchError("fetch", "skopeo is not installed (apt-get install skopeo; scripts/setup does)")
@@ -62,13 +66,18 @@ def skopeo_argv(source: str, layout: Path, policy: str = "") -> list[str]:
         argv += ["--policy", policy]
     elif not _SYSTEM_POLICY.exists():
         argv += ["--insecure-policy"]
-    # --preserve-digests where the format allows keeps a registry's layer digests.
-    return [*argv, "copy", "--quiet", source, f"oci:{layout}:{LAYOUT_TAG}"]
+    if registries_conf:
+        argv += ["--registries-conf", registries_conf]
+    copy = ["copy", "--quiet"]
+    if auth_file:
+        copy += ["--src-authfile", auth_file]
+    return [*argv, *copy, source, f"oci:{layout}:{LAYOUT_TAG}"]
 
 
-async def fetch(ref: str, layout: Path, *, policy: str = "", timeout_s: float = 1800.0) -> None:
+async def fetch(ref: str, layout: Path, *, policy: str = "", timeout_s: float = 1800.0, registries_conf: str = "",
+                auth_file: str = "") -> None:
     """skopeo copy ``ref`` into the new OCI layout ``layout`` (must not exist)."""
-    argv = skopeo_argv(source_of(ref), layout, policy)
+    argv = skopeo_argv(source_of(ref), layout, policy, registries_conf=registries_conf, auth_file=auth_file)
     proc = await asyncio.create_subprocess_exec(
         *argv, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
     )

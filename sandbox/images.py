@@ -215,7 +215,8 @@ class ImageStore:
         try:
             started = time.monotonic()
             try:
-                await fetch(source, work / "layout", policy=self.cfg.policy, timeout_s=self.cfg.pull_timeout_s)
+                await fetch(source, work / "layout", policy=self.cfg.policy, timeout_s=self.cfg.pull_timeout_s,
+                            registries_conf=self.cfg.registries_conf, auth_file=self.cfg.auth_file)
                 info = await asyncio.to_thread(verify_layout, work / "layout")
             except FetchError as exc:
                 raise ImageError(ref, _reason(exc), exc.kind) from None
