@@ -29,7 +29,7 @@ EVAL_TASKS=${EVAL_TASKS:-100}
 # evaluations of the same model; 2 halves that spread.
 EVAL_SAMPLES=${EVAL_SAMPLES:-2}
 # Held-out behaviours named from the training pool, and from the held-out name pool.
-EVAL_SPLITS=${EVAL_SPLITS:-heldout heldout-names}
+EVAL_SPLITS=${EVAL_SPLITS-heldout heldout-names}  # empty: no evaluation (a smoke run)
 # Draws of held-out instances: the rise depends on the draw, so every split is measured on several.
 EVAL_SEEDS=${EVAL_SEEDS:-0 1 2}
 SANDBOX_PORT=${SANDBOX_PORT:-8391}
@@ -77,6 +77,9 @@ for split in $EVAL_SPLITS; do
     done
 done
 "$ROLLWAY" report --out "$RUN/report" | tail -3
+grep -h "learning signal\|trained groups per minute" "$RUN/report/summary.md" || true
+# The run's rewards, for benchmarks/selection_replay.py (selection policies on its measured solve rates).
+.venv/bin/python benchmarks/selection_replay.py dump "$RUN/rewards.jsonl"
 .venv/bin/python - "$RUN" "$EVAL_SPLITS" "$EVAL_SEEDS" <<'EOF'
 import json, sys
 run, splits, seeds = sys.argv[1], sys.argv[2].split(), sys.argv[3].split()
