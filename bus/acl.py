@@ -7,8 +7,9 @@ derived from what the code does (docs/security.md lists it with the reasons):
 
 * every role may DESCRIBE the Rollway topics (metadata, end offsets: ``ensure_topics``
   checks that they exist; creating them is the admin's job);
-* trainer: reads trajectories, rewards, its step log and health; writes train-steps,
-  weights, metrics and dead letters; its consumer group; its transactional id;
+* trainer: reads trajectories, rewards, its step log, health and dead letters (a foreign
+  step-log record is dead-lettered once across restarts); writes train-steps, weights,
+  metrics and dead letters; its consumer group; its transactional id;
 * sampler: reads tasks and weight announcements; writes trajectories, health, metrics
   and dead letters; the samplers' group;
 * grader (the sandbox service): writes rewards, nothing else;
@@ -72,7 +73,8 @@ TABLE: tuple[Grant, ...] = (
     _t("trainer", "weights", "WRITE", "announces weight versions"),
     _t("trainer", "metrics", "WRITE", "trainer metrics"),
     _t("trainer", "health", "READ", "samplers' weight-update failures (keyframe on trouble)"),
-    _t("trainer", "dlq", "WRITE", "dead-letters records it cannot use"),
+    _t("trainer", "dlq", "READ WRITE", "dead-letters records it cannot use; re-reads the letters at start so a "
+       "foreign step-log record is dead-lettered once across restarts (trainer/steplog.py)"),
     Grant("trainer", "group", "trainer_group", ("READ",), "its consumer group; offsets committed in its transactions"),
     Grant("trainer", "transactional_id", "trainer_transactional_id", ("WRITE", "DESCRIBE"),
           "the single writer of the step log (fences older trainers)"),

@@ -199,3 +199,22 @@ def test_components_without_credentials_or_acls_fail_at_start_with_one_line(secu
     assert missing.stderr.strip() == (
         f"kafka: principal User:rollway-sampler (role feeder) may not READ topic {secured.names.prefix}rewards; "
         "run rollway acl apply as admin, or check kafka.role and the credentials")
+
+
+async def test_a_restarted_trainer_dead_letters_a_foreign_step_log_record_once_under_its_acls(secured):
+    # Found by the chaos run with ACLs: the trainer re-reads the dead letters at start so
+    # a foreign record on its step log is dead-lettered once across restarts; without
+    # READ on the dlq it stopped with "may not READ topic ...dlq".
+    from schemas import DeadLetter
+    from trainer.steplog import read_step_log
+
+    steps = _topic(secured, "train-steps")
+    async with EventProducer(secured.cfg("admin")) as admin:
+        await admin.publish_raw(steps, b"not a train step", key=b"foreign")
+    trainer = secured.cfg("trainer")
+    for _ in range(2):  # two starts: one letter
+        await read_step_log(trainer, dead_letter=True)
+    letters = [envelope_of(r).event for r in await read_topic_records(secured.cfg("admin"), _topic(secured, "dlq"))
+               if r.value != PROBE]
+    # (The role test's probes on the step log are foreign too, and dead-lettered alike.)
+    assert [(type(x), x.topic) for x in letters if x.value == b"not a train step"] == [(DeadLetter, steps)]
