@@ -13,8 +13,11 @@ pre-encoded bytes. Ratio = Rollway / raw.
 ``--security`` (#32): the Rollway path on an open broker and on a secured one (SASL/SCRAM-
 SHA-512 + the ACL authorizer, bus/acl.py's table; the sampler principal writes, the
 trainer's reads) side by side: two local brokers started here, runs interleaved in ABBA
-order, best of ``--repeats`` each. Ratio = open seconds / secured seconds (throughput of
+order, best of ``--repeats`` each; each round's topic is new, and the clock starts
+``--settle`` seconds after it was created (leaders elected, positions fetched). Ratio = open seconds / secured seconds (throughput of
 the secured bus relative to the open one), also per repeat (paired) with its median.
+``--tls`` adds a third broker serving SASL_SSL (``rollway broker start --tls``'s setup) to the
+same rotation (informational).
 """
 
 from __future__ import annotations
@@ -55,10 +58,16 @@ def make_chunk(i: int, tokens: int, kept: int, rng: np.random.Generator) -> Traj
     )
 
 
-async def rollway_path(cfg: KafkaConfig, events: list[TrajectoryChunk], reader_cfg: KafkaConfig | None = None) -> float:
+async def rollway_path(cfg: KafkaConfig, events: list[TrajectoryChunk], reader_cfg: KafkaConfig | None = None,
+                       settle_s: float = 0.0) -> float:
     async with EventConsumer(reader_cfg or cfg, ["trajectories"], group_id=None) as consumer, \
             EventProducer(cfg) as producer:
         got = 0
+        if settle_s:
+            # The new topic's leaders elected and the consumer's positions fetched before the
+            # clock starts (otherwise a "NotLeaderForPartition" retry lands in the timing).
+            await asyncio.sleep(settle_s)
+            await consumer.getmany(timeout_ms=200)
 
         async def consume():
             nonlocal got
@@ -107,40 +116,45 @@ async def security_compare(args: argparse.Namespace, events: list[TrajectoryChun
 
     brokers = {"open": LocalKafka(tempfile.mkdtemp(prefix="bench-open-"), nodes=1, heap=args.heap),
                "sasl+acl": LocalKafka(tempfile.mkdtemp(prefix="bench-sasl-"), nodes=1, heap=args.heap, secure=True)}
+    if args.tls:
+        brokers["sasl_ssl"] = LocalKafka(tempfile.mkdtemp(prefix="bench-tls-"), nodes=1, heap=args.heap, secure=True,
+                                         tls=True)
     try:
         boots = {name: kafka.start() for name, kafka in brokers.items()}
-        creds = brokers["sasl+acl"].state.credentials_file
         results: dict[str, float] = {}
         runs: dict[str, list[float]] = {name: [] for name in boots}
         for run in range(args.repeats):
             # ABBA order: the drift of a busy machine (warming up, neighbours) falls on both.
             order = list(boots.items()) if run % 2 == 0 else list(reversed(boots.items()))
             for name, bootstrap in order:
-                prefix = f"bench{run}{name[0]}{os.getpid()}."
+                prefix = f"bench{run}{name[:2]}{os.getpid()}."
                 common = dict(bootstrap_servers=bootstrap, topic_prefix=prefix, partitions={"trajectories": 3})
+                state = brokers[name].state
                 if name == "open":
                     writer = reader = KafkaConfig(**common)
                     await ensure_topics(writer, [TOPICS["trajectories"], TOPICS["dlq"]])
                 else:
-                    admin = KafkaConfig(**common, credentials_file=creds, role="admin")
+                    secured = dict(common, credentials_file=state.credentials_file, ssl_cafile=state.ca_file)
+                    admin = KafkaConfig(**secured, role="admin")
                     await ensure_topics(admin, [TOPICS["trajectories"], TOPICS["dlq"]])
-                    apply(admin, AclNames(prefix=prefix), load_credentials(creds))
-                    writer = KafkaConfig(**common, credentials_file=creds, role="sampler")
-                    reader = KafkaConfig(**common, credentials_file=creds, role="trainer")
-                seconds = await rollway_path(writer, events, reader)
+                    apply(admin, AclNames(prefix=prefix), load_credentials(state.credentials_file))
+                    writer = KafkaConfig(**secured, role="sampler")
+                    reader = KafkaConfig(**secured, role="trainer")
+                seconds = await rollway_path(writer, events, reader, settle_s=args.settle)
                 results[name] = min(results.get(name, float("inf")), seconds)
                 runs[name].append(seconds)
                 print(f"run {run} {name}: {seconds:.2f} s", flush=True)
-        print(f"\nbus throughput, open vs SASL/SCRAM-SHA-512 + ACLs: {args.events} TrajectoryChunk events, "
-              f"{args.tokens} tokens, {megabytes / args.events * 1000:.1f} KB/event, best of {args.repeats}, "
-              "interleaved; rollway bus path (sampler principal writes, trainer principal reads)")
+        print(f"\nbus throughput, open vs SASL/SCRAM-SHA-512 + ACLs{' (+ TLS)' if args.tls else ''}: {args.events} "
+              f"TrajectoryChunk events, {args.tokens} tokens, {megabytes / args.events * 1000:.1f} KB/event, best of "
+              f"{args.repeats}, interleaved; rollway bus path (sampler principal writes, trainer principal reads)")
         print(f"{'broker':<10} {'seconds':>8} {'events/s':>10} {'MB/s':>8} {'ratio':>6}")
         for name, seconds in results.items():
             print(f"{name:<10} {seconds:>8.2f} {args.events / seconds:>10.0f} {megabytes / seconds:>8.1f} "
                   f"{results['open'] / seconds:>6.2f}")
-        paired = sorted(o / s for o, s in zip(runs["open"], runs["sasl+acl"]))
-        print(f"paired ratios (open/secured seconds, per repeat): {', '.join(f'{r:.2f}' for r in paired)}; "
-              f"median {float(np.median(paired)):.2f}")
+        for name in [n for n in runs if n != "open"]:
+            per_round = [o / s for o, s in zip(runs["open"], runs[name])]
+            print(f"paired ratios open/{name} (open seconds / {name} seconds, per round in order): "
+                  f"{', '.join(f'{r:.2f}' for r in per_round)}; median {float(np.median(per_round)):.2f}")
     finally:
         for kafka in brokers.values():
             kafka.stop()
@@ -198,4 +212,8 @@ if __name__ == "__main__":
     parser.add_argument("--security", action="store_true",
                         help="open vs SASL/SCRAM + ACLs side by side (two local brokers started here)")
     parser.add_argument("--heap", default="512m", help="JVM heap of each broker of --security")
+    parser.add_argument("--settle", type=float, default=2.0,
+                        help="with --security: seconds between creating a round's topic and starting the clock")
+    parser.add_argument("--tls", action="store_true",
+                        help="with --security: a third broker, SASL_SSL (TLS + SCRAM + ACLs), informational")
     asyncio.run(main(parser.parse_args()))

@@ -4,6 +4,7 @@
     .venv/bin/python benchmarks/chaos.py --short    # the test suite's
     .venv/bin/python benchmarks/chaos.py --seeds 5  # seeds 0-4 in a row: a table per seed, then a summary
     .venv/bin/python benchmarks/chaos.py --seeds 0,1,2,3,4,11
+    .venv/bin/python benchmarks/chaos.py --short --secure   # on SASL/SCRAM + ACLs (#32)
 
 Everything is a real process: a 3-node Kafka (``rollway.broker.LocalKafka``, RF 3,
 min.insync.replicas 2, passed to the components as ``KAFKA_BOOTSTRAP_SERVERS`` the way a
@@ -74,6 +75,7 @@ sys.path.insert(0, str(REPO))
 from bus import codec  # noqa: E402
 from harness import cpu_name, load_average  # noqa: E402
 from bus.config import KafkaConfig  # noqa: E402
+from bus.security import client_security  # noqa: E402
 from bus.topics import TOPICS  # noqa: E402
 
 FULL_SCHEDULE = ["garbage", "sampler", "trainer-checkpoint", "trainer-freeze", "trainer-publish", "sandbox",
@@ -393,7 +395,7 @@ class Chaos:
 
         async def produce() -> None:
             producer = AIOKafkaProducer(bootstrap_servers=self.kafka.bootstrap_servers, acks="all",
-                                        enable_idempotence=True)
+                                        enable_idempotence=True, **client_security(self.kafka))
             await producer.start()
             try:
                 for short in TOPICS:
@@ -626,7 +628,8 @@ class Canary:
         from schemas import Metrics
 
         producer = AIOKafkaProducer(bootstrap_servers=self.kafka.bootstrap_servers, acks="all",
-                                    enable_idempotence=True, request_timeout_ms=10_000)
+                                    enable_idempotence=True, request_timeout_ms=10_000,
+                                    **client_security(self.kafka))
         await producer.start()
         topic = self.kafka.topic_prefix + "metrics"
         seq = 0
@@ -880,7 +883,7 @@ def _run_seed(args: argparse.Namespace, result: SeedResult) -> int:
     work.mkdir(parents=True, exist_ok=True)
     result.work = str(work)
     print(f"chaos run, seed {args.seed}, in {work} (logs in {work}/logs)", flush=True)
-    cluster = LocalKafka(work / "kafka", nodes=3, heap=args.broker_heap)
+    cluster = LocalKafka(work / "kafka", nodes=3, heap=args.broker_heap, secure=args.secure)
     stack: Stack | None = None
     canary: Canary | None = None
     try:
@@ -890,12 +893,26 @@ def _run_seed(args: argparse.Namespace, result: SeedResult) -> int:
         config.write_text(stack_config(work, prefix, tiny_model_dir(), free_ports(1)[0], args.seed))
         from rollway.config import load_config
 
-        kafka = load_config(str(config), environ={}).kafka
+        whole = load_config(str(config), environ={})
+        kafka = whole.kafka
         kafka.bootstrap_servers = bootstrap
-        asyncio.run(ensure_topics(kafka))
+        secured_env: dict[str, str] = {}
+        if args.secure:
+            # The driver (garbage, canary, audit reads) is the operator; every component
+            # authenticates as its own role from the credentials file (COMMAND_ROLES), the
+            # sandbox API checks tokens; the table is applied as `rollway broker start` does.
+            from rollway.commands.acl import secure_setup
+
+            kafka.credentials_file, kafka.role = cluster.state.credentials_file, "admin"
+            _, rules = secure_setup(whole)
+            print(f"secured cluster: SASL/SCRAM + ACLs, {len(rules)} ACLs for {prefix}*", flush=True)
+            secured_env = {"ROLLWAY_KAFKA__CREDENTIALS_FILE": cluster.state.credentials_file}
+        else:
+            asyncio.run(ensure_topics(kafka))
         failpoints = work / "failpoints"
         failpoints.write_text("")
         stack = Stack(work, config, bootstrap)
+        stack.env.update(secured_env)
         stack.add("sandbox", ["sandbox"])
         stack.add("trainer", ["trainer"], {"ROLLWAY_FAILPOINTS": f"@{failpoints}"})
         for i in range(2):
@@ -955,6 +972,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--fault-timeout", type=float, default=240.0, help="seconds for each wait")
     p.add_argument("--drain-timeout", type=float, default=180.0)
     p.add_argument("--broker-heap", default="384m")
+    p.add_argument("--secure", action="store_true",
+                   help="SASL/SCRAM + ACLs (bus/acl.py's table): each component as its own principal, the "
+                        "sandbox API with tokens; the driver injects garbage and reads as admin")
     args = p.parse_args(argv)
     if args.schedule:
         args.schedule = [s.strip() for s in args.schedule.split(",") if s.strip()]
