@@ -173,6 +173,26 @@ def reward_solve_rate(data: RunData, out: Path) -> Plot | None:
     )
 
 
+def informative_groups(data: RunData, out: Path) -> Plot | None:
+    """Per step, the share of groups decided on their rewards that had variance (trained
+    / (trained + dropped for zero variance)), and that share over the last 40 such groups."""
+    from rollway import group_signal
+
+    rows = [r for r in data.groups if r.trained + r.dropped.get("zero_variance", 0)]
+    if not rows:
+        return None
+    plt, fig, ax = _figure()
+    ax.plot([r.step for r in rows], [r.trained / (r.trained + r.dropped.get("zero_variance", 0)) for r in rows],
+            marker=".", linestyle="none", alpha=0.5, label="per step")
+    rolling = group_signal.rolling_share(data.groups, window=40)
+    ax.plot([s for s, _ in rolling], [v for _, v in rolling], label="last 40 decided groups")
+    ax.set_ylim(0, 1.05)
+    return _save(plt, fig, ax, out, "informative_groups.png",
+                 "share of sampled groups with a learning signal (trained vs dropped for zero variance)",
+                 title="Groups with reward variance (the rest teach nothing and are dropped)",
+                 xlabel="train step", ylabel="share of decided groups", legend=True)
+
+
 def heldout_pass_at_1(data: RunData, out: Path) -> Plot | None:
     if not data.evals:
         return None
@@ -236,7 +256,7 @@ def apply_pauses(data: RunData, out: Path) -> Plot | None:
 
 PLOTS: list[Callable[[RunData, Path], Plot | None]] = [
     solve_rate_over_time, solve_rate_by_version, solve_rate_per_kind, length_tradeoff, reward_solve_rate,
-    heldout_pass_at_1, entropy, mismatch, staleness, tokens_per_trajectory, apply_pauses,
+    informative_groups, heldout_pass_at_1, entropy, mismatch, staleness, tokens_per_trajectory, apply_pauses,
 ]
 
 

@@ -230,3 +230,14 @@ def test_the_report_and_the_live_view_show_the_share():
     state = LiveState()
     m = state.model(now=0.0)
     assert m.informative_share is None and "signal=" not in status_line(m)
+
+
+def test_the_report_draws_the_share_per_step(tmp_path):
+    from rollway.report import collect
+    from rollway.report_plots import informative_groups
+
+    assert informative_groups(collect([]), tmp_path) is None
+    data = collect([step(1, ["a"], [("z1", "zero_variance")], at=10.0), step(2, ["b", "c"], [], at=20.0)])
+    name, caption = informative_groups(data, tmp_path)
+    assert name == "informative_groups.png" and (tmp_path / name).stat().st_size > 0
+    assert "learning signal" in caption
