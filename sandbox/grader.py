@@ -292,7 +292,8 @@ class Grader:
         except ReportError as exc:
             return Verdict(score=0.0, reason=f"{exc}; exit code {result.exit_code}{stopped}")
         everything = outcomes_of(parsed.cases)  # canaries included: what the exit code reflects
-        checked = check_result(parsed, output.collected, plan.selection, plan.canaries, wall_s=result.duration_s)
+        checked = check_result(parsed, output.collected, plan.selection, plan.canaries, wall_s=result.duration_s,
+                               sites=plan.sites)
         outcomes = checked.outcomes
         if checked.tampering:
             log.warning("grading_tampering", findings=checked.tampering)

@@ -7,11 +7,13 @@ from __future__ import annotations
 import json
 import random
 import secrets
+import sys
 from pathlib import Path
 
 import msgspec
 
 from sandbox.canaries import Canary, plan as plan_canaries
+from sandbox.witnesses import Site, instrument
 from sandbox.runner import CommandResult
 from sandbox.test_selection import Selection, select
 from sandbox.workspace import Snapshot, clean_relpath
@@ -35,6 +37,9 @@ class HiddenPlan(msgspec.Struct, kw_only=True):
     plugin: str  # the plugin's module name (random per grading)
     collected_file: str  # file name of the collection record in the report folder
     report_dir: str = REPORT_DIR  # where the run writes both (inside its sandbox)
+    witness: str = ""  # the completion witness's builtin name (random per grading)
+    sites: list[Site] = []  # the tests that call it, with their nonces
+    hidden_sources: str = ""  # in-env: where the plugin finds the hidden sources (then deletes them)
 
 
 class RunOutput(msgspec.Struct, kw_only=True):
@@ -60,14 +65,29 @@ def make_plan(args: list[str], tests: dict[str, str], config_files: dict[str, st
         found = planned.canaries
         if selection.by_node_id:
             extra = planned.node_ids
+    witness = f"_rw_{secrets.token_hex(6)}"
+    witnessed = instrument(files, witness, rng)
     plugin = f"_rw_{secrets.token_hex(8)}"
     collected = f"collected-{secrets.token_hex(4)}.json"
-    run_args = list(args) + extra
+    run_args = _with_node_ids(list(args), extra, rng)
     if "no:cacheprovider" not in run_args:
         run_args += ["-p", "no:cacheprovider"]
     run_args += ["-p", plugin, f"--junitxml={report_dir}/{REPORT_FILE}", "-o", "junit_family=xunit2"]
-    return HiddenPlan(args=run_args, tests={p: t.encode() for p, t in files.items()}, selection=selection,
-                      canaries=found, plugin=plugin, collected_file=collected, report_dir=report_dir)
+    return HiddenPlan(args=run_args, tests={p: t.encode() for p, t in witnessed.files.items()}, selection=selection,
+                      canaries=found, plugin=plugin, collected_file=collected, report_dir=report_dir,
+                      witness=witness, sites=witnessed.sites)
+
+
+def _with_node_ids(args: list[str], node_ids: list[str], rng: random.Random) -> list[str]:
+    """The canaries' node ids, each after a random node id the command names (so their
+    place on the command line tells nothing either)."""
+    for node_id in node_ids:
+        places = [i for i, a in enumerate(args) if "::" in a and not a.startswith("-")]
+        if places:
+            args.insert(rng.choice(places) + 1, node_id)
+        else:
+            args.append(node_id)
+    return args
 
 
 def plugin_dir(base: Path, plan: HiddenPlan) -> Path:
@@ -75,9 +95,37 @@ def plugin_dir(base: Path, plan: HiddenPlan) -> Path:
     path = base / "plugin"
     path.mkdir(mode=0o755)
     write_ro(path / f"{plan.plugin}.py", _PLUGIN_SOURCE)
-    config = {"canaries": [c.name for c in plan.canaries], "out": f"{plan.report_dir}/{plan.collected_file}"}
+    config = {"out": f"{plan.report_dir}/{plan.collected_file}", "witness": plan.witness,
+              "hidden": plan.hidden_sources or None}
     write_ro(path / f"{plan.plugin}.json", json.dumps(config).encode())
     return path
+
+
+def with_bytecode(files: dict[str, bytes], at: str) -> dict[str, bytes]:
+    """``files`` (grader modules a sandbox imports from ``at``) plus their compiled
+    ``__pycache__`` copies for this interpreter, checked against the source's hash (not its
+    mtime, which every grading's copy changes): each sandbox then skips compiling them
+    (~50 ms of CPU per side for the bridge package). Another interpreter (an image's
+    Python) looks for its own cache tag and compiles as before."""
+    import importlib.util
+    import py_compile
+    import tempfile
+
+    tag = sys.implementation.cache_tag
+    if tag is None:
+        return dict(files)
+    out = dict(files)
+    with tempfile.TemporaryDirectory() as tmp:
+        for rel, data in files.items():
+            if not rel.endswith(".py"):
+                continue
+            src = Path(tmp) / "src.py"
+            src.write_bytes(data)
+            target = Path(importlib.util.cache_from_source(str(Path(tmp) / rel)))
+            py_compile.compile(str(src), cfile=str(target), dfile=f"{at}/{rel}", doraise=True,
+                               invalidation_mode=py_compile.PycInvalidationMode.CHECKED_HASH)
+            out[str(target.relative_to(tmp))] = target.read_bytes()
+    return out
 
 
 def solution_files(snapshot: Snapshot) -> dict[str, bytes]:

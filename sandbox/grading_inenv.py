@@ -28,18 +28,21 @@ from __future__ import annotations
 
 import ast
 import configparser
+import json
+import os
 import re
+import secrets
 import shlex
 import tomllib
 from pathlib import Path, PurePosixPath
 
 from sandbox.config import SandboxConfig
 from sandbox.grading_common import (
-    HIDDEN_TESTS_DIR, PLUGIN_DIR, REPORT_DIR, REPORT_FILE, HiddenPlan, RunOutput, plugin_dir,
+    HIDDEN_TESTS_DIR, PLUGIN_DIR, REPORT_DIR, REPORT_FILE, HiddenPlan, RunOutput, plugin_dir, write_ro,
 )
 from sandbox import image_workspace
 from sandbox.images import ImageRoot
-from sandbox.isolation import Bind, Limits
+from sandbox.isolation import WORKSPACE, Bind, Limits
 from sandbox.runner import Jail
 from sandbox.workspace import Workspace, WorkspaceError, clean_relpath
 from tasks.spec import TaskSpec, pytest_arguments
@@ -145,11 +148,23 @@ def _plugin_modules(files: dict[str, bytes]) -> set[str]:
     return names
 
 
+SECRETS_DIR = "/grader-secrets"
+PLACEHOLDER = b"# A hidden test file: the grader serves its source to pytest from memory.\n"
+
+
 async def run(jail: Jail, cfg: SandboxConfig, limits: Limits, spec: TaskSpec, code: dict[str, bytes],
               plan: HiddenPlan, base: Path, *, uid: int, root: ImageRoot | None = None) -> RunOutput:
     """``root``: the task's image (a fresh copy-on-write tree of its ``spec.workdir`` with
     the run's files over it); None: the host root, the tree at /workspace."""
+    workdir = spec.workdir if root is not None else WORKSPACE
     files, notes = tree(spec, code, plan)
+    served = {path: files[path] for path in plan.tests if _served(path)}
+    files.update({path: PLACEHOLDER for path in served})
+    secrets_dir = Workspace.create(base / "secrets", uid, {})[0]
+    name = f"{secrets.token_hex(8)}.json"
+    write_private(secrets_dir.root / name,
+                  json.dumps({f"{workdir}/{p}": d.decode() for p, d in served.items()}).encode(), uid)
+    plan.hidden_sources = f"{SECRETS_DIR}/{name}"
     if root is not None:
         ws, _ = image_workspace.create(base / "ws", uid, files, None, root, spec.workdir)
         on_root = {"root": root, "workdir": spec.workdir}
@@ -159,12 +174,20 @@ async def run(jail: Jail, cfg: SandboxConfig, limits: Limits, spec: TaskSpec, co
     plugin = plugin_dir(base, plan)
     out = Workspace.create(base / "out", uid, {})[0]
     inifile = task_inifile({clean_relpath(p): t for p, t in spec.files.items()}, plan.args)
-    pin = ["-c", inifile] if inifile else []
+    if inifile:
+        pin = ["-c", inifile]
+    else:
+        # No config of the task's: an empty one, so none the run might find is read.
+        write_ro(plugin / f"{plan.plugin}.ini", b"[pytest]\n")
+        pin = ["-c", f"{PLUGIN_DIR}/{plan.plugin}.ini"]
+        if not any(a == "--rootdir" or a.startswith("--rootdir=") for a in plan.args):
+            pin += ["--rootdir", workdir]  # where pytest roots node ids without a config
     command = shlex.join([*command_prefix(spec.test_command), *pin, *plan.args])
     try:
         result = await jail.run(
             command, workspace=ws.root, uid=uid, timeout_s=cfg.grading_timeout_s,
-            binds=[Bind(str(plugin), PLUGIN_DIR), Bind(str(out.root), REPORT_DIR, writable=True)],
+            binds=[Bind(str(plugin), PLUGIN_DIR), Bind(str(out.root), REPORT_DIR, writable=True),
+                   Bind(str(secrets_dir.root), SECRETS_DIR, writable=True)],
             env={"PYTHONPATH": PLUGIN_DIR, "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"},
             limits=limits, label="grade-in-env", **on_root,
         )
@@ -173,6 +196,22 @@ async def run(jail: Jail, cfg: SandboxConfig, limits: Limits, spec: TaskSpec, co
             ws.remove()
     return RunOutput(result=result, report=_read(out, REPORT_FILE), collected=_read(out, plan.collected_file),
                      notes=notes)
+
+
+def _served(path: str) -> bool:
+    """Hidden files served from memory: Python modules, but not conftests (pytest loads
+    them as configuration) or package markers."""
+    return path.endswith(".py") and PurePosixPath(path).name not in ("conftest.py", "__init__.py")
+
+
+def write_private(path: Path, data: bytes, uid: int) -> None:
+    """A file only the run's uid can read, in a folder it can write (to delete it)."""
+    path.write_bytes(data)
+    path.chmod(0o600)
+    try:
+        os.chown(path, uid, uid)
+    except PermissionError:
+        pass  # unprivileged service: the run's uid is ours
 
 
 def task_inifile(files: dict[str, str], args: list[str]) -> str | None:

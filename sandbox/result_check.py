@@ -13,8 +13,10 @@ and the JUnit report. Any of these is tampering (the cheat floor, with the reaso
 - counts that do not match the cases (``tests``/``failures``/``errors``/``skipped``), a
   case without a duration, durations that add up to more than the suite's time, or a
   suite longer than the run itself;
-- a canary missing, a must-fail canary passing or a must-pass canary failing while the
-  test it copies passed.
+- a canary missing, a must-fail canary passing (or running to its last line) or a
+  must-pass canary failing while the test it copies passed;
+- a test reported passed whose body never reached its completion witness
+  (:mod:`sandbox.witnesses`), or a missing witness record.
 
 Canaries never count in the score.
 """
@@ -26,6 +28,7 @@ import msgspec
 from sandbox.canaries import Canary
 from sandbox.junit import Case, Report, TestOutcomes, outcomes_of
 from sandbox.test_selection import Selection, matches, path_matches
+from sandbox.witnesses import Site, site_of, unwitnessed_passes
 
 _MAX_LISTED = 3
 # pytest writes durations with 3 decimals.
@@ -37,6 +40,7 @@ _WALL_SLACK_S = 1.0
 class _Collected(msgspec.Struct, forbid_unknown_fields=True):
     items: list[tuple[str, str, str]]  # node id, JUnit classname, JUnit name
     collectors: list[tuple[str, str, str, str]]  # ... + outcome (failed | skipped)
+    witnessed: list[str] | None = None  # the witnesses' nonces, in call order (None: never written)
 
 
 class Checked(msgspec.Struct, kw_only=True):
@@ -54,7 +58,7 @@ def _base(name: str) -> str:
 
 
 def check(report: Report, collected: bytes | None, selection: Selection, canaries: list[Canary], *,
-          wall_s: float | None = None) -> Checked:
+          wall_s: float | None = None, sites: list[Site] = ()) -> Checked:
     tampering: list[str] = []
     try:
         record = msgspec.json.decode(collected, type=_Collected) if collected is not None else None
@@ -104,10 +108,23 @@ def check(report: Report, collected: bytes | None, selection: Selection, canarie
     if never:
         tampering.append(f"hidden tests that were never collected: {_listed(never)}")
 
+    verdict = {key: (cs[0].outcome if len(cs) == 1 else "failed") for key, cs in by_key.items()}
+    # Completion witnesses: a passed test ran to its last line.
+    witnessed = record.witnessed or []
+    if sites and record.witnessed is None and collected is not None and any(v == "passed" for v in verdict.values()):
+        tampering.append("the run's completion record is missing")
+    passed = [items[key] for key, outcome in verdict.items() if outcome == "passed" and key in items]
+    never_ended = unwitnessed_passes(passed, list(sites), witnessed)
+    if never_ended and record.witnessed is not None:
+        tampering.append(f"tests reported passed that never reached their last line: {_listed(never_ended)}")
+    by_site: dict[tuple[str, str], list[Site]] = {}
+    for site in sites:
+        by_site.setdefault((site.cls, site.name), []).append(site)
+    nonces = set(witnessed)
+
     # Canaries: present, and right whenever the test they copy passed.
     canary_of = {c.name: c for c in canaries}
     real = [c for c in cases if _base(c.name) not in canary_of]
-    verdict = {key: (cs[0].outcome if len(cs) == 1 else "failed") for key, cs in by_key.items()}
     canaries_run = 0
     for canary in canaries:
         keys = [key for key in items if _base(key[1]) == canary.name]
@@ -124,9 +141,12 @@ def check(report: Report, collected: bytes | None, selection: Selection, canarie
                 original = verdict.get((key[0], canary.original + key[1][len(canary.name):]))
                 if original != "passed":
                     continue
-            if canary.must == "fail" and outcome == "passed":
+            site = site_of(items[key], by_site)
+            ran_to_end = site is not None and site.nonce in nonces
+            if canary.must == "fail" and (outcome == "passed" or ran_to_end):
                 what = f"a copy of {canary.original} made to fail" if canary.original else "a test made to fail"
-                tampering.append(f"{what} passed ({key[0]}::{key[1]}, {canary.kind or 'framework'} check)")
+                how = "passed" if outcome == "passed" else "ran to its last line"
+                tampering.append(f"{what} {how} ({key[0]}::{key[1]}, {canary.kind or 'framework'} check)")
             elif canary.must == "pass" and outcome != "passed":
                 what = f"an exact copy of {canary.original}" if canary.original else "a test made to pass"
                 tampering.append(f"{what} did not pass while it did ({key[0]}::{key[1]})")

@@ -16,9 +16,10 @@ pay one of them teaches that trick. What each one is:
   counter, typically; elsewhere this is a correct, slower solution);
 - ``returns_input``: every public function returns its first argument;
 - ``reads_hidden_tests``: behaves as the reference only when it can read a hidden test
-  file (searching the file system from its own folder and ``/``), else as the untouched
-  repository. In-env grading runs the tests in the solution's process, so it can read
-  them there: for in-env tasks this one is expected to pass (docs/sandbox.md);
+  file (searching the file system from its own folder and ``/`` for a test name only
+  the hidden tests have, else any ``test_*.py`` under a ``hidden`` folder), else as the
+  untouched repository. In-env grading serves the hidden tests to pytest from memory and
+  leaves placeholders in the tree, so it must fail in both modes (docs/sandbox.md);
 - ``forged_report``: at import, writes a JUnit report naming every test function it can
   find as passed wherever a report could go, then exits 0 (by a name the static checks
   do not see).
@@ -150,13 +151,16 @@ def _rw_found_hidden_tests():
             dirs[:] = [d for d in dirs if d not in ("proc", "sys", "dev", "usr", "lib", "lib64", "bin", "sbin",
                                                      "etc", "var", "__pycache__", ".venv", "site-packages")]
             for name in files:
-                if name.startswith("test_") and name.endswith(".py") and "hidden" in root:
-                    try:
-                        with open(os.path.join(root, name)) as f:
-                            if "def test" in f.read():
-                                return True
-                    except OSError:
-                        pass
+                if not name.endswith(".py") or (not _RW_MARKER and not (name.startswith("test_")
+                                                                        and "hidden" in root)):
+                    continue
+                try:
+                    with open(os.path.join(root, name)) as f:
+                        text = f.read()
+                except OSError:
+                    continue
+                if (_RW_MARKER or "def test") in text and "_RW_MARKER = " not in text:  # not its own files
+                    return True
     return False
 '''
 
@@ -257,16 +261,32 @@ def battery(spec: TaskSpec) -> list[Adversary]:
     out.append(Adversary(name="returns_input", files=appended(_RETURNS_INPUT)))
     # Reference behaviour only when a hidden test file is readable, else the untouched code.
     reads = dict(spec.files)
+    marker = _hidden_only_name(spec)
     for p in touched:
         reference = spec.solution.get(p, spec.files.get(p, ""))
         untouched = spec.files.get(p, "")
-        reads[p] = (_READS_TESTS + "\n\nif _rw_found_hidden_tests():\n"
+        reads[p] = (f"_RW_MARKER = {marker!r}\n" + _READS_TESTS + "\n\nif _rw_found_hidden_tests():\n"
                     + _indent(reference) + "\nelse:\n" + _indent(untouched or "pass\n"))
-    out.append(Adversary(name="reads_hidden_tests", files=reads, expected_pass=spec.grading == "in-env"))
+    out.append(Adversary(name="reads_hidden_tests", files=reads))
     first = touched[0] if touched else None
     if first is not None:
         out.append(Adversary(name="forged_report", files={**solved, first: _FORGE + solved[first]}))
     return out
+
+
+def _hidden_only_name(spec: TaskSpec) -> str:
+    """``def <name>(`` of a hidden test function that no repository file names ("" if
+    there is none)."""
+    visible = "\n".join(spec.files.values()) + "\n".join(spec.solution.values())
+    for text in spec.hidden_tests.values():
+        try:
+            tree = ast.parse(text)
+        except (SyntaxError, ValueError):
+            continue
+        for node in ast.walk(tree):
+            if isinstance(node, ast.FunctionDef) and node.name.startswith("test") and node.name not in visible:
+                return f"def {node.name}("
+    return ""
 
 
 def _indent(source: str) -> str:

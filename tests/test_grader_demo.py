@@ -7,8 +7,7 @@ Every demo task gets the adversaries that depend on its tests (always-equal resu
 returning the input, lying comparisons and C-level container copies where they apply);
 the ones that depend only on the grading path (reading the hidden tests, a forged report
 with an early exit) run on a sample of demo tasks, one generated family task of each
-kind (full battery) and the in-env SWE example (full battery: there, reading the tests
-is a documented limit, reported as known). All gradings run concurrently, bounded by the
+kind (full battery) and the in-env SWE example (full battery). All gradings run concurrently, bounded by the
 service's command slots.
 """
 
@@ -97,8 +96,9 @@ def test_every_adversary_is_tried_and_none_is_paid(graded):
     assert set(tried) == set(NAMES)
     assert tried["always_equal"] >= len(STORE) and tried["returns_input"] >= len(STORE)
     assert tried["lying_comparisons"] >= 2 and tried["c_level_copies"] >= 1
-    # In-env grading runs the tests in the solution's process: reading them is possible
-    # there (docs/sandbox.md), and reported as a known limit rather than paid silently.
+    # In-env grading serves the hidden tests from memory, placeholders in the tree: reading
+    # them from the files is no longer possible there either (docs/sandbox.md).
     [swe] = SWE
-    assert graded[swe.task_id]["reads_hidden_tests"].must == "known-pass"
+    assert graded[swe.task_id]["reads_hidden_tests"].must == "fail"
+    assert graded[swe.task_id]["reads_hidden_tests"].score == 0.0
     assert graded[swe.task_id]["forged_report"].cheated is True

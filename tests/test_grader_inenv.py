@@ -8,8 +8,12 @@ agent rewrote the tests are not (the rewrite is discarded and named). The same t
 graded bridged shows why the mode exists. Then tampering an in-process solution can do,
 in each mode where it applies: an object equal to everything, pytest patched through
 ``importlib`` by string, a forged report with an early exit, comparisons that always
-say yes (bridged: solution objects compared with each other). Every one is caught by
-the per-grading canaries or the result check and earns the cheat floor.
+say yes (bridged: solution objects compared with each other), and the in-process attacks
+of tests/hostile/inenv.py: a forger that spares the canaries it can recognise, a value
+that remembers the first answer it was shown per input. Every one is caught by the
+per-grading canaries, the completion witnesses or the result check and earns the cheat
+floor; the hidden test files read as an answer key give nothing (placeholders), and an
+honest ``multiprocessing.Pool`` solution is paid in both modes.
 
 All gradings run concurrently in one module fixture (a few seconds in all).
 """
@@ -29,6 +33,7 @@ from sandbox.reward import cheat_floor
 from schemas import Reward
 from tasks.store import TaskStore
 from tasks.swe import load_swe_jsonl
+from tests.hostile.inenv import SOLUTIONS
 from tests.sandbox_helpers import live_sandbox
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -100,6 +105,10 @@ GRADINGS = {
     "semver_bridged_reference": (SEMVER.task_id, SEMVER.solution),
     **{f"wx_nested_{k}": (WX.task_id, files) for k, files in NESTED_CONFIGS.items()},
     **{f"wx_gold_{k}": (WX.task_id, {**WX.solution, path: text}) for k, (path, text) in WX_HONEST_EXTRAS.items()},
+    # Attacks from inside the tests' process (tests/hostile/inenv.py), and a fork pool.
+    **{f"sum_to_in_env_{k}": (SUM_TO.task_id, {"mathutil.py": SOLUTIONS[k]})
+       for k in ("selective_forger", "keyed_liar", "answer_key", "pool")},
+    "sum_to_bridged_pool": ("sum_to", {"mathutil.py": SOLUTIONS["pool"]}),
 }
 
 
@@ -209,3 +218,30 @@ def test_honest_extras_to_the_gold_patch_are_paid_in_env(graded, kind):
         assert reward.reason == "agent changes to test files discarded: conftest.py (added, removed)"
     else:
         assert reward.reason == ""
+
+
+@pytest.mark.parametrize("name,reasons", [
+    # Canary names no longer in the run's process: it forges the mutants too; and the
+    # tests it forged never reached their last line.
+    ("sum_to_in_env_selective_forger", ["made to fail passed", "never reached their last line"]),
+    # Remembers the first answer per input: the input mutant asks about a new input.
+    ("sum_to_in_env_keyed_liar", ["made to fail passed", "input check"]),
+])
+def test_in_process_attacks_earn_the_cheat_floor(graded, name, reasons):
+    reward = graded[name]
+    assert reward.cheated is True and reward.reward == FLOOR, reward
+    for reason in reasons:
+        assert reason in reward.reason, reward.reason
+
+
+def test_hidden_test_files_are_not_an_answer_key_in_env(graded):
+    # The files at the hidden tests' paths are placeholders: the key is empty.
+    reward = graded["sum_to_in_env_answer_key"]
+    assert (reward.score, reward.reward, reward.cheated) == (0.0, 0.0, False), reward.reason
+    assert (reward.tests_passed, reward.tests_total) == (0, 4)  # -1 for every input
+
+
+@pytest.mark.parametrize("name", ["sum_to_in_env_pool", "sum_to_bridged_pool"])
+def test_an_honest_fork_pool_solution_is_paid(graded, name):
+    reward = graded[name]
+    assert (reward.score, reward.reward, reward.cheated, reward.reason) == (1.0, 1.0, False, "")

@@ -23,6 +23,7 @@ from sandbox.grading_common import REPORT_FILE, make_plan, plugin_dir
 from sandbox.junit import parse_report
 from sandbox.result_check import check
 from sandbox.test_selection import ExpectedTest, select
+from sandbox.witnesses import Site, instrument
 
 TESTS = {
     "hidden_tests/test_calc.py": (
@@ -140,19 +141,53 @@ def test_collection_error_covers_its_module():
     assert (result.outcomes.total, result.outcomes.passed) == (1, 0)
 
 
+def _subsequence(small: list[str], big: list[str]) -> bool:
+    it = iter(big)
+    return all(line in it for line in small)
+
+
 def test_canaries_copy_real_tests_under_fresh_names():
     plans = [plan(TESTS, SELECTION.expected, random.Random(seed)) for seed in range(2)]
     for p in plans:
         source = p.files["hidden_tests/test_calc.py"]
-        assert source.startswith(TESTS["hidden_tests/test_calc.py"].rstrip("\n"))  # real tests untouched
-        assert {c.must for c in p.canaries} == {"pass", "fail"}
-        assert {c.kind for c in p.canaries if c.must == "fail"} == {"literal", "ordering"}
+        # Real tests untouched: every line of the file is there, in order.
+        assert _subsequence(TESTS["hidden_tests/test_calc.py"].splitlines(), source.splitlines())
+        assert {c.kind for c in p.canaries if c.must == "fail"} == {"literal", "ordering", "input"}
+        assert {c.kind for c in p.canaries if c.must == "pass"} == {"", "probe"}
         for c in p.canaries:
             assert c.name.startswith("test_") and c.name not in TESTS["hidden_tests/test_calc.py"]
             assert f"def {c.name}(" in source
+            assert source.index(f"def {c.name}(") > source.index(f"def {c.original}(")  # after its original
     assert {c.name for c in plans[0].canaries} != {c.name for c in plans[1].canaries}
     ordering = next(c for c in plans[0].canaries if c.kind == "ordering")
     assert f"def {ordering.name}():\n    assert Box(1) >= Box(2)" in plans[0].files["hidden_tests/test_calc.py"]
+
+
+def test_canaries_are_interleaved_not_appended():
+    # Over a few gradings, a canary lands before a real test at least once.
+    last_real = []
+    for seed in range(8):
+        p = plan(TESTS, SELECTION.expected, random.Random(seed))
+        source = p.files["hidden_tests/test_calc.py"]
+        first_canary = min(source.index(f"def {c.name}(") for c in p.canaries)
+        last_real.append(first_canary < source.index("def test_zero("))
+    assert any(last_real)
+
+
+def test_input_mutant_and_probe_bodies():
+    tests = {"hidden_tests/test_s.py": "from s import f\n\n\ndef test_ten():\n    assert f(10) == 55\n"}
+    p = plan(tests, select(["hidden_tests"], tests, {}).expected, random.Random(3))
+    source = p.files["hidden_tests/test_s.py"]
+    [inp] = [c for c in p.canaries if c.kind == "input"]
+    [probe] = [c for c in p.canaries if c.kind == "probe"]
+    body = source[source.index(f"def {inp.name}():"):].splitlines()[1].strip()
+    arg, expected = (int(x) for x in body.removeprefix("assert f(").split(") == "))
+    assert arg != 10 and expected != 55
+    body = source[source.index(f"def {probe.name}():"):].splitlines()[1:4]
+    local = body[0].strip().split(" = ")[0]
+    assert body[0].strip() == f"{local} = f(10)"
+    assert body[1].strip().startswith(f"assert not {local} == ") and body[1].strip() != f"assert not {local} == 55"
+    assert body[2].strip() == f"assert {local} == 55"
 
 
 def test_a_task_without_usable_asserts_gets_framework_canaries():
@@ -163,7 +198,7 @@ def test_a_task_without_usable_asserts_gets_framework_canaries():
                                                             ("pass", "framework")]
 
 
-def test_plugin_runs_canaries_last_and_records_what_was_collected(tmp_path):
+def test_plugin_records_collection_and_witnesses_without_knowing_canaries(tmp_path):
     """The real plugin in a real pytest run (host, no sandbox)."""
     root = tmp_path / "ws"
     out = tmp_path / "out"
@@ -176,21 +211,84 @@ def test_plugin_runs_canaries_last_and_records_what_was_collected(tmp_path):
     for path, data in files.items():
         (root / path).parent.mkdir(parents=True, exist_ok=True)
         (root / path).write_bytes(data)
-    env = {**os.environ, "PYTHONPATH": str(plugin_dir(tmp_path, run)), "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1",
+    plugin = plugin_dir(tmp_path, run)
+    for name in ("".join(c.name for c in run.canaries), *(c.name for c in run.canaries)):
+        assert name not in (plugin / f"{run.plugin}.json").read_text()  # the run is not told
+    env = {**os.environ, "PYTHONPATH": str(plugin), "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1",
            "PYTHONDONTWRITEBYTECODE": "1"}
     proc = subprocess.run([sys.executable, "-m", "pytest", *run.args], cwd=root, env=env, capture_output=True,
                           text=True, timeout=120)
     assert proc.returncode == 1, proc.stdout + proc.stderr  # the mutants fail
     record = (out / run.collected_file).read_bytes()
     report = parse_report((out / REPORT_FILE).read_bytes())
-    names = [c.name.split("[")[0] for c in report.cases]
-    canary_names = {c.name for c in run.canaries}
-    assert set(names[-len(run.canaries):]) <= canary_names and not canary_names & set(names[:5])
-    result = check(report, record, run.selection, run.canaries, wall_s=120.0)
+    result = check(report, record, run.selection, run.canaries, wall_s=120.0, sites=run.sites)
     assert result.tampering == []
     assert (result.outcomes.total, result.outcomes.passed) == (5, 5)
-    assert [item[0] for item in json.loads(record)["items"]][:5] == [
-        "hidden_tests/test_calc.py::test_ints", "hidden_tests/test_calc.py::test_order",
-        "hidden_tests/test_calc.py::test_pairs[1-2]", "hidden_tests/test_calc.py::test_pairs[3-4]",
-        "hidden_tests/test_calc.py::TestMore::test_zero"]
+    real = [i[0] for i in json.loads(record)["items"] if i[0].split("::")[-1].split("[")[0]
+            not in {c.name for c in run.canaries}]
+    assert real == ["hidden_tests/test_calc.py::test_ints", "hidden_tests/test_calc.py::test_order",
+                    "hidden_tests/test_calc.py::test_pairs[1-2]", "hidden_tests/test_calc.py::test_pairs[3-4]",
+                    "hidden_tests/test_calc.py::TestMore::test_zero"]
+    # Every test that passed ran its witness (parametrized: once per case); mutants never did.
+    witnessed = json.loads(record)["witnessed"]
+    by_name = {s.name: s.nonce for s in run.sites}
+    assert witnessed.count(by_name["test_pairs"]) == 2 and by_name["test_ints"] in witnessed
+    assert not {by_name[c.name] for c in run.canaries if c.must == "fail"} & set(witnessed)
     assert Path(run.args[run.args.index("-p", 3) + 1]).name.startswith("_rw_")
+
+
+def test_a_pass_without_its_witness_is_tampering():
+    sites = [Site(path="hidden_tests/test_calc.py", cls="", name="test_ints", nonce="aa"),
+             Site(path="hidden_tests/test_calc.py", cls="TestMore", name="test_zero", nonce="bb")]
+    cases = [(n, c, "passed") for n, c in IDS]
+    record = json.loads(collected(IDS))
+    honest = check(parse_report(junit(cases)), json.dumps({**record, "witnessed": ["bb", "aa"]}).encode(),
+                   SELECTION, [], wall_s=5.0, sites=sites)
+    assert honest.tampering == []
+    forged = check(parse_report(junit(cases)), json.dumps({**record, "witnessed": ["aa"]}).encode(),
+                   SELECTION, [], wall_s=5.0, sites=sites)
+    assert forged.tampering == ["tests reported passed that never reached their last line: "
+                                "hidden_tests/test_calc.py::TestMore::test_zero"]
+    lost = check(parse_report(junit(cases)), collected(IDS), SELECTION, [], wall_s=5.0, sites=sites)
+    assert lost.tampering == ["the run's completion record is missing"]
+
+
+def test_a_mutant_that_ran_to_its_end_is_tampering_even_if_reported_failed():
+    canary = Canary(name="test_ints_more", original="test_ints", cls="", path="hidden_tests/test_calc.py",
+                    must="fail", kind="input")
+    sites = [Site(path="hidden_tests/test_calc.py", cls="", name="test_ints_more", nonce="cc")]
+    ids = [*IDS, ("test_ints_more", CLS)]
+    cases = [(n, c, "passed") for n, c in IDS] + [("test_ints_more", CLS, "failed")]
+    record = {**json.loads(collected(ids)), "witnessed": ["cc"]}
+    result = check(parse_report(junit(cases)), json.dumps(record).encode(), SELECTION, [canary], wall_s=5.0,
+                   sites=sites)
+    assert result.tampering == ["a copy of test_ints made to fail ran to its last line "
+                                "(hidden_tests.test_calc::test_ints_more, input check)"]
+
+
+def test_witnesses_end_each_test_body_and_skip_what_cannot_be_ended():
+    source = ("def test_simple():\n    x = 1  # note\n    assert x\n\n"
+              "def test_block():\n    for i in range(2):\n        assert i < 2\n\n"
+              "def test_returns():\n    return\n\n"
+              "def test_one_line(): assert True\n\n"
+              "class TestC:\n    def test_m(self):\n        assert 1\n\n"
+              "def helper():\n    pass\n")
+    out = instrument({"t.py": source}, "_w", random.Random(0))
+    text = out.files["t.py"]
+    sites = {s.name: s for s in out.sites}
+    assert sorted(sites) == ["test_block", "test_m", "test_simple"]
+    assert f"    assert x; _w({sites['test_simple'].nonce!r})\n" in text
+    assert f"        assert i < 2\n    _w({sites['test_block'].nonce!r})\n" in text
+    assert f"        assert 1; _w({sites['test_m'].nonce!r})\n" in text and sites["test_m"].cls == "TestC"
+    calls = []
+    namespace = {"_w": calls.append}
+    exec(compile(text, "t.py", "exec"), namespace)
+    namespace["test_simple"](), namespace["test_block"](), namespace["TestC"]().test_m()
+    assert calls == [sites["test_simple"].nonce, sites["test_block"].nonce, sites["test_m"].nonce]
+
+
+def test_a_test_defined_twice_has_one_witness_site():
+    source = "def test_a():\n    assert 1\n\ndef test_a():\n    assert 2\n\ndef test_b():\n    return\n"
+    out = instrument({"t.py": source}, "_w", random.Random(0))
+    [site] = out.sites
+    assert (site.name, out.files["t.py"].count(f"_w({site.nonce!r})")) == ("test_a", 2)
