@@ -24,6 +24,7 @@ from sandbox.cheating import HARNESS_MODULES
 from sandbox.config import SandboxConfig
 from sandbox.grading_common import (
     HIDDEN_TESTS_DIR, PLUGIN_DIR, REPORT_DIR, REPORT_FILE, HiddenPlan, RunOutput, is_test_config, plugin_dir,
+    with_bytecode,
     write_ro,
 )
 from sandbox import image_workspace
@@ -54,7 +55,7 @@ def _bridge_files() -> dict[str, bytes]:
     return {f"_rollway_bridge/{name}": (_HERE / "bridge" / name).read_bytes() for name in FILES}
 
 
-_BRIDGE = _bridge_files()
+_BRIDGE = with_bytecode(_bridge_files(), GRADER_DIR)  # compiled once per service, not per sandbox
 MAX_REPORT_BYTES = 8 * 1024 * 1024
 
 
