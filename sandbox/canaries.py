@@ -19,8 +19,9 @@ canaries (only :mod:`sandbox.result_check`, outside the run, knows):
   passes it), ``in``/``is`` become ``not in``/``is not``, ``x == y`` becomes ``x != y``,
   ``assert e`` becomes ``assert not e``; unittest's ``assertEqual``/``assertTrue``/...
   alike. An **input mutant** changes a literal argument of the call under test *and*
-  the expected literal (``f(10) == 55`` -> ``f(-391) == 722``): a value that remembers
-  the answers it saw for an input has none for this one. When its original passes, a
+  the expected literal (``f(10) == 55`` -> ``f(6) == 722``): a value that remembers
+  the answers it saw for an input has none for this one. The new argument costs no more
+  than the old (an int of the same sign and parity, smaller; a str of the same length). When its original passes, a
   mutant must fail.
 
 :mod:`sandbox.result_check` leaves canaries out of the score. Mutants are drawn by kind
@@ -139,7 +140,8 @@ def plan(tests: dict[str, str], selected: list[ExpectedTest], rng: random.Random
     pool = [c for c in cheap if c.inputs]
     if pool:
         cand = rng.choice(pool[:3])
-        add(cand, _input_mutated(cand.func, rng.choice(cand.inputs), rng), "fail", INPUT)
+        seen = _call_literals(trees[cand.test.path])
+        add(cand, _input_mutated(cand.func, rng.choice(cand.inputs), rng, seen), "fail", INPUT)
     pool = [c for c in cheap if c.probes]
     if pool:
         cand = rng.choice(pool[:3])
@@ -379,8 +381,25 @@ def _input_site(stmt: ast.stmt) -> tuple[ast.Call, list[int]] | None:
         return None
     call = sides[0]
     args = [i for i, a in enumerate(call.args) if (lit := _literal(a)) is not None
-            and isinstance(lit.value, (int, float, str)) and not isinstance(lit.value, bool)]
+            and _other_input(lit.value, random.Random(0)) is not None]
     return (call, args) if args else None
+
+
+def _other_input(value: object, rng: random.Random) -> object | None:
+    """Another argument no more costly than ``value``: an int of the same sign and parity
+    and a smaller magnitude (a loop or recursion over it does no more work, and a loop
+    stepping by 2 still ends), a str of the same length with one letter changed; None
+    for anything else (or an int too small to change so)."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int) and abs(value) >= 2:
+        step = 2 * rng.randint(1, abs(value) // 2)
+        return value - step if value > 0 else value + step
+    if isinstance(value, str) and value:
+        i = rng.randrange(len(value))
+        letter = rng.choice([c for c in "qxzjkvw" if c != value[i]])
+        return value[:i] + letter + value[i + 1:]
+    return None
 
 
 def _probe_site(stmt: ast.stmt) -> bool | None:
@@ -389,12 +408,32 @@ def _probe_site(stmt: ast.stmt) -> bool | None:
                                                                                    list, bool)) else None
 
 
-def _input_mutated(func: ast.FunctionDef, index: int, rng: random.Random) -> ast.FunctionDef:
+def _call_literals(tree: ast.Module) -> set[object]:
+    """Literal arguments of every call in the module (inputs the real tests use)."""
+    out: set[object] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call):
+            for arg in node.args:
+                lit = _literal(arg)
+                if lit is not None and isinstance(lit.value, (int, str)):
+                    out.add(lit.value)
+    return out
+
+
+def _input_mutated(func: ast.FunctionDef, index: int, rng: random.Random, seen: set[object]) -> ast.FunctionDef:
+    """The input is one no call in the module uses, where one can be found: a value
+    that remembers answers per input has never been shown one for it."""
     func = copy.deepcopy(func)
     stmt = func.body[index]
     call, args = _input_site(stmt)
     i = rng.choice(args)
-    call.args[i] = _expr(_other_value(_literal(call.args[i]).value, rng))
+    original = _literal(call.args[i]).value
+    new = _other_input(original, rng)
+    for _ in range(20):
+        if new not in seen:
+            break
+        new = _other_input(original, rng)
+    call.args[i] = _expr(new)
     _, literal, where = _eq_sides(stmt)
     _set_literal(stmt, where, _expr(_other_value(_literal(literal).value, rng)))
     if isinstance(stmt, ast.Assert):
