@@ -111,7 +111,7 @@ def plan(tests: dict[str, str], selected: list[ExpectedTest], rng: random.Random
     rng.shuffle(candidates)
     candidates.sort(key=lambda c: c.cost)  # stable: random among equal costs
     cheap = candidates[: max(4, len(candidates) // 2)]
-    inserts: dict[str, list[tuple[int, str]]] = {}  # path -> (0-based line to insert after, text)
+    inserts: dict[str, list[tuple[int, int, str]]] = {}  # path -> (line to insert after, indent width, text)
     canaries: list[Canary] = []
     node_ids: list[str] = []
     used_names: dict[str, set[str]] = {p: _names(t) for p, t in trees.items()}
@@ -122,7 +122,7 @@ def plan(tests: dict[str, str], selected: list[ExpectedTest], rng: random.Random
         func.name = name
         source = ast.unparse(ast.fix_missing_locations(func))
         after, indent = _place(trees[test.path], tests[test.path], cand.func, test.cls, rng)
-        inserts.setdefault(test.path, []).append((after, _indented(source, indent)))
+        inserts.setdefault(test.path, []).append((after, len(indent), _indented(source, indent)))
         canaries.append(Canary(name=name, original=test.name, cls=test.cls, path=test.path, must=must, kind=kind))
         node_ids.append("::".join(p for p in (test.path, test.cls, name + test.params) if p))
 
@@ -160,7 +160,7 @@ def plan(tests: dict[str, str], selected: list[ExpectedTest], rng: random.Random
                 body = trees[path].body
                 after = body[rng.randrange(len(body))].end_lineno - 1 if body else -1
                 inserts.setdefault(path, []).append(
-                    (after, f"\n\ndef {name}():\n    assert sorted([{b}, {a}]) == {expected!r}\n"))
+                    (after, 0, f"\n\ndef {name}():\n    assert sorted([{b}, {a}]) == {expected!r}\n"))
                 canaries.append(Canary(name=name, original="", cls="", path=path, must=must, kind="framework"))
                 node_ids.append(f"{path}::{name}")
     files = {path: _inserted(tests[path], parts) for path, parts in inserts.items()}
@@ -188,11 +188,14 @@ def _indented(source: str, indent: str) -> str:
     return "\n\n" + "".join((indent + line if line.strip() else line) + "\n" for line in lines)
 
 
-def _inserted(source: str, parts: list[tuple[int, str]]) -> str:
+def _inserted(source: str, parts: list[tuple[int, int, str]]) -> str:
+    """``parts``: (0-based line to insert after, indentation width, text). Of two texts
+    after the same line (a class's last method and the module's last statement end on
+    it), the more indented comes first, so it stays in the class."""
     lines = source.splitlines(keepends=True)
     if lines and not lines[-1].endswith("\n"):
         lines[-1] += "\n"
-    for after, text in sorted(parts, key=lambda p: p[0], reverse=True):
+    for after, _, text in sorted(parts, key=lambda p: (p[0], -p[1]), reverse=True):
         lines.insert(after + 1, text)
     return "".join(lines)
 
@@ -498,11 +501,14 @@ def _names(tree: ast.Module) -> set[str]:
 
 
 def _fresh_name(rng: random.Random, used: set[str], tree: ast.Module) -> str:
-    """``test_`` + two or three words from the module's own test names and a small
-    vocabulary: unique in the module, different in every grading."""
+    """``test_`` + two or three words from the module's own test names (and a small
+    vocabulary where it has fewer than five): unique in the module, different in every
+    grading."""
     words = sorted({w for n in used if n.startswith("test") for w in re.split(r"_+", n.removeprefix("test"))
                     if w.isidentifier() and len(w) > 2 and w.lower() not in _STOP_WORDS})
-    pool = words + list(_VOCABULARY)
+    # The module's own words where it has enough (a name made of a fixed vocabulary would
+    # stand out); the vocabulary only fills in for modules with few test names.
+    pool = words if len(words) >= 5 else words + list(_VOCABULARY)
     while True:
         parts = rng.sample(pool, k=min(len(pool), rng.choice((2, 2, 3))))
         name = "test_" + "_".join(parts).lower()

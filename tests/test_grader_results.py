@@ -292,3 +292,18 @@ def test_a_test_defined_twice_has_one_witness_site():
     out = instrument({"t.py": source}, "_w", random.Random(0))
     [site] = out.sites
     assert (site.name, out.files["t.py"].count(f"_w({site.nonce!r})")) == ("test_a", 2)
+
+
+def test_every_canary_is_defined_where_it_belongs_whatever_the_draw(monkeypatch):
+    # A class that ends the module: a class canary and a module-level one can both go
+    # after its last line; the class's must stay in the class.
+    calc = type(sys)("calc")
+    calc.add, calc.Box = (lambda a, b: a + b), int
+    monkeypatch.setitem(sys.modules, "calc", calc)
+    for seed in range(100):
+        p = plan(TESTS, SELECTION.expected, random.Random(seed))
+        source = instrument(p.files, "_w", random.Random(seed)).files["hidden_tests/test_calc.py"]
+        namespace: dict = {"_w": lambda nonce: None}
+        exec(compile(source, "test_calc.py", "exec"), namespace)
+        for c in p.canaries:
+            assert c.name in (vars(namespace[c.cls]) if c.cls else namespace), (seed, c)
