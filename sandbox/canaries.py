@@ -390,13 +390,15 @@ def _input_site(stmt: ast.stmt) -> tuple[ast.Call, list[int]] | None:
 
 def _other_input(value: object, rng: random.Random) -> object | None:
     """Another argument no more costly than ``value``: an int of the same sign and parity
-    and a smaller magnitude (a loop or recursion over it does no more work, and a loop
-    stepping by 2 still ends), a str of the same length with one letter changed; None
-    for anything else (or an int too small to change so)."""
+    and a smaller magnitude, never 0 (a loop or recursion over it does no more work, a
+    loop stepping by 2 still ends, a size or step stays non-zero), a str of the same
+    length with one letter changed; None for anything else (or an int too small to
+    change so)."""
     if isinstance(value, bool):
         return None
-    if isinstance(value, int) and abs(value) >= 2:
-        step = 2 * rng.randint(1, abs(value) // 2)
+    if isinstance(value, int) and abs(value) >= 3:
+        # Never 0: a size or step of 0 can loop forever where the original ends.
+        step = 2 * rng.randint(1, (abs(value) - 1) // 2)
         return value - step if value > 0 else value + step
     if isinstance(value, str) and value:
         i = rng.randrange(len(value))
