@@ -43,8 +43,10 @@ export ROLLWAY_SYNCER__STORE_URL="file://$PWD/$RUN/weights"
 export ROLLWAY_TRAINER__CHECKPOINT_DIR="$RUN/checkpoints"
 for section in trainer sampler feeder; do export "ROLLWAY_${section^^}__SEED=$SEED"; done
 
-"$ROLLWAY" broker start --data-dir "$RUN/kafka" --port "$BROKER_PORT" | tee "$RUN/broker.txt"
-eval "$(grep '^export KAFKA_BOOTSTRAP_SERVERS=' "$RUN/broker.txt")"
+# BROKER_ARGS: extra arguments for `rollway broker start` (e.g. --insecure).
+"$ROLLWAY" broker start --data-dir "$RUN/kafka" --port "$BROKER_PORT" ${BROKER_ARGS:-} | tee "$RUN/broker.txt"
+# Every export it prints: the address, and the credentials of a secured broker.
+eval "$(grep '^export ' "$RUN/broker.txt")"
 sandbox_pid=
 cleanup() {
     [ -n "$sandbox_pid" ] && kill "$sandbox_pid" 2>/dev/null || true
