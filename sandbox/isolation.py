@@ -38,7 +38,6 @@ from __future__ import annotations
 
 import functools
 import os
-import resource
 import shutil
 import stat
 import subprocess
@@ -332,15 +331,21 @@ def image_env(image_env: dict[str, str], extra: dict[str, str] | None = None) ->
     return env
 
 
-def apply_rlimits(limits: Limits) -> None:
-    """Set in the child before exec (inherited by bwrap and everything below it)."""
-    settings = {
-        resource.RLIMIT_CPU: (limits.cpu_seconds, limits.cpu_seconds + 1),
-        resource.RLIMIT_AS: (limits.memory_bytes, limits.memory_bytes),
-        resource.RLIMIT_NPROC: (limits.max_processes, limits.max_processes),
-        resource.RLIMIT_FSIZE: (limits.max_file_bytes, limits.max_file_bytes),
-        resource.RLIMIT_NOFILE: (limits.max_open_files, limits.max_open_files),
-        resource.RLIMIT_CORE: (0, 0),
-    }
-    for which, value in settings.items():
-        resource.setrlimit(which, value)
+def rlimit_argv(limits: Limits) -> list[str]:
+    """``prlimit`` (util-linux) setting the command's rlimits on itself before it execs
+    the rest of the argv (inherited by bwrap and everything below it). An exec prefix, not
+    a ``preexec_fn``: a preexec function makes Python fork the whole service process
+    (27 ms for a 500 MB one, against 0.7 ms with vfork) on every command."""
+    prlimit = shutil.which("prlimit")
+    if prlimit is None:
+        raise RuntimeError("prlimit (util-linux) is not installed; it sets the sandbox's resource limits")
+    return [
+        prlimit,
+        f"--cpu={limits.cpu_seconds}:{limits.cpu_seconds + 1}",
+        f"--as={limits.memory_bytes}:{limits.memory_bytes}",
+        f"--nproc={limits.max_processes}:{limits.max_processes}",
+        f"--fsize={limits.max_file_bytes}:{limits.max_file_bytes}",
+        f"--nofile={limits.max_open_files}:{limits.max_open_files}",
+        "--core=0:0",
+        "--",
+    ]

@@ -24,7 +24,7 @@ from sandbox.config import SandboxConfig
 from sandbox.image_unpack import shell_of
 from sandbox.images import ImageRoot
 from sandbox.isolation import (
-    WORKSPACE, Bind, Limits, apply_rlimits, bwrap_argv, image_env, python_binds, sandbox_env,
+    WORKSPACE, Bind, Limits, bwrap_argv, rlimit_argv, image_env, python_binds, sandbox_env,
 )
 from sandbox.seccomp import filter_fd
 from sandbox.workspace import Workspace
@@ -302,31 +302,31 @@ class Jail:
             group.kill_all()
 
 
+# Joins the cgroups named before ``--`` (``$$``: this shell, whose pid the exec below
+# keeps), then execs the rest; a join that fails runs nothing (exit 125).
+_JOIN_CGROUPS = 'while [ "$1" != -- ]; do echo $$ > "$1" || exit 125; shift; done; shift; exec "$@"'
+
+
+def spawn_argv(argv: list[str], procs_files: list[str], limits: Limits) -> list[str]:
+    """``argv`` behind the cgroup join and the rlimits: ``sh -c JOIN sh PROCS... --
+    prlimit ... -- argv``. Exec prefixes rather than a ``preexec_fn``, which would make
+    Python fork the whole service process on every command instead of vfork."""
+    join = ["/bin/sh", "-c", _JOIN_CGROUPS, "sh", *procs_files, "--"] if procs_files else []
+    return [*join, *rlimit_argv(limits), *argv]
+
+
 async def _spawn(argv: list[str], pass_fds: tuple[int, ...], procs_files: list[str],
                  limits: Limits) -> asyncio.subprocess.Process:
-    """Start bwrap in its own session, inside the cgroup, under the rlimits; our copies
-    of ``pass_fds`` are closed once the child has its own."""
-
-    def in_child() -> None:
-        # Runs between fork and exec: join the cgroup first, so nothing the command
-        # forks can start outside it, then set the rlimits bwrap and the command inherit.
-        pid = str(os.getpid()).encode()
-        for path in procs_files:
-            fd = os.open(path, os.O_WRONLY)
-            try:
-                os.write(fd, pid)
-            finally:
-                os.close(fd)
-        apply_rlimits(limits)
-
+    """Start bwrap in its own session, inside the cgroup (joined before anything of the
+    command runs, so nothing it forks starts outside), under the rlimits; our copies of
+    ``pass_fds`` are closed once the child has its own."""
     try:
         return await asyncio.create_subprocess_exec(
-            *argv,
+            *spawn_argv(argv, procs_files, limits),
             stdin=asyncio.subprocess.DEVNULL,
             stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.PIPE,
             start_new_session=True,
-            preexec_fn=in_child,
             close_fds=True,
             pass_fds=pass_fds,
         )
