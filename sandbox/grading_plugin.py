@@ -24,6 +24,7 @@ It does three things, read by :mod:`sandbox.result_check`:
 
 import builtins
 import importlib.machinery
+import importlib.util
 import json
 import os
 import re
@@ -109,8 +110,6 @@ if _hidden:
             return importlib.util.spec_from_file_location(
                 name, spec.origin, loader=_HiddenLoader(name, spec.origin),
                 submodule_search_locations=spec.submodule_search_locations)
-
-    import importlib.util
 
     _at = next((i for i, f in enumerate(sys.meta_path) if f is importlib.machinery.PathFinder), len(sys.meta_path))
     sys.meta_path.insert(_at, _HiddenFinder)
