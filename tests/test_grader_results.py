@@ -307,3 +307,36 @@ def test_every_canary_is_defined_where_it_belongs_whatever_the_draw(monkeypatch)
         exec(compile(source, "test_calc.py", "exec"), namespace)
         for c in p.canaries:
             assert c.name in (vars(namespace[c.cls]) if c.cls else namespace), (seed, c)
+
+
+@pytest.mark.parametrize("assert_mode", ["rewrite", "plain"])
+def test_plugin_serves_hidden_tests_from_memory(tmp_path, assert_mode):
+    """In-env: placeholders at the hidden tests' paths, sources in a file the plugin
+    deletes on import; pytest still runs the real tests (and a helper beside them), with
+    assertion rewriting or without, and writes no compiled copy."""
+    root, out, secret = tmp_path / "ws", tmp_path / "out", tmp_path / "secrets" / "s.json"
+    out.mkdir()
+    secret.parent.mkdir()
+    tests = {"hidden_tests/test_s.py": "from mathutil import sum_to\nfrom helper_k import K\n\n"
+                                       "def test_ten():\n    assert sum_to(10) == 55\n\n"
+                                       "def test_k():\n    assert K == 3\n",
+             "hidden_tests/helper_k.py": "K = 3\n"}
+    run = make_plan(["-q", "hidden_tests", f"--assert={assert_mode}"], tests, {}, report_dir=str(out))
+    run.hidden_sources = str(secret)
+    secret.write_text(json.dumps({str(root / p): d.decode() for p, d in run.tests.items()}))
+    files = {**{p: b"# placeholder\n" for p in run.tests},
+             "mathutil.py": b"SEEN = open('hidden_tests/test_s.py').read()\n\n"
+                            b"def sum_to(n):\n    assert SEEN == '# placeholder\\n', SEEN\n    return n * (n + 1) // 2\n"}
+    for path, data in files.items():
+        (root / path).parent.mkdir(parents=True, exist_ok=True)
+        (root / path).write_bytes(data)
+    env = {**os.environ, "PYTHONPATH": str(plugin_dir(tmp_path, run)), "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"}
+    env.pop("PYTHONDONTWRITEBYTECODE", None)
+    proc = subprocess.run([sys.executable, "-m", "pytest", *run.args], cwd=root, env=env, capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 1, proc.stdout + proc.stderr  # the mutants fail
+    assert not secret.exists() and not list(root.rglob("*.pyc"))
+    report = parse_report((out / REPORT_FILE).read_bytes())
+    result = check(report, (out / run.collected_file).read_bytes(), run.selection, run.canaries, wall_s=120.0,
+                   sites=run.sites)
+    assert result.tampering == [] and (result.outcomes.total, result.outcomes.passed) == (2, 2)
