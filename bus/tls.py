@@ -172,10 +172,12 @@ def _first_host(bootstrap: str) -> tuple[str, int]:
     return host.strip("[]"), int(port)
 
 
-def listener_mismatch(bootstrap: str, context: ssl.SSLContext | None, timeout: float = 3.0) -> str | None:
+def listener_mismatch(bootstrap: str, context: ssl.SSLContext | None, timeout: float = 10.0) -> str | None:
     """Why a client with ``context`` (None: no TLS) cannot talk to the first listener of
     ``bootstrap``, or None when TLS is not the problem (or the listener is away). One TCP
-    connection; with TLS, one handshake."""
+    connection; with TLS, one handshake. Runs only after a failed bootstrap, so the
+    generous ``timeout`` (a loaded broker's JVM may answer a handshake slowly) delays only
+    an error path; a port nobody listens on is refused at once."""
     host, port = _first_host(bootstrap)
     try:
         raw = socket.create_connection((host, port), timeout=timeout)
