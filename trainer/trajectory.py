@@ -13,6 +13,8 @@ else (a gap, a repeat) is refused.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
+from operator import attrgetter
 from typing import Sequence
 
 import msgspec
@@ -22,6 +24,9 @@ from schemas import ChunkArrays, RecordRef, Reward, TrajectoryChunk, TrajectoryK
 
 
 GREEDY_TEMPERATURE = 1e-5  # below this a sampler decodes greedily (vLLM's convention)
+
+# A chunk's identity fields as one tuple (C attribute reads: assemble compares every chunk's).
+_identity = attrgetter(*TrajectoryKey.__struct_fields__)
 
 
 class InvalidTrajectory(ValueError):
@@ -45,12 +50,17 @@ class CheckedChunk:
 def check_chunk(chunk: TrajectoryChunk) -> CheckedChunk:
     """The trainer's one check of a chunk; raises ValueError naming what disagrees."""
     a = chunk.arrays()
+    if not a.versions.size:
+        return CheckedChunk(chunk, a, None, None, None)
+    if len(chunk.versions) == 8:  # one version span (the usual chunk): no per-token pass
+        v = int(a.versions[0])
+        return CheckedChunk(chunk, a, *((v, v) if a.loss_mask.any() else (None, None)), v)
     generated = a.versions[a.loss_mask.astype(bool)]
     return CheckedChunk(
         chunk, a,
         oldest_generated=int(generated.min()) if generated.size else None,
         newest_generated=int(generated.max()) if generated.size else None,
-        newest_loaded=int(a.versions.max()) if a.versions.size else None,
+        newest_loaded=int(a.versions.max()),
     )
 
 
@@ -84,8 +94,12 @@ class Segment:
         return int(self.token_ids.size)
 
 
-class Trajectory(TrajectoryKey):
-    """A trajectory put together: its identity (the chunks'), segments and reward."""
+class Trajectory(TrajectoryKey, dict=True):
+    """A trajectory put together: its identity (the chunks'), segments and reward.
+
+    Its segments are not changed after assembly: the generated tokens' count and
+    version range are computed once (``dict=True`` lets ``cached_property`` keep them;
+    the assembler reads them for every held trajectory at every batch)."""
 
     segments: list[Segment]
     reward: Reward
@@ -93,7 +107,7 @@ class Trajectory(TrajectoryKey):
     reward_ref: RecordRef
     finish_reason: str = ""
 
-    @property
+    @cached_property
     def generated_tokens(self) -> int:
         return int(sum(s.loss_mask.sum() for s in self.segments))
 
@@ -101,15 +115,20 @@ class Trajectory(TrajectoryKey):
         parts = [s.versions[s.loss_mask] for s in self.segments]
         return np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
 
+    @cached_property
+    def _version_range(self) -> tuple[int, int]:
+        v = self.generated_versions()
+        if not v.size:
+            return self.reward.weight_version, self.reward.weight_version
+        return int(v.min()), int(v.max())
+
     @property
     def oldest_version(self) -> int:
-        v = self.generated_versions()
-        return int(v.min()) if v.size else self.reward.weight_version
+        return self._version_range[0]
 
     @property
     def newest_version(self) -> int:
-        v = self.generated_versions()
-        return int(v.max()) if v.size else self.reward.weight_version
+        return self._version_range[1]
 
 
 @dataclass
@@ -185,7 +204,8 @@ def assemble(
     first = events[0]
     tid = first.trajectory_id
     key = key_of(first)
-    if any(key_of(c) != key for c in events):
+    ident = _identity(first)
+    if any(_identity(c) != ident for c in events):
         raise InvalidTrajectory(f"trajectory {tid}: chunks disagree on identity fields")
     if (reward.trajectory_id, reward.task_id, reward.group_id, reward.sample_index) != (
         tid, first.task_id, first.group_id, first.sample_index,
@@ -212,20 +232,28 @@ def assemble(
 
 
 def _segment(chunks: list[CheckedChunk], tid: str) -> Segment:
+    """The segment of ``chunks`` (in order): one concatenation per array, the CSR
+    offsets shifted while they are joined (no per-chunk ``np.diff``), the chunks'
+    temperatures expanded by one ``np.repeat``."""
     parts = [c.arrays for c in chunks]
-    tokens = np.concatenate([a.token_ids for a in parts]).astype(np.int64)
+    tokens = np.concatenate([a.token_ids for a in parts], dtype=np.int64)
     mask = np.concatenate([a.loss_mask for a in parts]).astype(bool)
-    behaviour = np.concatenate([a.logprobs for a in parts]).astype(np.float32)
-    lengths = np.concatenate([np.diff(a.kept_offsets) for a in parts]).astype(np.int64)
-    kept_offsets = np.zeros(lengths.size + 1, dtype=np.int64)
-    np.cumsum(lengths, out=kept_offsets[1:])
+    behaviour = np.concatenate([a.logprobs for a in parts], dtype=np.float32)
+    kept_offsets = np.zeros(tokens.size + 1, dtype=np.int64)
+    at, base = 1, 0
+    for a in parts:
+        off = a.kept_offsets  # checked: starts at 0, ends at kept_ids.size
+        n = off.size - 1
+        np.add(off[1:], base, out=kept_offsets[at:at + n], dtype=np.int64)
+        at += n
+        base += a.kept_ids.size
+    lengths = kept_offsets[1:] - kept_offsets[:-1]
     kept_ids = np.concatenate([a.kept_ids for a in parts])
     capped = np.concatenate([a.kept_capped for a in parts]).astype(bool)
-    kept_size = np.concatenate([a.kept_sizes for a in parts]).astype(np.int64)
-    versions = np.concatenate([a.versions for a in parts]).astype(np.int64)
-    temperature = np.concatenate(
-        [np.full(a.token_ids.size, c.chunk.temperature, dtype=np.float32) for c, a in zip(chunks, parts)]
-    )
+    kept_size = np.concatenate([a.kept_sizes for a in parts], dtype=np.int64)
+    versions = np.concatenate([a.versions for a in parts], dtype=np.int64)
+    temperature = np.repeat(np.array([c.chunk.temperature for c in chunks], dtype=np.float32),
+                            [a.token_ids.size for a in parts])
     if tokens.size == 0:
         raise InvalidTrajectory(f"trajectory {tid}: empty segment")
     if mask[0]:
@@ -236,7 +264,7 @@ def _segment(chunks: list[CheckedChunk], tid: str) -> Segment:
         # token's log-prob is 0 at any temperature; 1.0 keeps the arithmetic finite.
         temperature = np.where(greedy, np.float32(1.0), temperature)
     _check_kept_sets(tokens, mask, greedy, lengths, kept_ids, tid)
-    if not np.all(np.isfinite(behaviour[mask])):
+    if not np.isfinite(behaviour[mask]).all():
         raise InvalidTrajectory(f"trajectory {tid}: non-finite behaviour log-prob")
     return Segment(tokens, mask, behaviour, kept_offsets, kept_ids, capped, versions, temperature, kept_size,
                    _routes(parts, tid))

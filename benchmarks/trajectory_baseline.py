@@ -1,0 +1,278 @@
+"""The trainer's chunk check and trajectory assembly as they were before issue #29's
+intake work (``trainer/trajectory.py`` at 65a0c09), frozen for ``benchmarks/ingest.py``'s
+side-by-side baseline and ``tests/test_trajectory_assembly.py``'s before/after equality.
+Not used by Rollway itself.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+import msgspec
+import numpy as np
+
+from schemas import ChunkArrays, RecordRef, Reward, TrajectoryChunk, TrajectoryKey, key_of
+
+
+GREEDY_TEMPERATURE = 1e-5  # below this a sampler decodes greedily (vLLM's convention)
+
+
+class InvalidTrajectory(ValueError):
+    """The chunks and reward of a trajectory cannot be trained on (the message says why)."""
+
+
+@dataclass(frozen=True, slots=True)
+class CheckedChunk:
+    """A chunk whose arrays agree (:meth:`TrajectoryChunk.arrays`), decoded once, with
+    the weight versions the assembler's staleness rules read."""
+
+    chunk: TrajectoryChunk
+    arrays: ChunkArrays
+    # Versions of the generated tokens (None: none generated here) and the newest
+    # version loaded while any token of it was recorded (None: no tokens).
+    oldest_generated: int | None
+    newest_generated: int | None
+    newest_loaded: int | None
+
+
+def check_chunk(chunk: TrajectoryChunk) -> CheckedChunk:
+    """The trainer's one check of a chunk; raises ValueError naming what disagrees."""
+    a = chunk.arrays()
+    generated = a.versions[a.loss_mask.astype(bool)]
+    return CheckedChunk(
+        chunk, a,
+        oldest_generated=int(generated.min()) if generated.size else None,
+        newest_generated=int(generated.max()) if generated.size else None,
+        newest_loaded=int(a.versions.max()) if a.versions.size else None,
+    )
+
+
+@dataclass
+class Segment:
+    """One model context: prompt, generated and environment tokens, per-token data."""
+
+    token_ids: np.ndarray  # int64 [n]
+    loss_mask: np.ndarray  # bool [n]; True = sampled by the policy
+    behaviour: np.ndarray  # float32 [n]; behaviour log-prob (over the kept set)
+    # Kept sets in CSR form, as on the wire: token t's set is
+    # kept_ids[kept_offsets[t]:kept_offsets[t + 1]] (empty for masked tokens).
+    kept_offsets: np.ndarray  # int64 [n + 1]
+    kept_ids: np.ndarray  # int32
+    capped: np.ndarray  # bool [n]
+    versions: np.ndarray  # int64 [n]
+    temperature: np.ndarray  # float32 [n]
+    # int64 [n]: the sampler's kept-set size, also where ``kept`` holds only part of it
+    # (capped); -1 unknown (a capped set from an engine that cannot count past its cap).
+    kept_size: np.ndarray | None = None
+    # int16 [n, moe_layers, top_k]: the sampler's routed experts, row i for the position
+    # before token i (docs/contracts.md, "Routing"); -1 = not recorded. None: no routes.
+    routes: np.ndarray | None = None
+
+    def __post_init__(self) -> None:
+        if self.kept_size is None:
+            self.kept_size = np.where(self.capped, -1, np.diff(self.kept_offsets))
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.token_ids.size)
+
+
+class Trajectory(TrajectoryKey):
+    """A trajectory put together: its identity (the chunks'), segments and reward."""
+
+    segments: list[Segment]
+    reward: Reward
+    chunk_refs: list[RecordRef]
+    reward_ref: RecordRef
+    finish_reason: str = ""
+
+    @property
+    def generated_tokens(self) -> int:
+        return int(sum(s.loss_mask.sum() for s in self.segments))
+
+    def generated_versions(self) -> np.ndarray:
+        parts = [s.versions[s.loss_mask] for s in self.segments]
+        return np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
+
+    @property
+    def oldest_version(self) -> int:
+        v = self.generated_versions()
+        return int(v.min()) if v.size else self.reward.weight_version
+
+    @property
+    def newest_version(self) -> int:
+        v = self.generated_versions()
+        return int(v.max()) if v.size else self.reward.weight_version
+
+
+@dataclass
+class Group:
+    """The G samples of one (task, group): the unit of advantage normalisation."""
+
+    task_id: str
+    group_id: str
+    members: list[Trajectory]  # ordered by sample_index
+
+    @property
+    def key(self) -> tuple[str, str]:
+        return (self.task_id, self.group_id)
+
+    def rewards(self) -> list[float]:
+        return [t.reward.reward for t in self.members]
+
+    @property
+    def oldest_version(self) -> int:
+        return min(t.oldest_version for t in self.members)
+
+    @property
+    def newest_version(self) -> int:
+        """The version a group is filed under for the buffer policy."""
+        return max(t.newest_version for t in self.members)
+
+
+def order_chunks(chunks: Sequence[TrajectoryChunk]) -> list[int]:
+    """Indices of ``chunks`` in trajectory order; raises on gaps or repeats."""
+    order = sorted(range(len(chunks)), key=lambda i: (chunks[i].segment_index, chunks[i].chunk_index))
+    keys = [(chunks[i].segment_index, chunks[i].chunk_index) for i in order]
+    if len(set(keys)) != len(keys):
+        raise InvalidTrajectory(f"repeated (segment, chunk) index among {keys}")
+    global_ok = [k[1] for k in keys] == list(range(len(keys)))
+    per_segment_ok = True
+    expected: dict[int, int] = {}
+    for seg, idx in keys:
+        if idx != expected.get(seg, 0):
+            per_segment_ok = False
+            break
+        expected[seg] = idx + 1
+    segments = sorted({k[0] for k in keys})
+    if segments != list(range(len(segments))):
+        raise InvalidTrajectory(f"segment indices {segments} are not 0..{len(segments) - 1}")
+    if not (global_ok or per_segment_ok):
+        raise InvalidTrajectory(f"chunk indices have a gap: {keys}")
+    return order
+
+
+def chunks_complete(chunks: Sequence[TrajectoryChunk]) -> bool:
+    """True when the final chunk is here and no chunk before it is missing."""
+    if not any(c.final for c in chunks):
+        return False
+    try:
+        order_chunks(chunks)
+    except InvalidTrajectory:
+        return False
+    last = max(chunks, key=lambda c: (c.segment_index, c.chunk_index))
+    return last.final
+
+
+def assemble(
+    chunks: Sequence[CheckedChunk],
+    chunk_refs: Sequence[RecordRef],
+    reward: Reward,
+    reward_ref: RecordRef,
+) -> Trajectory:
+    """Concatenate a trajectory's checked chunks; raise :class:`InvalidTrajectory` when
+    they do not make one trajectory (identity, order, kept sets, reward)."""
+    if not chunks:
+        raise InvalidTrajectory(f"trajectory {reward.trajectory_id}: reward without chunks")
+    events = [c.chunk for c in chunks]
+    first = events[0]
+    tid = first.trajectory_id
+    key = key_of(first)
+    if any(key_of(c) != key for c in events):
+        raise InvalidTrajectory(f"trajectory {tid}: chunks disagree on identity fields")
+    if (reward.trajectory_id, reward.task_id, reward.group_id, reward.sample_index) != (
+        tid, first.task_id, first.group_id, first.sample_index,
+    ):
+        raise InvalidTrajectory(f"trajectory {tid}: reward identity differs from the chunks'")
+    if not 0 <= first.sample_index < first.group_size:
+        raise InvalidTrajectory(f"trajectory {tid}: sample_index {first.sample_index} outside group of {first.group_size}")
+    order = order_chunks(events)
+    if not events[order[-1]].final:
+        raise InvalidTrajectory(f"trajectory {tid}: last chunk is not final")
+
+    by_segment: dict[int, list[int]] = {}
+    for i in order:
+        by_segment.setdefault(events[i].segment_index, []).append(i)
+    segments = [_segment([chunks[i] for i in idx], tid) for _, idx in sorted(by_segment.items())]
+    return Trajectory(
+        *msgspec.structs.astuple(key),
+        segments=segments,
+        reward=reward,
+        chunk_refs=[chunk_refs[i] for i in order],
+        reward_ref=reward_ref,
+        finish_reason=events[order[-1]].finish_reason,
+    )
+
+
+def _segment(chunks: list[CheckedChunk], tid: str) -> Segment:
+    parts = [c.arrays for c in chunks]
+    tokens = np.concatenate([a.token_ids for a in parts]).astype(np.int64)
+    mask = np.concatenate([a.loss_mask for a in parts]).astype(bool)
+    behaviour = np.concatenate([a.logprobs for a in parts]).astype(np.float32)
+    lengths = np.concatenate([np.diff(a.kept_offsets) for a in parts]).astype(np.int64)
+    kept_offsets = np.zeros(lengths.size + 1, dtype=np.int64)
+    np.cumsum(lengths, out=kept_offsets[1:])
+    kept_ids = np.concatenate([a.kept_ids for a in parts])
+    capped = np.concatenate([a.kept_capped for a in parts]).astype(bool)
+    kept_size = np.concatenate([a.kept_sizes for a in parts]).astype(np.int64)
+    versions = np.concatenate([a.versions for a in parts]).astype(np.int64)
+    temperature = np.concatenate(
+        [np.full(a.token_ids.size, c.chunk.temperature, dtype=np.float32) for c, a in zip(chunks, parts)]
+    )
+    if tokens.size == 0:
+        raise InvalidTrajectory(f"trajectory {tid}: empty segment")
+    if mask[0]:
+        raise InvalidTrajectory(f"trajectory {tid}: a segment starts with a generated token (no context)")
+    greedy = mask & (temperature < GREEDY_TEMPERATURE)
+    if greedy.any():
+        # Greedy decoding (temperature 0): the kept set is the argmax alone, so the
+        # token's log-prob is 0 at any temperature; 1.0 keeps the arithmetic finite.
+        temperature = np.where(greedy, np.float32(1.0), temperature)
+    _check_kept_sets(tokens, mask, greedy, lengths, kept_ids, tid)
+    if not np.all(np.isfinite(behaviour[mask])):
+        raise InvalidTrajectory(f"trajectory {tid}: non-finite behaviour log-prob")
+    return Segment(tokens, mask, behaviour, kept_offsets, kept_ids, capped, versions, temperature, kept_size,
+                   _routes(parts, tid))
+
+
+def _check_kept_sets(tokens: np.ndarray, mask: np.ndarray, greedy: np.ndarray, lengths: np.ndarray,
+                     kept_ids: np.ndarray, tid: str) -> None:
+    """Every generated token has a non-empty kept set holding it (one id when greedy);
+    the first token that breaks a rule is named."""
+    owner = np.repeat(np.arange(tokens.size), lengths)
+    holds = np.zeros(tokens.size, dtype=bool)
+    holds[owner[kept_ids == tokens[owner]]] = True
+    bad = mask & ((lengths == 0) | (greedy & (lengths != 1)) | ~holds)
+    if not bad.any():
+        return
+    t = int(np.flatnonzero(bad)[0])
+    if lengths[t] == 0:
+        raise InvalidTrajectory(f"trajectory {tid}: generated token {t} has an empty kept set")
+    if greedy[t] and lengths[t] != 1:
+        raise InvalidTrajectory(f"trajectory {tid}: greedy token {t} has a kept set of {lengths[t]}, not 1")
+    raise InvalidTrajectory(f"trajectory {tid}: generated token {t} ({tokens[t]}) is not in its kept set")
+
+
+def _routes(parts: list[ChunkArrays], tid: str) -> np.ndarray | None:
+    """The segment's route table; chunks without routes give rows of -1."""
+    tables = [a.routed_experts for a in parts]
+    shapes = {t.shape[1:] for t in tables if t is not None}
+    if not shapes:
+        return None
+    if len(shapes) > 1:
+        raise InvalidTrajectory(f"trajectory {tid}: chunks' routed experts differ in [layers, top_k]: {sorted(shapes)}")
+    row = shapes.pop()
+    return np.concatenate([t if t is not None else np.full((a.token_ids.size, *row), -1, dtype=np.int16)
+                           for a, t in zip(parts, tables)]).astype(np.int16)
+
+
+def groups_from_trajectories(trajectories: Sequence[Trajectory]) -> list[Group]:
+    """Groups in order of first appearance, members ordered by sample index (replay)."""
+    groups: dict[tuple[str, str], list[Trajectory]] = {}
+    for t in trajectories:
+        groups.setdefault((t.task_id, t.group_id), []).append(t)
+    return [
+        Group(task_id=k[0], group_id=k[1], members=sorted(m, key=lambda t: t.sample_index))
+        for k, m in groups.items()
+    ]
