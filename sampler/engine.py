@@ -83,7 +83,7 @@ class StepTokens:
     ``lengths[r]`` entries (the sampler tap's layout); its CSR arrays are then built
     only when read. ``columns`` (Python lists of the per-row values, the kept ids as
     little-endian bytes) is built once per step, on first use, for the recorders'
-    per-row reads."""
+    per-row reads: set a step's fields (routes too) before any row of it is read."""
 
     __slots__ = ("token_ids", "logprobs", "_kept_offsets", "_kept_ids", "kept_capped", "kept_sizes", "versions",
                  "kept_logprobs", "routed_experts", "prompt_routed_experts", "_columns", "_padded")
@@ -145,10 +145,11 @@ class StepTokens:
         return len(self.token_ids)
 
     @property
-    def columns(self) -> tuple[list[int], bytes, list[int], list[int], list[int], bytes]:
+    def columns(self) -> tuple[list[int], bytes, list[int], list[int], list[int], bytes, bool]:
         """What recorders read per row, built on first use: (token ids, the rows as
         :data:`TOKEN_RECORD` bytes, each row's kept ids as [start, end) byte offsets into
-        the kept bytes, versions, the kept ids as int32 little-endian bytes)."""
+        the kept bytes, versions, the kept ids as int32 little-endian bytes, whether the
+        step has no routes at all: the recorders' short path)."""
         cols = self._columns
         if cols is None:
             n = len(self.token_ids)
@@ -170,8 +171,9 @@ class StepTokens:
             records["kept_len"] = lengths
             records["mask"] = 1
             records["capped"] = self.kept_capped
+            plain = self.routed_experts is None and self.prompt_routed_experts is None
             cols = self._columns = (self.token_ids.tolist(), records.tobytes(), starts.tolist(), ends.tolist(),
-                                    self.versions.tolist(), kept_bytes)
+                                    self.versions.tolist(), kept_bytes, plain)
         return cols
 
     @classmethod

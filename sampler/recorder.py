@@ -218,7 +218,7 @@ class TrajectoryRecorder:
         sampled token, from either form."""
         if type(token) is StepRow:
             step, row = token.step, token.row
-            ids, records, starts, ends, versions, kept = step._columns or step.columns
+            ids, records, starts, ends, versions, kept, _ = step._columns or step.columns
             return (ids[row], records[_RECORD * row:_RECORD * (row + 1)], kept[starts[row]:ends[row]], versions[row],
                     None if step.routed_experts is None else step.routed_experts[row],
                     None if step.prompt_routed_experts is None else step.prompt_routed_experts[row])
@@ -257,25 +257,23 @@ class TrajectoryRecorder:
                 return False
             self._push_sampled(tok, record, kept, version, routed, size)
             return True
+        # The hot path (one row per step per rollout): _push_sampled, inlined; a step
+        # without routes (``plain``) skips their lookups.
         step, row = token.step, token.row
-        if step.prompt_routed_experts is not None and step.prompt_routed_experts[row] is not None:
-            return False
-        ids, records, starts, ends, versions, kept = step._columns or step.columns
+        ids, records, starts, ends, versions, kept, plain = step._columns or step.columns
+        if not plain:
+            return self._add_routed_row_now(step, row)
         a, b = starts[row], ends[row]  # byte offsets of its kept ids
         version = versions[row]
-        cost = _BYTES_PER_TOKEN + (b - a)
-        routed = step.routed_experts
-        if routed is not None:
-            routed = routed[row]
-            cost += 2 * routed.size
-        new_span = version != self._last_version
-        if new_span:
-            cost += _BYTES_PER_SPAN
         n = self._n
-        if n >= self.chunk_tokens or self._bytes + cost > self.max_chunk_bytes:
-            return False
-        # The hot path (one row per step per rollout): _push_sampled, inlined.
-        if new_span:
+        if version == self._last_version:
+            cost = _BYTES_PER_TOKEN + b - a
+            if n >= self.chunk_tokens or self._bytes + cost > self.max_chunk_bytes:
+                return False
+        else:
+            cost = _BYTES_PER_TOKEN + _BYTES_PER_SPAN + b - a
+            if n >= self.chunk_tokens or self._bytes + cost > self.max_chunk_bytes:
+                return False
             self._span_starts.append(n)
             self._span_versions.append(version)
             self._last_version = version
@@ -286,8 +284,6 @@ class TrajectoryRecorder:
         self._records += records[r:r + _RECORD]
         if b > a:
             self._kept += kept[a:b]
-        if routed is not None:
-            self._routed[n] = np.asarray(routed)
         self._n = n + 1
         self._bytes += cost
         tok = ids[row]
@@ -295,6 +291,23 @@ class TrajectoryRecorder:
         self.generated_tokens += 1
         if self.listener is not None:
             self.listener(tok)
+        return True
+
+    def _add_routed_row_now(self, step, row: int) -> bool:
+        """``add_sampled_now`` of a row of a step with routes (MoE)."""
+        if step.prompt_routed_experts is not None and step.prompt_routed_experts[row] is not None:
+            return False
+        ids, records, starts, ends, versions, kept, _ = step._columns or step.columns
+        a, b = starts[row], ends[row]
+        version = versions[row]
+        cost = _BYTES_PER_TOKEN + (b - a)
+        routed = step.routed_experts
+        if routed is not None:
+            routed = routed[row]
+            cost += 2 * routed.size
+        if not self._fits(cost, version):
+            return False
+        self._push_sampled(ids[row], records[_RECORD * row:_RECORD * (row + 1)], kept[a:b], version, routed, cost)
         return True
 
     def _push_sampled(self, tok: int, record: bytes, kept: bytes, version: int, routed: np.ndarray | None,
