@@ -274,9 +274,13 @@ def _check_kept_sets(tokens: np.ndarray, mask: np.ndarray, greedy: np.ndarray, l
                      kept_ids: np.ndarray, tid: str) -> None:
     """Every generated token has a non-empty kept set holding it (one id when greedy);
     the first token that breaks a rule is named."""
-    owner = np.repeat(np.arange(tokens.size), lengths)
-    holds = np.zeros(tokens.size, dtype=bool)
-    holds[owner[kept_ids == tokens[owner]]] = True
+    # Token t holds its id iff a match lies in kept_ids[off[t]:off[t + 1]]: one pass over
+    # the ids (each compared with its token's id, repeated), matches counted by a
+    # cumulative sum read at the row bounds. (Token ids come off the wire as int32.)
+    matches = np.zeros(kept_ids.size + 1, dtype=np.int64)
+    np.cumsum(kept_ids == np.repeat(tokens.astype(np.int32), lengths), out=matches[1:])
+    bounds = matches[np.concatenate(([0], np.cumsum(lengths)))]
+    holds = bounds[1:] > bounds[:-1]
     bad = mask & ((lengths == 0) | (greedy & (lengths != 1)) | ~holds)
     if not bad.any():
         return
