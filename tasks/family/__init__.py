@@ -63,9 +63,12 @@ def _kinds(kinds: Sequence[str] | None) -> list[str]:
     return chosen
 
 
-def generate(split: str, count: int, *, seed: int = 0, kinds: Sequence[str] | None = None) -> list[TaskSpec]:
+def generate(split: str, count: int, *, seed: int = 0, kinds: Sequence[str] | None = None,
+             pseudo_names: float | None = None) -> list[TaskSpec]:
     """``count`` distinct tasks of ``split``, kinds in turn; the same arguments give the
-    same list (and a longer ``count`` extends a shorter one's list)."""
+    same list (and a longer ``count`` extends a shorter one's list). ``pseudo_names``:
+    the share of training-pool names drawn as pseudo-words (default
+    ``names.TRAIN_PSEUDO_SHARE``, 0: the kinds' English names, the tasks as before)."""
     check_split(split)
     chosen = _kinds(kinds)
     if count < 0:
@@ -78,7 +81,7 @@ def generate(split: str, count: int, *, seed: int = 0, kinds: Sequence[str] | No
         name = chosen[i % len(chosen)]
         kind, rng = _KINDS[name], rngs[name]
         for _ in range(_MAX_DRAWS_PER_TASK):
-            tokens = kind.sample(rng, names)
+            tokens = kind.sample(rng, names, pseudo_names)
             tid = task_id(name, tokens)
             if tid not in seen and split_of_fingerprint(kind.fingerprint(tokens)) == behaviours:
                 break

@@ -90,19 +90,21 @@ def cases(ops: list[Op], example: int) -> list[tuple[str, int]]:
 
 
 def draw_names(rng: random.Random, pool: str, files: tuple[str, ...], funcs: tuple[str, ...],
-               args: tuple[str, ...]) -> tuple[str, str, str]:
-    """File, function and argument names of ``pool``, pairwise distinct."""
-    module = N.draw(rng, files, "file", pool)
-    func = N.draw(rng, funcs, "function", pool, avoid=(module,))
-    return module, func, N.draw(rng, args, "argument", pool, avoid=(module, func))
+               args: tuple[str, ...], pseudo_share: float | None = None) -> tuple[str, str, str]:
+    """File, function and argument names of ``pool``; the function's differs from both
+    (a file and an argument may share a name, as ``nums`` did before pools)."""
+    module = N.draw(rng, files, "file", pool, pseudo_share=pseudo_share)
+    func = N.draw(rng, funcs, "function", pool, avoid=(module,), pseudo_share=pseudo_share)
+    return module, func, N.draw(rng, args, "argument", pool, avoid=(func,), pseudo_share=pseudo_share)
 
 
 def check_names(module: str, func: str, arg: str, files: tuple[str, ...], funcs: tuple[str, ...],
                 args: tuple[str, ...]) -> str:
     """The names' pool; FamilyError for an unknown name or two roles sharing one."""
     pools = (N.check(module, files, "file"), N.check(func, funcs, "function"), N.check(arg, args, "argument"))
-    if len({module, func, arg}) < 3:
-        raise FamilyError(f"file, function and argument names must differ: {module!r}, {func!r}, {arg!r}")
+    if func in (module, arg):
+        raise FamilyError(f"the function name must differ from the file and argument names: {module!r}, {func!r}, "
+                          f"{arg!r}")
     return N.names_pool(*pools)
 
 
@@ -113,8 +115,8 @@ def skill_of(ops: list[Op]) -> str:
 class Arith:
     name = "arith"
 
-    def sample(self, rng: random.Random, names: str = "train") -> tuple[str, ...]:
-        return (*draw_names(rng, names, FILES, FUNCS, ARGS), ops_token(sample_ops(rng)))
+    def sample(self, rng: random.Random, names: str = "train", pseudo_share: float | None = None) -> tuple[str, ...]:
+        return (*draw_names(rng, names, FILES, FUNCS, ARGS, pseudo_share), ops_token(sample_ops(rng)))
 
     def _parse(self, tokens: tuple[str, ...]):
         if len(tokens) != 4:

@@ -45,8 +45,9 @@ class Built:
 class Kind(Protocol):
     name: str
 
-    def sample(self, rng: random.Random, names: str = "train") -> tuple[str, ...]:
-        """Random parameter tokens (any behaviour split), named from pool ``names``."""
+    def sample(self, rng: random.Random, names: str = "train", pseudo_share: float | None = None) -> tuple[str, ...]:
+        """Random parameter tokens (any behaviour split), named from pool ``names``
+        (``pseudo_share``: see :func:`tasks.family.names.draw`)."""
 
     def fingerprint(self, tokens: tuple[str, ...]) -> str:
         """The behaviour the solution must have; decides the split."""

@@ -45,8 +45,8 @@ def breaks(ops: list[A.Op], buggy: list[A.Op], example: int) -> bool:
 class Fix:
     name = "fix"
 
-    def sample(self, rng: random.Random, names: str = "train") -> tuple[str, ...]:
-        module, func, arg = A.draw_names(rng, names, A.FILES, A.FUNCS, A.ARGS)
+    def sample(self, rng: random.Random, names: str = "train", pseudo_share: float | None = None) -> tuple[str, ...]:
+        module, func, arg = A.draw_names(rng, names, A.FILES, A.FUNCS, A.ARGS, pseudo_share)
         ops = A.sample_ops(rng)
         while True:
             index = rng.randrange(len(ops))
@@ -55,7 +55,7 @@ class Fix:
             if breaks(ops, apply_bug(ops, bug), A.example_input(*tokens_so_far)):
                 break
         split = split_of_fingerprint(A.fingerprint(ops))
-        helper = N.draw(rng, A.FUNCS, "function", names, avoid=(module, func, arg))
+        helper = N.draw(rng, A.FUNCS, "function", names, avoid=(module, func, arg), pseudo_share=pseudo_share)
         helper_ops = A.sample_ops(rng)
         while split_of_fingerprint(A.fingerprint(helper_ops)) != split:
             helper_ops = A.sample_ops(rng)

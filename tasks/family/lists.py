@@ -69,15 +69,14 @@ def describe(flt: tuple[str, int], mp: tuple[str, int], agg: str) -> str:
 class Lists:
     name = "lists"
 
-    def sample(self, rng: random.Random, names: str = "train") -> tuple[str, ...]:
-        module, func, arg = draw_names(rng, names, FILES, FUNCS, ARGS)
+    def sample(self, rng: random.Random, names: str = "train", pseudo_share: float | None = None) -> tuple[str, ...]:
         while True:
             flt, mp, agg = pick(rng, FILTERS), pick(rng, MAPS), pick(rng, AGGS)
             if flt == "all" and mp == "same" and agg == "list":
                 continue  # the identity: nothing to do
             flt += str(rng.choice(CONSTS)) if flt in ("gt", "lt") else ""
             mp += str(rng.choice(CONSTS)) if mp in ("mul", "add", "sub") else ""
-            return (module, func, arg, flt, mp, agg)
+            return (*draw_names(rng, names, FILES, FUNCS, ARGS, pseudo_share), flt, mp, agg)
 
     def _parse(self, tokens: tuple[str, ...]):
         if len(tokens) != 6:

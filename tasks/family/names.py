@@ -10,12 +10,19 @@ names come from two disjoint pools:
 * ``heldout``: the other pseudo-words. Training tasks never use them, not even the
   warm start's transcripts or its tokenizer's corpus.
 
-A pseudo-word is 1 to 3 consonant-vowel syllables (``bako``, ``fesuri``): tens of
-thousands of names built from 70 syllables, so the training draws show a large,
-never-repeating vocabulary the policy can only handle by copying, and a held-out name
-is made of pieces the policy has seen in other combinations. Names that are Python
-keywords, builtins or standard-library modules are never drawn (a module ``code.py``
+A pseudo-word is 1 to 3 consonant-vowel syllables (``bako``, ``fesuri``): hundreds of
+thousands of names built from 70 syllables, so training draws of pseudo-words show a
+large, never-repeating vocabulary the policy can only handle by copying, and a held-out
+name is made of pieces the policy has seen in other combinations. Names that are Python
+keywords, builtins or standard-library modules are never drawn (a module ``site.py``
 would shadow the stdlib's) and do not resolve.
+
+How many training draws take a pseudo-word is ``TRAIN_PSEUDO_SHARE`` (``generate``'s
+``pseudo_names``). It is 0 by default, so the train and heldout splits are exactly the
+tasks they were before names were held out: the default warm start (500 SFT steps) does
+not learn to copy multi-token names, and with a quarter of the draws pseudo-words its
+solve rate at temperature 1 fell to 0.01 and RL got no group with reward variance
+(docs/results.md, issue #30). Every pool's names resolve whatever the share.
 
 Pure and seeded: the pool of a name is a hash of the name, like a behaviour's split.
 """
@@ -38,8 +45,8 @@ CONSONANTS = "bdfgklmnprstvz"
 VOWELS = "aeiou"
 # Syllables per role: a file or function name has 2-3, an argument 1-2 (short, like n, xs).
 SYLLABLES = {"file": (2, 3), "function": (2, 3), "argument": (1, 2)}
-# Share of training draws that take one of the kind's original English names.
-LEGACY_SHARE = 0.25
+# Share of training-pool draws that take a pseudo-word (the rest an English name).
+TRAIN_PSEUDO_SHARE = 0.0
 _PSEUDO = re.compile(f"^(?:[{CONSONANTS}][{VOWELS}]){{1,3}}$")
 _RESERVED = frozenset(keyword.kwlist) | frozenset(dir(builtins)) | frozenset(sys.stdlib_module_names) | {"test"}
 
@@ -65,21 +72,23 @@ def check(name: str, legacy: tuple[str, ...], role: str) -> str:
                       f"{low}-{high} consonant-vowel syllables)")
 
 
-def draw(rng: random.Random, legacy: tuple[str, ...], role: str, pool: str, avoid: tuple[str, ...] = ()) -> str:
-    """A ``role`` name of ``pool``, not in ``avoid``: from the train pool a quarter of the
-    draws take a legacy name, the rest (and every held-out draw) a pseudo-word."""
+def draw(rng: random.Random, legacy: tuple[str, ...], role: str, pool: str, avoid: tuple[str, ...] = (),
+         pseudo_share: float | None = None) -> str:
+    """A ``role`` name of ``pool``, not in ``avoid``. From the train pool a share
+    ``pseudo_share`` (default ``TRAIN_PSEUDO_SHARE``) of draws are pseudo-words, the rest
+    English names (drawn exactly as before pools existed: one ``randrange``, so share 0
+    keeps every earlier task id); every held-out draw is a pseudo-word."""
     if pool not in POOLS:
         raise FamilyError(f"unknown name pool {pool!r}; valid pools: {', '.join(POOLS)}")
+    share = TRAIN_PSEUDO_SHARE if pseudo_share is None else pseudo_share
+    if pool == "train" and (share <= 0.0 or (share < 1.0 and rng.random() >= share)):
+        options = tuple(n for n in legacy if n not in avoid)
+        return options[rng.randrange(len(options))]
     low, high = SYLLABLES[role]
     while True:
-        if pool == "train" and rng.random() < LEGACY_SHARE:
-            name = legacy[rng.randrange(len(legacy))]
-        else:
-            name = "".join(CONSONANTS[rng.randrange(len(CONSONANTS))] + VOWELS[rng.randrange(len(VOWELS))]
-                           for _ in range(rng.randint(low, high)))
-            if not is_pseudo_word(name) or pool_of(name) != pool:
-                continue
-        if name not in avoid:
+        name = "".join(CONSONANTS[rng.randrange(len(CONSONANTS))] + VOWELS[rng.randrange(len(VOWELS))]
+                       for _ in range(rng.randint(low, high)))
+        if is_pseudo_word(name) and pool_of(name) == pool and name not in avoid:
             return name
 
 

@@ -100,10 +100,9 @@ def describe(steps: list[tuple[str, str]]) -> str:
 class Text:
     name = "text"
 
-    def sample(self, rng: random.Random, names: str = "train") -> tuple[str, ...]:
-        module, func, arg = draw_names(rng, names, FILES, FUNCS, ARGS)
+    def sample(self, rng: random.Random, names: str = "train", pseudo_share: float | None = None) -> tuple[str, ...]:
         steps = [sample_step(rng) for _ in range(rng.choice((1, 2, 2)))]
-        return (module, func, arg, "_".join(steps))
+        return (*draw_names(rng, names, FILES, FUNCS, ARGS, pseudo_share), "_".join(steps))
 
     def _parse(self, tokens: tuple[str, ...]):
         if len(tokens) != 4:
