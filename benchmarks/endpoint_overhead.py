@@ -18,13 +18,17 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextvars
+import cProfile
 import json
 import os
+import pstats
 import statistics
 import sys
 import tempfile
 import time
 import uuid
+from collections import Counter
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -40,18 +44,89 @@ INSTRUCTION = "Fix `add` in solution.py so the tests pass."
 FILES = {"solution.py": "def add(x, y):\n    return x - y\n"}
 
 
-async def loop_row(agent, n: int, tag: str) -> int:
+async def loop_row(agent, n: int, tag: str) -> dict[str, int]:
     from schemas import Task
 
     task = Task(task_id="fix_add", group_id=f"fix_add/{tag}", group_size=n, instruction=INSTRUCTION,
                 files=FILES)
     results = await asyncio.gather(*(agent.run(task, i, f"loop-{tag}") for i in range(n)))
-    return sum(r.cost.generated_tokens for r in results)
+    return {"tokens": sum(r.cost.generated_tokens for r in results), "turns": sum(r.cost.turns for r in results),
+            "template_rerenders": sum(r.cost.template_rerenders for r in results), "history_rewrites": 0}
 
 
-async def harness_episode(http, client, url: str, model: str, scfg, tag: str, index: int) -> int:
+_REQUEST: contextvars.ContextVar[dict | None] = contextvars.ContextVar("endpoint_request", default=None)
+
+
+class TurnGaps:
+    """Per path, how long each trajectory waited between two of its turns (from the end of
+    one ``Engine.record`` to the start of the next: out of the engine's batch). The loop
+    spends it parsing, running the (zero-latency) tool and bridging; the endpoint adds the
+    HTTP round trips, the harness's own work and the server's handling."""
+
+    def __init__(self, engine, endpoint_replica: str) -> None:
+        self.ended: dict[str, float] = {}
+        self.gaps: dict[str, list[float]] = {"loop": [], "endpoint": []}
+        inner = engine.record
+
+        async def record(rec, params):
+            tid, now = rec.identity.trajectory_id, time.perf_counter()
+            if tid in self.ended:
+                path = "endpoint" if rec.identity.replica_id == endpoint_replica else "loop"
+                self.gaps[path].append(now - self.ended[tid])
+            box = _REQUEST.get()
+            if box is not None:
+                box["start"] = now
+            try:
+                return await inner(rec, params)
+            finally:
+                self.ended[tid] = time.perf_counter()
+                if box is not None:
+                    box["end"] = self.ended[tid]
+
+        engine.record = record  # the instance's attribute: both paths call engine.record
+
+    def track_server(self, app) -> None:
+        """The server's share of the endpoint's gaps: a chat request's handling before and
+        after its ``Engine.record`` (same task: a context variable carries the times), and
+        /exec requests whole."""
+        from aiohttp import web
+
+        self.server: dict[str, list[float]] = {"chat: before the turn": [], "chat: after the turn": [], "exec": []}
+
+        @web.middleware
+        async def timed(request, handler):
+            box: dict[str, float] = {}
+            token = _REQUEST.set(box)
+            t0 = time.perf_counter()
+            try:
+                return await handler(request)
+            finally:
+                t1 = time.perf_counter()
+                _REQUEST.reset(token)
+                if request.path.endswith("/exec"):
+                    self.server["exec"].append(t1 - t0)
+                elif "start" in box and "end" in box:
+                    self.server["chat: before the turn"].append(box["start"] - t0)
+                    self.server["chat: after the turn"].append(t1 - box["end"])
+
+        app.middlewares.insert(0, timed)
+
+    def reset(self) -> None:
+        self.ended.clear()
+        for series in (*self.gaps.values(), *self.server.values()):
+            series.clear()
+
+    @staticmethod
+    def stats(name: str, series: list[float]) -> tuple:
+        g = sorted(series) or [0.0]
+        return (name, len(series), f"{1e3 * statistics.median(g):.1f}", f"{1e3 * g[int(0.9 * (len(g) - 1))]:.1f}",
+                f"{1e3 * statistics.fmean(g):.1f}")
+
+
+async def harness_episode(http, chat, url: str, scfg, tag: str, index: int) -> dict[str, int]:
     """A minimal harness: the endpoint's answer is appended as returned; a call runs in the
-    sandbox session and its output comes back as a tool message; submit ends it."""
+    sandbox session and its output comes back as a tool message; submit ends it.
+    ``chat(messages, episode_id) -> (assistant message dict, completion tokens)``."""
     async with http.post(f"{url}/v1/rollway/episodes", json={
             "task_id": "fix_add", "instruction": INSTRUCTION, "files": FILES, "group_id": f"fix_add/{tag}",
             "group_size": index + 1, "sample_index": index}) as resp:
@@ -59,33 +134,40 @@ async def harness_episode(http, client, url: str, model: str, scfg, tag: str, in
     messages: list[dict] = [{"role": "user", "content": f"{INSTRUCTION}\nFiles: solution.py"}]
     generated = 0
     for _ in range(scfg.max_turns):
-        r = await client.chat.completions.create(model=model, messages=messages, max_tokens=scfg.max_tokens_per_turn,
-                                                 extra_headers={"X-Rollway-Episode": ep["id"]})
-        generated += r.usage.completion_tokens
-        said = r.choices[0].message
-        messages.append(said.model_dump(exclude_none=True))
-        calls = said.tool_calls or []
-        if any(c.function.name == "submit" for c in calls):
+        try:
+            said, tokens = await chat(messages, ep["id"])
+        except Exception as exc:  # noqa: BLE001 - a refusal (context full) ends the episode, as the loop's does
+            if "context_length_exceeded" not in str(exc):
+                raise
+            break
+        generated += tokens
+        messages.append(said)
+        calls = said.get("tool_calls") or []
+        if any(c["function"]["name"] == "submit" for c in calls):
             break
         if not calls:
             messages.append({"role": "user", "content": "error: end the turn with one tool call"})
             continue
         for c in calls:
             output = "ok"
-            if c.function.name == "run":
-                command = json.loads(c.function.arguments).get("command") or "true"
+            if c["function"]["name"] == "run":
+                command = json.loads(c["function"]["arguments"]).get("command") or "true"
                 async with http.post(f"{url}/v1/rollway/episodes/{ep['id']}/exec", json={"command": command}) as resp:
                     output = (await resp.json()).get("stdout", "")
-            messages.append({"role": "tool", "tool_call_id": c.id, "content": output})
+            messages.append({"role": "tool", "tool_call_id": c["id"], "content": output})
     async with http.post(f"{url}/v1/rollway/episodes/{ep['id']}/submit") as resp:
-        await resp.json()
-    return generated
+        done = await resp.json()
+    return {"tokens": generated, "turns": done["turns"], "template_rerenders": done["template_rerenders"],
+            "history_rewrites": done["history_rewrites"]}
 
 
-async def harness_worker(url: str, model: str, turns: int, tokens_per_turn: int) -> None:
+async def harness_worker(url: str, model: str, turns: int, tokens_per_turn: int, client_kind: str) -> None:
     """The harness process: for each line ``TAG N`` on stdin, run N episodes at once and
-    answer the tokens they generated on stdout (a harness runs in its own process, so
-    its client's CPU time is not taken from the engine's interpreter)."""
+    answer what they generated on stdout (a harness runs in its own process, so its
+    client's CPU time is not taken from the engine's interpreter). ``client_kind``:
+    ``openai`` (the ``openai`` package, as harnesses use it) or ``aiohttp`` (plain JSON
+    over one aiohttp session: a lean client, to tell the client's cost from the
+    endpoint's)."""
     import types
 
     import aiohttp
@@ -95,12 +177,26 @@ async def harness_worker(url: str, model: str, turns: int, tokens_per_turn: int)
     client = AsyncOpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0)
     loop = asyncio.get_running_loop()
     async with aiohttp.ClientSession() as http:
+
+        async def chat_openai(messages: list[dict], episode: str) -> tuple[dict, int]:
+            r = await client.chat.completions.create(model=model, messages=messages, max_tokens=tokens_per_turn,
+                                                     extra_headers={"X-Rollway-Episode": episode})
+            return r.choices[0].message.model_dump(exclude_none=True), r.usage.completion_tokens
+
+        async def chat_aiohttp(messages: list[dict], episode: str) -> tuple[dict, int]:
+            async with http.post(f"{url}/v1/chat/completions", headers={"X-Rollway-Episode": episode},
+                                 json={"model": model, "messages": messages, "max_tokens": tokens_per_turn}) as resp:
+                body = await resp.json()
+            if resp.status != 200:
+                raise RuntimeError(f"chat: HTTP {resp.status}: {body}")
+            return body["choices"][0]["message"], body["usage"]["completion_tokens"]
+
+        chat = chat_openai if client_kind == "openai" else chat_aiohttp
         print("ready", flush=True)
         while line := await loop.run_in_executor(None, sys.stdin.readline):
             tag, n = line.split()
-            counts = await asyncio.gather(*(harness_episode(http, client, url, model, scfg, tag, i)
-                                            for i in range(int(n))))
-            print(sum(counts), flush=True)
+            counts = await asyncio.gather(*(harness_episode(http, chat, url, scfg, tag, i) for i in range(int(n))))
+            print(json.dumps({k: sum(c[k] for c in counts) for k in counts[0]}), flush=True)
 
 
 async def main() -> None:
@@ -109,10 +205,14 @@ async def main() -> None:
     ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument("--turns", type=int, default=4)
     ap.add_argument("--tokens-per-turn", type=int, default=48)
+    ap.add_argument("--profile", type=int, default=0, metavar="N",
+                    help="cProfile the sampler's event loop during the endpoint rows; print the top N functions")
+    ap.add_argument("--client", choices=("openai", "aiohttp"), default="openai",
+                    help="the harness's HTTP client: the openai package (default) or plain aiohttp JSON")
     ap.add_argument("--harness", metavar="URL", help=argparse.SUPPRESS)  # the harness process
     args = ap.parse_args()
     if args.harness:
-        await harness_worker(args.harness, "rollway-tiny", args.turns, args.tokens_per_turn)
+        await harness_worker(args.harness, "rollway-tiny", args.turns, args.tokens_per_turn, args.client)
         return
 
     from bus import EventProducer, ensure_topics
@@ -143,31 +243,43 @@ async def main() -> None:
                                                                                   max_turns=args.turns,
                                                                                   max_total_tokens=scfg.max_total_tokens),
                                            producer.publish, chat_format, replica_id="bench-endpoint")
-                async with serve(EndpointServer(registry, model)) as url:
+                server = EndpointServer(registry, model)
+                gaps = TurnGaps(engine, "bench-endpoint")
+                gaps.track_server(server.app)
+                async with serve(server) as url:
                     harness = await asyncio.create_subprocess_exec(
                         sys.executable, __file__, "--harness", url, "--turns", str(args.turns),
-                        "--tokens-per-turn", str(args.tokens_per_turn),
+                        "--tokens-per-turn", str(args.tokens_per_turn), "--client", args.client,
                         stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE)
 
-                    async def harness_row(tag: str) -> int:
+                    async def harness_row(tag: str) -> dict[str, int]:
                         harness.stdin.write(f"{tag} {args.episodes}\n".encode())
                         await harness.stdin.drain()
-                        return int(await harness.stdout.readline())
+                        return json.loads(await harness.stdout.readline())
 
                     assert (await harness.stdout.readline()).strip() == b"ready"
                     await loop_row(agent, 2, "warmup")  # warm the engine once
                     await harness_row("warmup")
-                    rows = []
+                    # (getattr: the script also measures commits before the incremental bridge)
+                    bridges_before = dict(getattr(chat_format, "bridges", {}))
+                    gaps.reset()
+                    profiler = cProfile.Profile() if args.profile else None
+                    rows, counts = [], {"loop": Counter(), "endpoint": Counter()}
                     for r in range(args.repeat):
                         for path in ("loop", "endpoint"):
                             tag = f"{path}-{r}"
                             t0 = time.perf_counter()
                             if path == "loop":
-                                tokens = await loop_row(agent, args.episodes, tag)
+                                row = await loop_row(agent, args.episodes, tag)
                             else:
-                                tokens = await harness_row(tag)
+                                if profiler:
+                                    profiler.enable()
+                                row = await harness_row(tag)
+                                if profiler:
+                                    profiler.disable()
                             seconds = time.perf_counter() - t0
-                            rows.append((r, path, tokens, seconds, tokens / seconds))
+                            counts[path].update(row)
+                            rows.append((r, path, row["tokens"], seconds, row["tokens"] / seconds))
                     harness.stdin.close()
                     await harness.wait()
         finally:
@@ -176,7 +288,8 @@ async def main() -> None:
     end_rates = [x[4] for x in rows if x[1] == "endpoint"]
     paired = [e / lo for lo, e in zip(loop_rates, end_rates)]
     print(f"# {cpu_name()}, load {load_average()}, format {chat_format.name}, {args.episodes} episodes at once, "
-          f"<= {args.turns} turns x {args.tokens_per_turn} tokens, top_p 0.95, {args.repeat} repeats")
+          f"<= {args.turns} turns x {args.tokens_per_turn} tokens, top_p 0.95, {args.repeat} repeats, "
+          f"harness client {args.client}")
     print_aligned(["repeat", "path", "tokens", "seconds", "tokens/s"],
                   [(r, p, t, f"{s:.2f}", f"{v:.1f}") for r, p, t, s, v in rows])
     print()
@@ -185,6 +298,21 @@ async def main() -> None:
          f"{statistics.median(end_rates) / statistics.median(loop_rates):.2f}"),
         ("paired (median of per-repeat ratios)", "", "", f"{statistics.median(paired):.2f}"),
     ])
+    print()
+    per_1k = {p: 1000.0 * c["template_rerenders"] / c["turns"] if c["turns"] else 0.0 for p, c in counts.items()}
+    print_aligned(["path", "turns", "template re-renders", "per 1,000 turns", "history rewrites"], [
+        (p, c["turns"], c["template_rerenders"], f"{per_1k[p]:.1f}", c["history_rewrites"]) for p, c in counts.items()])
+    print()
+    print_aligned(["between two turns of a trajectory", "n", "median ms", "p90 ms", "mean ms"],
+                  [gaps.stats(f"{p}: whole gap", gaps.gaps[p]) for p in ("loop", "endpoint")]
+                  + [gaps.stats(f"endpoint server, {k}", v) for k, v in gaps.server.items()])
+    if bridges_before:
+        bridged = {k: chat_format.bridges[k] - bridges_before[k] for k in chat_format.bridges}
+        print(f"endpoint bridges (timed rows): {bridged['window']} rendered a window, {bridged['full']} the whole "
+              f"conversation (incremental: {chat_format.incremental})")
+    if profiler:
+        print()
+        pstats.Stats(profiler).sort_stats("tottime").print_stats(args.profile)
 
 
 if __name__ == "__main__":
