@@ -71,8 +71,12 @@ def test_each_service_mounts_only_its_own_principal_and_no_secret_is_in_the_file
     assert {_role_of(s) for s in components.values()} == set(KAFKA_ROLES)  # every principal is used
     assert _secrets_volume(SERVICES["kafka"]) == ("secrets-kafka", "/run/rollway")
     assert SERVICES["kafka"]["depends_on"] == {"credentials": {"condition": "service_completed_successfully"}}
-    written = {v.split(":")[0] for v in SERVICES["credentials"]["volumes"]}
-    assert written == {f"secrets-{r}" for r in (*KAFKA_ROLES, "kafka")} <= set(COMPOSE["volumes"])
+    credentials = SERVICES["credentials"]
+    assert credentials["command"][:4] == ["acl", "credentials", "--out-dir", "/secrets"]
+    # Each volume is mounted where the command writes that principal's folder.
+    written = dict(v.split(":") for v in credentials["volumes"])
+    assert written == {f"secrets-{r}": f"/secrets/{r}" for r in (*KAFKA_ROLES, "kafka")}
+    assert set(written) <= set(COMPOSE["volumes"])
     assert "rollway acl apply" in SERVICES["init"]["command"][0]
     text = (REPO / "docker-compose.yml").read_text().lower()
     assert "jaas" not in text and "scram-sha-512=[" not in text and "password=" not in text
