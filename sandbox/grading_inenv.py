@@ -173,15 +173,9 @@ async def run(jail: Jail, cfg: SandboxConfig, limits: Limits, spec: TaskSpec, co
         on_root = {}
     plugin = plugin_dir(base, plan)
     out = Workspace.create(base / "out", uid, {})[0]
-    inifile = task_inifile({clean_relpath(p): t for p, t in spec.files.items()}, plan.args)
-    if inifile:
-        pin = ["-c", inifile]
-    else:
-        # No config of the task's: an empty one, so none the run might find is read.
-        write_ro(plugin / f"{plan.plugin}.ini", b"[pytest]\n")
-        pin = ["-c", f"{PLUGIN_DIR}/{plan.plugin}.ini"]
-        if not any(a == "--rootdir" or a.startswith("--rootdir=") for a in plan.args):
-            pin += ["--rootdir", workdir]  # where pytest roots node ids without a config
+    pin = inifile_pin(spec, plan, workdir)
+    if pin[1].startswith(PLUGIN_DIR + "/"):
+        write_ro(plugin / PurePosixPath(pin[1]).name, b"[pytest]\n")
     command = shlex.join([*command_prefix(spec.test_command), *pin, *plan.args])
     try:
         result = await jail.run(
@@ -196,6 +190,19 @@ async def run(jail: Jail, cfg: SandboxConfig, limits: Limits, spec: TaskSpec, co
             ws.remove()
     return RunOutput(result=result, report=_read(out, REPORT_FILE), collected=_read(out, plan.collected_file),
                      notes=notes)
+
+
+def inifile_pin(spec: TaskSpec, plan: HiddenPlan, workdir: str) -> list[str]:
+    """pytest's config, pinned: the inifile the task's own tree gives, or (the task has
+    none) an empty one in the plugin folder, so no config the run might find is read,
+    with ``--rootdir`` at the repository root (where pytest roots node ids without one)."""
+    inifile = task_inifile({clean_relpath(p): t for p, t in spec.files.items()}, plan.args)
+    if inifile:
+        return ["-c", inifile]
+    pin = ["-c", f"{PLUGIN_DIR}/{plan.plugin}.ini"]
+    if not any(a == "--rootdir" or a.startswith("--rootdir=") for a in plan.args):
+        pin += ["--rootdir", workdir]
+    return pin
 
 
 def _served(path: str) -> bool:

@@ -340,3 +340,18 @@ def test_plugin_serves_hidden_tests_from_memory(tmp_path, assert_mode):
     result = check(report, (out / run.collected_file).read_bytes(), run.selection, run.canaries, wall_s=120.0,
                    sites=run.sites)
     assert result.tampering == [] and (result.outcomes.total, result.outcomes.passed) == (2, 2)
+
+
+def test_in_env_pins_an_empty_inifile_when_the_task_has_none():
+    from sandbox.grading_inenv import inifile_pin
+    from sandbox.grading_common import PLUGIN_DIR
+    from tasks.spec import TaskSpec
+
+    def spec(files):
+        return TaskSpec(task_id="t", instruction="", files=files, hidden_tests=TESTS, solution={},
+                        test_command="pytest -q hidden_tests", grading="in-env")
+
+    run = make_plan(["-q", "hidden_tests"], TESTS, {})
+    assert inifile_pin(spec({"calc.py": ""}), run, "/workspace") == [
+        "-c", f"{PLUGIN_DIR}/{run.plugin}.ini", "--rootdir", "/workspace"]
+    assert inifile_pin(spec({"calc.py": "", "pytest.ini": "[pytest]\n"}), run, "/workspace") == ["-c", "pytest.ini"]
