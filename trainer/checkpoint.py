@@ -102,7 +102,6 @@ def write_checkpoint(directory: str | os.PathLike[str], snapshot: dict[str, Any]
     root = Path(directory)
     root.mkdir(parents=True, exist_ok=True)
     step = int(snapshot["step"])
-    final = root / _name(step)
     tag = f"{os.getpid()}-{threading.get_ident()}"
     if ownership is not None:
         tag = f"{ownership.owner.token}-{tag}"
@@ -118,14 +117,9 @@ def write_checkpoint(directory: str | os.PathLike[str], snapshot: dict[str, Any]
                 torch.save(snapshot, f)
                 f.flush()
                 os.fsync(f.fileno())
-            meta = {"step": step, "weight_version": int(snapshot["weight_version"]), "weights_hash": weights_hash,
-                    "created_at": time.time(), "pid": os.getpid(),
-                    "owner": ownership.owner.token if ownership is not None else ""}
-            with open(tmp / "meta.json", "w") as f:
-                json.dump(meta, f)
-                f.flush()
-                os.fsync(f.fileno())
-            _fsync_dir(tmp)
+            write_meta(tmp, {"step": step, "weight_version": int(snapshot["weight_version"]),
+                             "weights_hash": weights_hash, "created_at": time.time(), "pid": os.getpid(),
+                             "owner": ownership.owner.token if ownership is not None else ""})
             failpoints.reached("checkpoint.before_rename")
             if ownership is not None:
                 ownership.check()  # a trainer frozen until a newer one started writes nothing
@@ -133,20 +127,36 @@ def write_checkpoint(directory: str | os.PathLike[str], snapshot: dict[str, Any]
             # A failed write (disk full) must not keep the disk full.
             shutil.rmtree(tmp, ignore_errors=True)
             raise
-        old = root / f".{_name(step)}.old-{tag}"
-        if final.exists():
-            # A re-executed step rewrites its checkpoint (the old one may be the damaged one
-            # restore fell back from). Never a moment without a complete checkpoint on disk:
-            # the old one is set aside, not deleted, until the new one is in place.
-            os.rename(final, old)
-            _fsync_dir(root)
-        os.rename(tmp, final)
-        _fsync_dir(root)
-        shutil.rmtree(old, ignore_errors=True)
-        return final
+        return move_into_place(root, tmp, step, tag)
     finally:
         if held is not None:
             os.close(held)
+
+
+def write_meta(folder: Path, meta: dict[str, Any]) -> None:
+    """A checkpoint's meta.json, fsynced with its folder: the last thing written into a
+    temporary folder before it is renamed in (no meta.json, no checkpoint)."""
+    with open(folder / "meta.json", "w") as f:
+        json.dump(meta, f)
+        f.flush()
+        os.fsync(f.fileno())
+    _fsync_dir(folder)
+
+
+def move_into_place(root: Path, tmp: Path, step: int, tag: str) -> Path:
+    """Rename the finished temporary folder ``tmp`` to step ``step``'s checkpoint."""
+    final = root / _name(step)
+    old = root / f".{_name(step)}.old-{tag}"
+    if final.exists():
+        # A re-executed step rewrites its checkpoint (the old one may be the damaged one
+        # restore fell back from). Never a moment without a complete checkpoint on disk:
+        # the old one is set aside, not deleted, until the new one is in place.
+        os.rename(final, old)
+        _fsync_dir(root)
+    os.rename(tmp, final)
+    _fsync_dir(root)
+    shutil.rmtree(old, ignore_errors=True)
+    return final
 
 
 def _fsync_dir(path: Path) -> None:

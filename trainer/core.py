@@ -32,6 +32,15 @@ class StepResult:
     histograms: dict[str, list[float]] = field(default_factory=dict)
 
 
+DIAGNOSTICS = ("logp", "behaviour", "truncated", "entropy_full", "entropy_kept", "kept_len", "capped", "keep",
+               "staleness", "rebuilt", "rebuilt_missing", "rebuilt_differs")
+
+
+def new_diagnostics() -> dict[str, list["torch.Tensor"]]:
+    """Per-token diagnostics of a step, one list of tensors a micro-batch each."""
+    return {k: [] for k in DIAGNOSTICS}
+
+
 class TrainCore:
     def __init__(self, cfg: TrainerConfig, model_path: str | None = None) -> None:
         from trainer.model import load_policy, make_deterministic, pick_device
@@ -66,7 +75,6 @@ class TrainCore:
         from trainer import loss as L
         from trainer.model import model_hash, seed_everything
         from trainer.packing import pack_step
-        from trainer.precision import policy_logits
 
         cfg = self.cfg
         started = time.perf_counter()
@@ -78,42 +86,12 @@ class TrainCore:
         self.model.train()
         self.optimizer.zero_grad()
         loss_total = 0.0
-        diag: dict[str, list[torch.Tensor]] = {k: [] for k in (
-            "logp", "behaviour", "truncated", "entropy_full", "entropy_kept", "kept_len", "capped", "keep",
-            "staleness", "rebuilt", "rebuilt_missing", "rebuilt_differs")}
+        diag = new_diagnostics()
         for mb in packed.micro_batches:
             mb = mb.to(self.device)
             if mb.targets.numel() == 0:
                 continue
-            with self._routing.using(mb.routes):
-                logits = policy_logits(self._logits, mb.input_ids, mb.row, mb.pos, self._forward_dtype)
-            kept_ids, kept_lengths, capped = mb.kept_ids, mb.kept_lengths, mb.capped
-            if cfg.replay_kept_sets and cfg.rebuild_capped_kept_sets:
-                sets = L.rebuild_capped_sets(logits.detach(), mb.targets, kept_ids, kept_lengths, capped,
-                                             mb.kept_sizes)
-                kept_ids, kept_lengths, capped = sets.kept_ids, sets.kept_lengths, sets.capped
-                diag["rebuilt"].append(sets.rebuilt)
-                diag["rebuilt_missing"].append(sets.missing)
-                diag["rebuilt_differs"].append(sets.differs)
-            logp, keep = L.token_logprobs(
-                logits, mb.targets, kept_ids, kept_lengths, capped, mb.temperature,
-                replay=cfg.replay_kept_sets, capped_policy=cfg.capped_kept_set,
-            )
-            keep = keep & mb.keep
-            per_token, truncated = L.policy_loss_terms(logp, mb.behaviour, mb.advantages, settings)
-            loss = L.masked_loss_sum(per_token, keep) / denominator
-            loss.backward()
-            loss_total += float(loss.detach())
-            diag["logp"].append(logp.detach()[keep])
-            diag["behaviour"].append(mb.behaviour[keep])
-            diag["truncated"].append(truncated[keep])
-            diag["entropy_full"].append(L.full_vocab_entropy(logits.detach(), mb.temperature)[keep])
-            diag["entropy_kept"].append(
-                L.kept_set_entropy(logits.detach(), kept_ids, kept_lengths, mb.temperature)[keep])
-            diag["kept_len"].append(kept_lengths[keep])
-            diag["capped"].append(mb.capped[keep])
-            diag["keep"].append(keep)
-            diag["staleness"].append(mb.staleness)
+            loss_total += self._train_micro_batch(mb, denominator, settings, diag, self._forward_dtype)
         grad_norm = 0.0
         params = [p for p in self.model.parameters() if p.grad is not None]
         if params:
@@ -136,6 +114,45 @@ class TrainCore:
             metrics["routing_differs_frac"] = differing / recorded if recorded else 0.0
             metrics["routing_tables_ignored"] = float(packed.routes_ignored)
         return StepResult(self.step, self.step, digest, metrics, hist)
+
+    def _train_micro_batch(self, mb, denominator: int, settings, diag: dict[str, list["torch.Tensor"]],
+                           forward_dtype: "torch.dtype | None") -> float:
+        """Forward and backward of one micro-batch (its loss divided by the step's
+        ``denominator``); its diagnostics appended to ``diag``; returns its loss.
+        ``forward_dtype``: precision replay's cast (None where the caller's model casts
+        itself, as the sharded trainer's FSDP2 does)."""
+        from trainer import loss as L
+        from trainer.precision import policy_logits
+
+        cfg = self.cfg
+        with self._routing.using(mb.routes):
+            logits = policy_logits(self._logits, mb.input_ids, mb.row, mb.pos, forward_dtype)
+        kept_ids, kept_lengths, capped = mb.kept_ids, mb.kept_lengths, mb.capped
+        if cfg.replay_kept_sets and cfg.rebuild_capped_kept_sets:
+            sets = L.rebuild_capped_sets(logits.detach(), mb.targets, kept_ids, kept_lengths, capped,
+                                         mb.kept_sizes)
+            kept_ids, kept_lengths, capped = sets.kept_ids, sets.kept_lengths, sets.capped
+            diag["rebuilt"].append(sets.rebuilt)
+            diag["rebuilt_missing"].append(sets.missing)
+            diag["rebuilt_differs"].append(sets.differs)
+        logp, keep = L.token_logprobs(
+            logits, mb.targets, kept_ids, kept_lengths, capped, mb.temperature,
+            replay=cfg.replay_kept_sets, capped_policy=cfg.capped_kept_set,
+        )
+        keep = keep & mb.keep
+        per_token, truncated = L.policy_loss_terms(logp, mb.behaviour, mb.advantages, settings)
+        loss = L.masked_loss_sum(per_token, keep) / denominator
+        loss.backward()
+        diag["logp"].append(logp.detach()[keep])
+        diag["behaviour"].append(mb.behaviour[keep])
+        diag["truncated"].append(truncated[keep])
+        diag["entropy_full"].append(L.full_vocab_entropy(logits.detach(), mb.temperature)[keep])
+        diag["entropy_kept"].append(L.kept_set_entropy(logits.detach(), kept_ids, kept_lengths, mb.temperature)[keep])
+        diag["kept_len"].append(kept_lengths[keep])
+        diag["capped"].append(mb.capped[keep])
+        diag["keep"].append(keep)
+        diag["staleness"].append(mb.staleness)
+        return float(loss.detach())
 
     def _metrics(self, packed, diag, loss_total: float, grad_norm: float, elapsed: float):
         import torch

@@ -154,13 +154,19 @@ class HybridOptimizer:
     """One object with the optimizer interface over a Muon and an AdamW."""
 
     def __init__(self, model: "torch.nn.Module", cfg: "TrainerConfig") -> None:
-        import torch
-
         muon_params, expert_params, adamw_params = split_parameters(model)
         self.muon_names = [n for n, _ in muon_params]
         self.expert_names = [n for n, _ in expert_params]
         self.adamw_names = [n for n, _ in adamw_params]
         self.optimizers: dict[str, Any] = {}
+        self._make_optimizers(muon_params, expert_params, adamw_params, cfg)
+
+    def _make_optimizers(self, muon_params: list, expert_params: list, adamw_params: list,
+                         cfg: "TrainerConfig") -> None:
+        """Fill ``self.optimizers`` (a subclass places the same split elsewhere:
+        ``trainer/sharded_optim.py``)."""
+        import torch
+
         if muon_params:
             self.optimizers["muon"] = torch.optim.Muon(
                 [p for _, p in muon_params],
