@@ -120,9 +120,30 @@ class _Tokens:
         self.added = added
         self.added_ids = frozenset(added.values())
         self._pattern = re.compile("|".join(re.escape(t) for t in sorted(added, key=len, reverse=True))) if added else None
+        self._raw = None
+        self._raw = self._raw_encoder()
 
     def encode(self, text: str) -> list[int]:
-        return self.tok.encode(text, add_special_tokens=False) if text else []
+        if not text:
+            return []
+        if self._raw is not None:
+            return self._raw.encode(text, add_special_tokens=False).ids
+        return self.tok.encode(text, add_special_tokens=False)
+
+    def _raw_encoder(self):
+        """The fast tokenizer's Rust ``Tokenizer`` when it encodes exactly as the wrapper does
+        (checked on text with added tokens): one call per turn instead of transformers'
+        batch path, which releases the GIL and, beside vLLM's step thread, waits up to a
+        switch interval to get it back."""
+        raw = getattr(self.tok, "_tokenizer", None)
+        if raw is None or not callable(getattr(raw, "encode", None)):
+            return None
+        probe = "".join(f"a {t}\n b" for t in sorted(self.added)) + " def f(x):\n    return x  # \u00e9\u4e2d"
+        try:
+            same = raw.encode(probe, add_special_tokens=False).ids == self.tok.encode(probe, add_special_tokens=False)
+        except Exception:  # noqa: BLE001 - any mismatch in API: keep the wrapper
+            return None
+        return raw if same else None
 
     def decode(self, ids: Sequence[int]) -> str:
         return self.tok.decode(list(ids), skip_special_tokens=False, clean_up_tokenization_spaces=False)
