@@ -209,8 +209,12 @@ async def main() -> None:
                     help="cProfile the sampler's event loop during the endpoint rows; print the top N functions")
     ap.add_argument("--client", choices=("openai", "aiohttp"), default="openai",
                     help="the harness's HTTP client: the openai package (default) or plain aiohttp JSON")
+    ap.add_argument("--switch-interval-ms", type=float, default=None,
+                    help="sys.setswitchinterval of the sampler's process (Python's default: 5 ms), both paths")
     ap.add_argument("--harness", metavar="URL", help=argparse.SUPPRESS)  # the harness process
     args = ap.parse_args()
+    if args.switch_interval_ms is not None and not args.harness:
+        sys.setswitchinterval(args.switch_interval_ms / 1000.0)
     if args.harness:
         await harness_worker(args.harness, "rollway-tiny", args.turns, args.tokens_per_turn, args.client)
         return
@@ -289,7 +293,7 @@ async def main() -> None:
     paired = [e / lo for lo, e in zip(loop_rates, end_rates)]
     print(f"# {cpu_name()}, load {load_average()}, format {chat_format.name}, {args.episodes} episodes at once, "
           f"<= {args.turns} turns x {args.tokens_per_turn} tokens, top_p 0.95, {args.repeat} repeats, "
-          f"harness client {args.client}")
+          f"harness client {args.client}, GIL switch interval {sys.getswitchinterval() * 1e3:g} ms")
     print_aligned(["repeat", "path", "tokens", "seconds", "tokens/s"],
                   [(r, p, t, f"{s:.2f}", f"{v:.1f}") for r, p, t, s, v in rows])
     print()
