@@ -122,6 +122,10 @@ def write_files(ws: Workspace, files: dict[str, str | bytes]) -> list[str]:
 
 def _overlay(base: Path, area: Path, lower: Path, mounts: list[Path]) -> tuple[Path, str]:
     """Mount the overlay (``overlay``), or copy the image's directory (``copy``)."""
+    if os.geteuid() != 0:
+        # Mounting (and the whiteout device nodes below) needs root: a rootless service
+        # copies. Not tried and refused, as mknod would fail first on an image with .git.
+        return _copy(area / "tree", lower, "not root")
     upper, work, merged = area / "upper", area / "work", base / "tree"
     for d in (upper, work, merged):
         d.mkdir(mode=0o755)
@@ -137,11 +141,15 @@ def _overlay(base: Path, area: Path, lower: Path, mounts: list[Path]) -> tuple[P
         return merged, "overlay"
     else:
         reason = os.strerror(ctypes.get_errno())
-    log.warning("image_workspace_overlay_refused", reason=reason, fallback="copy")
     shutil.rmtree(merged)
     for d in (upper, work):
         shutil.rmtree(d)
-    tree = area / "tree"
+    return _copy(area / "tree", lower, reason)
+
+
+def _copy(tree: Path, lower: Path, reason: str) -> tuple[Path, str]:
+    """The ``copy`` fallback: the image's directory copied into the session's area."""
+    log.warning("image_workspace_overlay_refused", reason=reason, fallback="copy")
     proc = subprocess.run(["cp", "-a", "--reflink=auto", "--no-dereference", f"{lower}/.", str(tree)],
                           capture_output=True, text=True)
     if proc.returncode != 0:
