@@ -51,12 +51,16 @@ class FeederConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     pool_by_kind_window: int = 256
     # Pool solve rates by skill too (metadata "skill": a kind's behaviour class, e.g.
     # arith's "mul_add"), over this many recent outcomes of the skill, with the kind's
-    # rate as its prior: kinds mix easy and hard skills. 0 = no skill pooling.
-    pool_by_skill_window: int = 64
+    # rate as its prior: kinds mix easy and hard skills. 0 = no skill pooling (the
+    # default until a 30-minute learning run shows the informative weighting and skill
+    # pooling help: docs/results.md, issue #30; 64 is the tested setting).
+    pool_by_skill_window: int = 0
     # What a task's weight is: "informative", the chance that a group of group_size
     # samples has reward variance (1 - p^G - (1-p)^G: the trainer drops the others), or
-    # "variance", the Bernoulli variance p(1 - p).
-    selection_weight: str = "informative"
+    # "variance", the Bernoulli variance p(1 - p) (the default the learning runs of record
+    # used; "informative" was no better in two 3.5-minute smokes, 0.593 vs 0.667 of groups
+    # with a signal, within their noise).
+    selection_weight: str = "variance"
     # Weight ** (1 / temperature): < 1 draws more from tasks likely to give an
     # informative group, > 1 spreads draws more evenly.
     selection_temperature: float = 1.0

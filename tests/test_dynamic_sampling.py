@@ -116,7 +116,8 @@ def test_the_feeder_pools_by_the_family_skill_metadata():
     from tasks.store import TaskStore
     from bus import KafkaConfig
 
-    cfg = FeederConfig(tasks_dir="family:train", family_tasks=40)
+    cfg = FeederConfig(tasks_dir="family:train", family_tasks=40, selection_weight="informative",
+                       pool_by_skill_window=64)
     store = TaskStore(cfg.tasks_dir, family_count=40, family_seed=1)
     feeder = Feeder(cfg, KafkaConfig(bootstrap_servers="127.0.0.1:1"), store)
     sel = feeder.selector
