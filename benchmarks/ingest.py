@@ -28,7 +28,13 @@ the same records (issue #29).
    * ``trainer intake``: what the trainer does per record, training off:
      ``EventConsumer.getmany`` (decode into events), ``Assembler.add`` (the trainer's
      one check of each chunk, ``check_chunk``; trajectories and groups put together),
-     batches taken and marked trained as soon as groups are ready.
+     batches taken and marked trained as soon as groups are ready;
+   * ``trainer intake, assembly before #29``: the same, with the chunk check and
+     assembly as they were before issue #29's intake work
+     (``benchmarks/trajectory_baseline.py``, swapped into the assembler for this row).
+
+   Then the same intake without Kafka, after and before (decode, check, assemble of the
+   same records' bytes, in batches of 500; CPU time): the trainer's own share.
 
    MB = the records' value bytes (uncompressed, as the consumers hand them over);
    tokens = every token of the chunks (generated ones in brackets). The trainer intake
@@ -39,6 +45,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import multiprocessing as mp
 import os
 import shutil
@@ -284,8 +291,59 @@ async def consume_aiokafka(cfg: KafkaConfig, records: int) -> float:
         await consumer.stop()
 
 
-async def consume_trainer(cfg: KafkaConfig, records: int, group_size: int) -> tuple[float, float, int, int]:
-    """(wall s, CPU s, groups trained, records checked) of the trainer's intake."""
+@contextlib.contextmanager
+def assembly(baseline: bool):
+    """The assembler's chunk check and assembly as they are (``trainer/trajectory.py``),
+    or, with ``baseline``, as they were before issue #29's intake work
+    (``benchmarks/trajectory_baseline.py``; the benchmark's "before" rows only)."""
+    import trainer.assembler as assembler_module
+
+    saved = assembler_module.check_chunk, assembler_module.assemble
+    if baseline:
+        from benchmarks import trajectory_baseline
+
+        assembler_module.check_chunk, assembler_module.assemble = (trajectory_baseline.check_chunk,
+                                                                   trajectory_baseline.assemble)
+    try:
+        yield
+    finally:
+        assembler_module.check_chunk, assembler_module.assemble = saved
+
+
+def intake_in_process(payloads: list[tuple[bytes, list]], group_size: int, baseline: bool) -> tuple[float, int]:
+    """(CPU s, groups trained) of the trainer's intake without Kafka: each record's
+    value decoded (``bus.codec.decode``) and added to an ``Assembler`` in batches of
+    500 records (as ``getmany`` hands them over), groups taken as soon as ready."""
+    from bus.consumer import Envelope
+    from trainer.assembler import Assembler
+    from trainer.config import TrainerConfig
+
+    with assembly(baseline):
+        assembler = Assembler(TrainerConfig(groups_per_step=1), current=0)
+        trained = 0
+        t0 = time.process_time()
+        for start in range(0, len(payloads), 500):
+            for offset, (value, headers) in enumerate(payloads[start:start + 500], start):
+                assembler.add(Envelope(codec.decode(value, headers), "trajectories", 0, offset, 0, None,
+                                       tuple(headers)))
+            while (batch := assembler.take_batch(0, 0)) is not None:
+                assembler.mark_trained(batch)
+                trained += len(batch)
+        cpu = time.process_time() - t0
+    if assembler.invalid or trained != len([1 for v, h in payloads if codec.event_type_of(h) is Reward]) // group_size:
+        raise RuntimeError(f"the in-process intake put together {trained} groups ({len(assembler.invalid)} invalid)")
+    return cpu, trained
+
+
+async def consume_trainer(cfg: KafkaConfig, records: int, group_size: int,
+                          baseline: bool = False) -> tuple[float, float, int, int]:
+    """(wall s, CPU s, groups trained, records checked) of the trainer's intake
+    (``baseline``: the chunk check and assembly before issue #29's intake work)."""
+    with assembly(baseline):
+        return await _consume_trainer(cfg, records, group_size)
+
+
+async def _consume_trainer(cfg: KafkaConfig, records: int, group_size: int) -> tuple[float, float, int, int]:
     from bus.consumer import EventConsumer
     from trainer.assembler import Assembler
     from trainer.config import TrainerConfig
@@ -357,19 +415,21 @@ def main(argv: list[str] | None = None) -> None:
                           [[name, f"{w:.2f}", f"{len(chunk_sizes) / w:,.0f}", f"{chunk_mb / w:.1f}",
                             f"{kcat_w / w:.2f}x" if kcat_w else "-"] for name, w in anchor_rows])
 
-        runs: dict[str, list[float]] = {"kcat": [], "aiokafka": [], "trainer intake": []}
-        cpu: list[float] = []
-        trained = 0
+        before = "trainer intake, assembly before #29"
+        runs: dict[str, list[float]] = {"kcat": [], "aiokafka": [], "trainer intake": [], before: []}
+        cpu: dict[str, list[float]] = {"trainer intake": [], before: []}
         for _ in range(args.repeat):
             k = consume_kcat(cfg, [len(chunk_sizes), args.trajectories])
             if k is not None:
                 runs["kcat"].append(k)
             runs["aiokafka"].append(asyncio.run(consume_aiokafka(cfg, len(events))))
-            wall, c, trained, seen = asyncio.run(consume_trainer(cfg, len(events), args.group_size))
-            runs["trainer intake"].append(wall)
-            cpu.append(c)
-        if trained != args.trajectories // args.group_size:
-            raise RuntimeError(f"the trainer put together {trained} groups of {args.trajectories // args.group_size}")
+            for name in ("trainer intake", before):
+                wall, c, trained, seen = asyncio.run(consume_trainer(cfg, len(events), args.group_size,
+                                                                     baseline=name == before))
+                if trained != args.trajectories // args.group_size:
+                    raise RuntimeError(f"{name} put together {trained} groups of {args.trajectories // args.group_size}")
+                runs[name].append(wall)
+                cpu[name].append(c)
 
     kcat_s = statistics.median(runs["kcat"]) if runs["kcat"] else None
     rows = []
@@ -380,8 +440,20 @@ def main(argv: list[str] | None = None) -> None:
         s = statistics.median(secs)
         rows.append([name, f"{s:.2f}", f"{nbytes / s / 1e6:.1f}", f"{tokens / s / 1e3:,.0f}k ({generated / s / 1e3:,.0f}k)",
                      f"{len(events) / s:,.0f}", f"{kcat_s / s:.2f}x" if kcat_s else "-"])
-    print(f"\nconsume (median of {args.repeat}; the trainer intake used {statistics.median(cpu):.2f} CPU s):")
+    print(f"\nconsume (median of {args.repeat}; CPU s: the trainer intake {statistics.median(cpu['trainer intake']):.2f}, "
+          f"with the assembly before #29 {statistics.median(cpu[before]):.2f}):")
     print_aligned(["reader", "seconds", "MB/s", "tokens/s (generated)", "records/s", "of kcat"], rows)
+
+    # The same intake without Kafka (decode, check, assemble; CPU time), before/after
+    # interleaved: what the trainer's own code costs, apart from the client's.
+    payloads = [codec.encode(e) for e in events]
+    local: dict[str, list[float]] = {"after": [], "before": []}
+    for _ in range(args.repeat):
+        for name in ("after", "before"):
+            local[name].append(intake_in_process(payloads, args.group_size, baseline=name == "before")[0])
+    b, a = statistics.median(local["before"]), statistics.median(local["after"])
+    print(f"\nwithout Kafka (decode + check + assemble, CPU s, median of {args.repeat}): before #29's intake work "
+          f"{b:.3f} s ({nbytes / b / 1e6:.1f} MB/s), now {a:.3f} s ({nbytes / a / 1e6:.1f} MB/s): {b / a:.2f}x")
     s = statistics.median(runs["trainer intake"])
     gen_rate = generated / s
     print(f"\nthe trainer intake drinks {gen_rate / 1e3:,.0f}k generated tokens/s; a fleet of 8 engines at "
