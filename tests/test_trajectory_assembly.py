@@ -196,3 +196,30 @@ def test_greedy_kept_set_of_two_fails_with_the_same_error():
                             RecordRef("r", 0, 0))
         errors.append(str(exc.value))
     assert errors[0] == errors[1] and "greedy token" in errors[1] and "kept set of 2, not 1" in errors[1]
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_kept_set_membership_names_the_first_token_whose_set_lacks_it(seed):
+    """The vectorized membership check against a loop over tokens, on random CSR
+    layouts with empty rows (environment tokens) between and at the ends."""
+    rng = np.random.default_rng(seed)
+    outcomes = set()
+    for _ in range(100):
+        n = int(rng.integers(1, 40))
+        mask = rng.random(n) < 0.6
+        lengths = np.where(mask, rng.integers(1, 6, size=n), 0).astype(np.int64)
+        offsets = np.zeros(n + 1, dtype=np.int64)
+        np.cumsum(lengths, out=offsets[1:])
+        tokens = rng.integers(0, 20, size=n).astype(np.int64)
+        kept = rng.integers(0, 20, size=int(offsets[-1])).astype(np.int32)
+        for t in np.flatnonzero(mask & (rng.random(n) < 0.97)):  # most sets hold their token, anywhere
+            kept[offsets[t] + rng.integers(0, lengths[t])] = tokens[t]
+        want = next((t for t in range(n) if mask[t] and tokens[t] not in kept[offsets[t]:offsets[t + 1]]), None)
+        greedy = np.zeros(n, dtype=bool)
+        outcomes.add(want is None)
+        if want is None:
+            after._check_kept_sets(tokens, mask, greedy, offsets, lengths, kept, "x")
+            continue
+        with pytest.raises(after.InvalidTrajectory, match=rf"generated token {want} \({tokens[want]}\) is not in"):
+            after._check_kept_sets(tokens, mask, greedy, offsets, lengths, kept, "x")
+    assert outcomes == {True, False}

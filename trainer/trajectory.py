@@ -263,24 +263,24 @@ def _segment(chunks: list[CheckedChunk], tid: str) -> Segment:
         # Greedy decoding (temperature 0): the kept set is the argmax alone, so the
         # token's log-prob is 0 at any temperature; 1.0 keeps the arithmetic finite.
         temperature = np.where(greedy, np.float32(1.0), temperature)
-    _check_kept_sets(tokens, mask, greedy, lengths, kept_ids, tid)
+    _check_kept_sets(tokens, mask, greedy, kept_offsets, lengths, kept_ids, tid)
     if not np.isfinite(behaviour[mask]).all():
         raise InvalidTrajectory(f"trajectory {tid}: non-finite behaviour log-prob")
     return Segment(tokens, mask, behaviour, kept_offsets, kept_ids, capped, versions, temperature, kept_size,
                    _routes(parts, tid))
 
 
-def _check_kept_sets(tokens: np.ndarray, mask: np.ndarray, greedy: np.ndarray, lengths: np.ndarray,
-                     kept_ids: np.ndarray, tid: str) -> None:
+def _check_kept_sets(tokens: np.ndarray, mask: np.ndarray, greedy: np.ndarray, offsets: np.ndarray,
+                     lengths: np.ndarray, kept_ids: np.ndarray, tid: str) -> None:
     """Every generated token has a non-empty kept set holding it (one id when greedy);
     the first token that breaks a rule is named."""
-    # Token t holds its id iff a match lies in kept_ids[off[t]:off[t + 1]]: one pass over
-    # the ids (each compared with its token's id, repeated), matches counted by a
-    # cumulative sum read at the row bounds. (Token ids come off the wire as int32.)
-    matches = np.zeros(kept_ids.size + 1, dtype=np.int64)
-    np.cumsum(kept_ids == np.repeat(tokens.astype(np.int32), lengths), out=matches[1:])
-    bounds = matches[np.concatenate(([0], np.cumsum(lengths)))]
-    holds = bounds[1:] > bounds[:-1]
+    # Token t holds its id iff a match lies in kept_ids[offsets[t]:offsets[t + 1]]: one
+    # pass over the ids (each compared with its token's id, repeated), then each match's
+    # row found by a binary search of the offsets (the last row starting at or before it:
+    # empty rows share their start with the next). Token ids come off the wire as int32.
+    matches = np.flatnonzero(kept_ids == np.repeat(tokens.astype(np.int32), lengths))
+    holds = np.zeros(tokens.size, dtype=bool)
+    holds[np.searchsorted(offsets, matches, side="right") - 1] = True
     bad = mask & ((lengths == 0) | (greedy & (lengths != 1)) | ~holds)
     if not bad.any():
         return
