@@ -163,7 +163,7 @@ def muon(args: dict) -> dict:
                       momentum=cfg.muon_momentum, adjust_lr_fn=cfg.muon_adjust_lr)
     ref_opt = HybridOptimizer(reference, cfg)
     ref_params = dict(reference.named_parameters())
-    placements = {n: [str(pl) for pl in p.placements] for n, p in muon_params + expert_params}
+    placements = {n: [repr(pl) for pl in p.placements] for n, p in muon_params + expert_params}
     local_shapes = {n: list(p.to_local().shape) for n, p in expert_params}
     for step in range(2):
         gen = torch.Generator().manual_seed(100 + step)
