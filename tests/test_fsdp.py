@@ -220,6 +220,25 @@ def test_checkpoint_written_at_two_ranks_loads_at_one_and_trains_on(tiny_model_p
     print(f"step 2 at 1 rank vs 2 ranks after the resharded load: max |dw| = {diff:.3g}")
 
 
+def test_a_checkpoint_that_loads_to_other_weights_is_passed_over_for_an_older_one(tiny_model_path, work):
+    """The newest checkpoint's shards do not load to the hash it names (a damaged or
+    foreign one): the restore says so and takes the older one (1 rank)."""
+    import json
+    import shutil
+
+    ckpt = work / "ckpt-mismatch"
+    out, _ = run_ranks(1, "train", args(tiny_model_path, work, batches=BATCHES[:1], checkpoint_after=1,
+                                        checkpoint_dir=str(ckpt)), work)
+    shutil.copytree(ckpt / "step-00000001", ckpt / "step-00000002")
+    meta = json.loads((ckpt / "step-00000002" / "meta.json").read_text())
+    (ckpt / "step-00000002" / "meta.json").write_text(json.dumps(dict(meta, step=2, weight_version=2,
+                                                                      weights_hash="0" * 32)))
+    resumed, log = run_ranks(1, "resume", args(tiny_model_path, work, checkpoint_dir=str(ckpt)), work)
+    assert "sharded checkpoint unusable; trying an older one" in log
+    assert resumed["restored"] == 1
+    assert resumed["restored_hash"] == out["hashes"][0]
+
+
 def test_a_superseded_trainer_writes_no_sharded_checkpoint(tiny_model_path, work):
     """A newer trainer claims the folder between this one's step and its save: every
     rank stops with CheckpointFenced and nothing is written."""
