@@ -221,7 +221,7 @@ def _copyable(func: ast.FunctionDef) -> bool:
     args = {a.arg for a in func.args.args + func.args.kwonlyargs}
     if args & _NAME_FIXTURES or func.args.vararg or func.args.kwarg:
         return False
-    for node in _walk_own(func):
+    for node in own_nodes(func):
         if isinstance(node, (ast.Return, ast.Yield, ast.YieldFrom, ast.Await, ast.Global, ast.Nonlocal)):
             return False
         if isinstance(node, ast.Name) and node.id in ("__name__", "__qualname__"):
@@ -232,8 +232,9 @@ def _copyable(func: ast.FunctionDef) -> bool:
     return True
 
 
-def _walk_own(func: ast.FunctionDef):
-    """The function's own nodes, not those of functions or classes defined in it."""
+def own_nodes(func: ast.FunctionDef | ast.AsyncFunctionDef):
+    """The nodes of the function's body, not those of functions, lambdas or classes
+    defined in it (canaries and witnesses both ask what a test body itself does)."""
     todo = list(func.body)
     while todo:
         node = todo.pop()
@@ -244,7 +245,7 @@ def _walk_own(func: ast.FunctionDef):
 
 
 def _cost(func: ast.FunctionDef) -> int:
-    nodes = list(_walk_own(func))
+    nodes = list(own_nodes(func))
     loops = sum(isinstance(n, (ast.For, ast.While, ast.comprehension)) for n in nodes)
     return len(nodes) + 1000 * loops
 

@@ -21,6 +21,7 @@ import random
 
 import msgspec
 
+from sandbox.canaries import own_nodes
 from sandbox.test_selection import path_matches
 
 
@@ -90,7 +91,7 @@ def _end_edit(func: ast.FunctionDef | ast.AsyncFunctionDef, lines: list[str]) ->
     first, last = func.body[0], func.body[-1]
     if first.lineno == func.lineno or last.end_lineno is None or last.end_col_offset is None:
         return None
-    for node in _own_nodes(func):
+    for node in own_nodes(func):
         if isinstance(node, (ast.Return, ast.Yield, ast.YieldFrom)):
             return None
     indent_line = lines[first.lineno - 1]
@@ -114,16 +115,6 @@ _COMPOUND = (ast.If, ast.For, ast.AsyncFor, ast.While, ast.With, ast.AsyncWith, 
 def _char_col(line: str, byte_col: int) -> int:
     """ast columns count UTF-8 bytes."""
     return len(line.encode()[:byte_col].decode(errors="ignore"))
-
-
-def _own_nodes(func: ast.AST):
-    todo = list(ast.iter_child_nodes(func))
-    while todo:
-        node = todo.pop()
-        yield node
-        for child in ast.iter_child_nodes(node):
-            if not isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ClassDef)):
-                todo.append(child)
 
 
 def unwitnessed_passes(passed_nodeids: list[str], sites: list[Site], witnessed: list[str]) -> list[str]:
