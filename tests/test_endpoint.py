@@ -337,16 +337,21 @@ async def run_mini_cli(url: str, episode: dict, tmp_path: Path, task: str, **con
     return proc.returncode, json.loads(out.read_text()), text
 
 
+def mini_swe_agent_engine(tok, fmt) -> ScriptedEngine:
+    """A policy that solves TASK in mini-swe-agent's style: look, fix, submit."""
+    turns = [call_turn(fmt, "bash", {"command": "cat solution.py"}, "THOUGHT: look first."),
+             call_turn(fmt, "bash", {"command": FIX}, "THOUGHT: fix the sign."),
+             call_turn(fmt, "bash", {"command": "echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT"})]
+    return ScriptedEngine(tok, scripted(turns), max_model_len=4096)
+
+
 async def test_mini_cli_solves_a_task_in_the_sandbox_session(hermes, kafka_config, sandbox_cfg, tmp_path):
     """The ``mini`` CLI route (docs/agents.md): an episode created over HTTP, the CLI run
     with the package's mini.yaml and our config (sampler.openai_api.mini_swe_agent
     .cli_config): its bash calls run in the episode's sandbox session and its submit
     convention grades the workspace it edited."""
     tok, fmt = hermes
-    turns = [call_turn(fmt, "bash", {"command": "cat solution.py"}, "THOUGHT: look first."),
-             call_turn(fmt, "bash", {"command": FIX}, "THOUGHT: fix the sign."),
-             call_turn(fmt, "bash", {"command": "echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT"})]
-    engine = ScriptedEngine(tok, scripted(turns), max_model_len=4096)
+    engine = mini_swe_agent_engine(tok, fmt)
     async with running_endpoint(engine, fmt, kafka_config, sandbox_cfg) as (url, registry):
         episode = await create_episode(url)
         code, traj, output = await run_mini_cli(url, episode, tmp_path, TASK.instruction, agent={"step_limit": 5})
@@ -370,10 +375,7 @@ async def test_mini_swe_agent_solves_a_task_in_the_sandbox_session(hermes, kafka
     from sampler.openai_api.mini_swe_agent import run_episode
 
     tok, fmt = hermes
-    turns = [call_turn(fmt, "bash", {"command": "cat solution.py"}, "THOUGHT: look first."),
-             call_turn(fmt, "bash", {"command": FIX}, "THOUGHT: fix the sign."),
-             call_turn(fmt, "bash", {"command": "echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT"})]
-    engine = ScriptedEngine(tok, scripted(turns), max_model_len=4096)
+    engine = mini_swe_agent_engine(tok, fmt)
     async with running_endpoint(engine, fmt, kafka_config, sandbox_cfg) as (url, registry):
         spec = {"task_id": TASK.task_id, "instruction": TASK.instruction}
         result = await asyncio.to_thread(run_episode, url, spec, step_limit=5)
