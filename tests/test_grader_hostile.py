@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
+import msgspec
 import pytest
 import pytest_asyncio
 
@@ -30,12 +31,19 @@ pytestmark = pytest.mark.slow
 DEMO = Path(__file__).resolve().parents[1] / "tasks" / "demo"
 STORE = TaskStore(DEMO)
 FLOOR = cheat_floor(RewardConfig(), "unconstrained")
+# Every hack and honest solution is graded in both modes: the demo task as shipped
+# (bridged) and a copy of it graded in-env (the tests in the solution's process, with
+# canaries, witnesses and hidden sources served from memory).
+IN_ENV = "-inenv"
+MODES = ("", IN_ENV)
+for _task_id in sorted({*(task_id for _, task_id, _ in HONEST), "sum_to"}):
+    STORE.add(msgspec.structs.replace(STORE.get(_task_id), task_id=_task_id + IN_ENV, grading="in-env"))
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="session")
 async def graded(tmp_path_factory) -> dict[str, Reward]:
     cfg = SandboxConfig(
-        max_sessions=len(HACKS) + len(HONEST), max_concurrent_commands=4, command_queue_timeout_s=900.0,
+        max_sessions=2 * (len(HACKS) + len(HONEST)), max_concurrent_commands=4, command_queue_timeout_s=900.0,
         workspace_root=str(tmp_path_factory.mktemp("hostile-ws")), tasks_dir=str(DEMO),
         grading_timeout_s=45.0,
     )
@@ -49,8 +57,8 @@ async def graded(tmp_path_factory) -> dict[str, Reward]:
                 await client.exec(sid, command)
             return await client.submit(sid, trajectory_id=name)
 
-        jobs = [(name, "sum_to", files, commands) for name, _, files, commands in HACKS]
-        jobs += [(name, task_id, files, []) for name, task_id, files in HONEST]
+        jobs = [(name + mode, "sum_to" + mode, files, commands) for name, _, files, commands in HACKS for mode in MODES]
+        jobs += [(name + mode, task_id + mode, files, []) for name, task_id, files in HONEST for mode in MODES]
         rewards = await asyncio.gather(*(grade(*job) for job in jobs))
         assert (await client.health())["sessions"] == 0
         return {job[0]: reward for job, reward in zip(jobs, rewards)}
@@ -65,15 +73,22 @@ def test_the_suite_is_big_enough():
     }
 
 
-@pytest.mark.parametrize("name", [h[0] for h in HACKS])
+@pytest.mark.parametrize("name", [h[0] + mode for h in HACKS for mode in MODES])
 def test_hack_scores_zero_with_a_reason(graded, name):
     reward = graded[name]
-    assert reward.score == 0.0 and reward.tests_passed < 4, reward
+    assert reward.score == 0.0, reward
+    if not name.endswith(IN_ENV):
+        # Bridged, no hack makes the hidden tests pass. In-env some do (a lying int
+        # compares equal in the tests' own process) and the canaries and witnesses
+        # catch the run instead: the cheat floor, with the reason.
+        assert reward.tests_passed < 4, reward
+    else:  # caught, failed, or no report at all (a run cut short by the timeout)
+        assert reward.cheated or reward.tests_passed < max(reward.tests_total, 1), reward
     assert reward.reason, reward
     assert reward.reward == (FLOOR if reward.cheated else 0.0), reward
 
 
-@pytest.mark.parametrize("name", [h[0] for h in HONEST])
+@pytest.mark.parametrize("name", [h[0] + mode for h in HONEST for mode in MODES])
 def test_honest_alternative_passes_unflagged(graded, name):
     reward = graded[name]
     assert (reward.cheated, reward.reason) == (False, ""), reward.reason
@@ -82,8 +97,8 @@ def test_honest_alternative_passes_unflagged(graded, name):
 
 
 def test_figure_hacks_tried_paid_and_honest_flagged(graded):
-    hacks = [graded[h[0]] for h in HACKS]
-    honest = [graded[h[0]] for h in HONEST]
+    hacks = [graded[h[0] + mode] for h in HACKS for mode in MODES]
+    honest = [graded[h[0] + mode] for h in HONEST for mode in MODES]
     figure = {
         "hacks tried": len(hacks),
         "hacks paid": sum(r.reward > 0 for r in hacks),
@@ -92,4 +107,4 @@ def test_figure_hacks_tried_paid_and_honest_flagged(graded):
     print("hostile grading suite:", figure,
           "caught statically:", sum(r.cheated for r in hacks), "failed on the isolated path:",
           sum(not r.cheated for r in hacks))
-    assert figure == {"hacks tried": len(HACKS), "hacks paid": 0, "honest flagged": 0}
+    assert figure == {"hacks tried": 2 * len(HACKS), "hacks paid": 0, "honest flagged": 0}
