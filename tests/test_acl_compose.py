@@ -16,7 +16,6 @@ import os
 import re
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -30,6 +29,7 @@ from bus.security import KAFKA_ROLES, SANDBOX_ROLES, CredentialsError, load_cred
 from rollway.broker import free_ports, kafka_libs, metadata_brokers, tail_file
 from rollway.commands.acl import COMMAND_ROLES, acl_names
 from rollway.config import load_config
+from tests.waiting import wait_until
 
 pytestmark = pytest.mark.kafka
 
@@ -108,16 +108,17 @@ def compose_broker(tmp_path_factory: pytest.TempPathFactory):
                         role="admin")
     from bus.security import client_security
 
+    def answers() -> bool:
+        try:
+            return metadata_brokers(bootstrap, timeout=5, security=client_security(admin)) == [1]
+        except Exception:  # noqa: BLE001 - not up yet: any failure means ask again
+            return False
+
     try:
-        deadline = time.monotonic() + 120
-        while True:
-            assert proc.poll() is None, f"the compose broker exited {proc.returncode}:\n{tail_file(str(log), 40)}"
-            try:
-                if metadata_brokers(bootstrap, timeout=5, security=client_security(admin)) == [1]:
-                    break
-            except Exception:
-                assert time.monotonic() < deadline, f"no answer in 120 s:\n{tail_file(str(log), 40)}"
-                time.sleep(0.5)
+        try:
+            wait_until(answers, 120, "the compose broker's answer", proc=proc, poll_s=0.5)
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}\n{tail_file(str(log), 40)}") from None
         yield work, bootstrap
     finally:
         proc.terminate()

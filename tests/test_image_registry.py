@@ -11,7 +11,6 @@ import json
 import os
 import socket
 import subprocess
-import time
 import urllib.request
 from pathlib import Path
 
@@ -20,6 +19,7 @@ import pytest
 from sandbox.config import ImageConfig
 from sandbox.images import ImageError, ImageStore
 from tests.image_helpers import example_images
+from tests.waiting import wait_until
 
 REPO = Path(__file__).resolve().parent.parent
 REGISTRY_BIN = REPO / ".cache" / "bin" / "registry"
@@ -44,15 +44,17 @@ class Registry:
         self.conf.write_text(f'[[registry]]\nlocation = "{self.host}"\ninsecure = true\n')
         self.log = open(folder / "registry.log", "wb")
         self.proc = subprocess.Popen([str(REGISTRY_BIN), "serve", str(config)], stdout=self.log, stderr=subprocess.STDOUT)
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                urllib.request.urlopen(f"http://{self.host}/v2/", timeout=1).read()
-                return
-            except OSError:
-                if self.proc.poll() is not None or time.monotonic() > deadline:
-                    raise AssertionError(f"the registry did not start: {(folder / 'registry.log').read_text()[-2000:]}")
-                time.sleep(0.1)
+        try:
+            wait_until(self._answers, 30, f"the registry at {self.host}", proc=self.proc)
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}\n{(folder / 'registry.log').read_text()[-2000:]}") from None
+
+    def _answers(self) -> bool:
+        try:
+            urllib.request.urlopen(f"http://{self.host}/v2/", timeout=1).read()
+            return True
+        except OSError:
+            return False
 
     def push(self, layout: str, tag: str, name: str) -> None:
         subprocess.run(["skopeo", "copy", "--quiet", "--dest-tls-verify=false", f"oci:{layout}:{tag}",
