@@ -64,6 +64,11 @@ class TrainerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     max_grad_norm: float = 1.0  # 0 = no clipping
     seed: int = 0
     device: Literal["auto", "cpu", "cuda"] = "auto"
+    # Ranks of one logical trainer (FSDP2-sharded over torch.distributed; docs/trainer.md).
+    # `rollway trainer` launches them with torchrun itself. Each step's batch is split
+    # over the ranks by trainer.distributed.SPLIT_RULE, so a log written at N ranks
+    # replays at N ranks only (the training-config hash holds N; at 1 it is unchanged).
+    world_size: int = 1
     # torch intra-op threads (0 = torch's default). Bit-exact replay on CPU needs the
     # same value (and CPU kind) as the run that wrote the log.
     num_threads: int = 0
@@ -117,6 +122,8 @@ class TrainerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     on_replay_mismatch: Literal["fail", "warn"] = "fail"
 
     def __post_init__(self) -> None:
+        if self.world_size < 1:
+            raise ValueError(f"trainer.world_size must be >= 1, got {self.world_size}")
         if self.groups_per_step < 1:
             raise ValueError("trainer.groups_per_step must be >= 1")
         if self.max_staleness < 0:

@@ -30,7 +30,17 @@ NOT_TRAINING = frozenset({
 
 
 def training_settings(cfg: TrainerConfig) -> dict[str, object]:
-    return {k: v for k, v in sorted(msgspec.to_builtins(cfg).items()) if k not in NOT_TRAINING}
+    """The hashed settings. ``world_size`` (and the batch split rule, which decides
+    which rank trains which group) count only above 1, so logs written before the
+    setting existed, all at one process, keep their hash."""
+    settings = {k: v for k, v in msgspec.to_builtins(cfg).items() if k not in NOT_TRAINING}
+    if cfg.world_size == 1:
+        del settings["world_size"]
+    else:
+        from trainer.distributed import SPLIT_RULE
+
+        settings["split_rule"] = SPLIT_RULE
+    return dict(sorted(settings.items()))
 
 
 def training_config_hash(cfg: TrainerConfig) -> str:
