@@ -27,7 +27,7 @@ _SYSTEM_POLICY = Path("/etc/containers/policy.json")
 
 
 class FetchError(RuntimeError):
-    """Why a fetch or a check failed; ``kind`` is 'missing', 'digest' or 'fetch'."""
+    """Why a fetch or a check failed; ``kind`` is 'missing', 'digest', 'auth' or 'fetch'."""
 
     def __init__(self, kind: str, message: str) -> None:
         super().__init__(message)
@@ -96,8 +96,12 @@ def _kind_of(stderr: str) -> str:
     low = stderr.lower()
     if "digest" in low and ("mismatch" in low or "did not match" in low or "does not match" in low):
         return "digest"
+    # Before "missing": a registry that refuses the credentials (or wants some) must not read
+    # as an image that does not exist; the operator's fix is the auth file, not the reference.
+    if any(s in low for s in ("unauthorized", "authentication required", "invalid username/password")):
+        return "auth"
     if any(s in low for s in ("no such file", "not found", "manifest unknown", "does not exist",
-                              "name unknown", "no such host", "unauthorized", "requested access to the resource")):
+                              "name unknown", "no such host", "requested access to the resource")):
         return "missing"
     return "fetch"
 

@@ -18,7 +18,8 @@ exclusive ``flock`` per reference), and a reference being pulled is pulled once 
 many sessions ask.
 
 Errors name the image: :class:`ImageError` with ``kind`` 'missing' (no such image or
-source), 'digest' (a blob does not match its digest: a corrupt layer), 'cache_full',
+source), 'digest' (a blob does not match its digest: a corrupt layer), 'auth' (the
+registry wants credentials or refused them: ``sandbox.images.auth_file``), 'cache_full',
 'fetch' (anything else). The service answers them as infrastructure failures (HTTP 503),
 never as a task the policy failed.
 """
@@ -344,4 +345,6 @@ def _reason(exc: FetchError) -> str:
         return f"not found: {exc}"
     if exc.kind == "digest":
         return f"corrupt: {exc}"
+    if exc.kind == "auth":
+        return f"the registry refused the credentials (sandbox.images.auth_file): {exc}"
     return str(exc)
