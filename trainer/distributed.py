@@ -93,7 +93,7 @@ def init_distributed(device_name: str = "auto", expected_world_size: int | None 
         dist.init_process_group(backend=backend_for(device), rank=rank, world_size=world_size,
                                 device_id=device if device.type == "cuda" else None)
     mesh = init_device_mesh(device.type, (world_size,), mesh_dim_names=("fsdp",))
-    log.info("distributed trainer rank up", rank=rank, world_size=world_size, local_rank=local_rank,
+    log.info("distributed trainer rank up", rank=rank, world_size=world_size, local_rank=local_rank, pid=os.getpid(),
              device=str(device), backend=dist.get_backend())
     return DistContext(rank, world_size, local_rank, device, mesh)
 

@@ -122,14 +122,14 @@ class Trainer:
         last = last_contiguous_step(steps)
         core = self.core
         self.checkpointer.adopt_log({s: e.event.weights_hash for s, e in steps.items()})
-        restore_newest_loadable(core, self.tcfg.checkpoint_dir, steps, last)
+        self._restore_checkpoint(steps, last)
         log.info("restoring", checkpoint_step=core.step, logged_steps=last)
 
         def after_replayed(result: "StepResult", row) -> None:
             # Only a step re-executed to its logged hash (on_replay_mismatch = "warn" goes on past others).
             if (self.tcfg.checkpoint_every and result.step % self.tcfg.checkpoint_every == 0
                     and steps[result.step].event.weights_hash == result.weights_hash):
-                self.checkpointer.save(core.snapshot(), result.weights_hash)
+                self._save_checkpoint(result.weights_hash)
 
         try:
             self.replayed = await replay_steps(
@@ -341,10 +341,9 @@ class Trainer:
                  **{k: round(metrics[k], 6) for k in LOGGED_METRICS})
         if self.tcfg.checkpoint_every and result.step % self.tcfg.checkpoint_every == 0:
             started = time.perf_counter()
-            snapshot = await asyncio.to_thread(core.snapshot)
-            # Returns at once unless the previous write is still running (then waits,
-            # off the event loop so Kafka heartbeats continue).
-            await asyncio.to_thread(self.checkpointer.save, snapshot, result.weights_hash)
+            # Returns once the state is copied, unless the previous write is still
+            # running (then waits, off the event loop so Kafka heartbeats continue).
+            await asyncio.to_thread(self._save_checkpoint, result.weights_hash)
             log.info("checkpoint snapshot taken", step=result.step,
                      snapshot_s=round(time.perf_counter() - started, 4))
         if self.tcfg.publish_every and result.step % self.tcfg.publish_every == 0:
@@ -429,8 +428,20 @@ class Trainer:
                 await asyncio.sleep(delay)
 
     async def _publish_weights(self) -> None:
+        assert self.publisher is not None
+        state = await asyncio.to_thread(self._publishable_state)
+        await self.publisher.submit(self.core.step, state, self.core.step)
+
+    # -- what a sharded trainer does otherwise (trainer/ranked_service.py) ----------------------
+    def _restore_checkpoint(self, steps, last: int) -> None:
+        """Load the newest checkpoint the log confirms (step <= ``last``) into the core."""
+        restore_newest_loadable(self.core, self.tcfg.checkpoint_dir, steps, last)
+
+    def _save_checkpoint(self, weights_hash: str) -> None:
+        """Start writing a checkpoint of the core's current (logged) step."""
+        self.checkpointer.save(self.core.snapshot(), weights_hash)
+
+    def _publishable_state(self) -> dict:
         from trainer.model import publishable_state
 
-        assert self.publisher is not None
-        state = await asyncio.to_thread(publishable_state, self.core.model, self.tcfg.publish_dtype)
-        await self.publisher.submit(self.core.step, state, self.core.step)
+        return publishable_state(self.core.model, self.tcfg.publish_dtype)

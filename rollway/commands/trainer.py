@@ -1,8 +1,29 @@
-"""``rollway trainer``: restore from checkpoint and the train-step log, then train live."""
+"""``rollway trainer``: restore from checkpoint and the train-step log, then train live.
+
+At ``trainer.world_size`` N > 1 (or ``--nproc``) this process is torch.distributed's
+launcher (``torch.distributed.run``, what ``torchrun`` runs): it starts the ranks, each
+``rollway trainer`` again with the same arguments, and waits for them; rank 0 is the
+service, the others follow it (``trainer/ranked_service.py``). The rendezvous flags
+pass through to torchrun, so the same command on every machine makes one trainer of
+``--nnodes`` x ``--nproc`` ranks (docs/trainer.md).
+"""
 
 from __future__ import annotations
 
 import argparse
+import os
+
+# torchrun's flags that `rollway trainer` passes through (name, metavar, help).
+RENDEZVOUS_FLAGS = (
+    ("--nnodes", "N", "machines in the trainer (torchrun --nnodes; default 1: --standalone)"),
+    ("--node-rank", "I", "this machine's index (torchrun --node-rank; static rendezvous)"),
+    ("--rdzv-backend", "NAME", "torchrun --rdzv-backend (c10d for several machines)"),
+    ("--rdzv-endpoint", "HOST:PORT", "torchrun --rdzv-endpoint"),
+    ("--rdzv-id", "ID", "torchrun --rdzv-id: the same on every machine of one trainer"),
+    ("--master-addr", "HOST", "torchrun --master-addr (static rendezvous)"),
+    ("--master-port", "PORT", "torchrun --master-port"),
+    ("--max-restarts", "N", "torchrun --max-restarts: restart all ranks this often when one fails (default 0)"),
+)
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -11,19 +32,102 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="stop when no record arrived and no step ran for this long")
     parser.add_argument("--no-publish", action="store_true",
                         help="do not publish weights through the syncer (dry run)")
+    parser.add_argument("--nproc", type=int, metavar="N",
+                        help="ranks on this machine; sets trainer.world_size = N x --nnodes "
+                             "(default: trainer.world_size / --nnodes)")
+    for flag, metavar, help_text in RENDEZVOUS_FLAGS:
+        parser.add_argument(flag, metavar=metavar, help=help_text)
+
+
+def _is_rank() -> bool:
+    """Started by torchrun (this command's launcher, or the user's own)."""
+    return "RANK" in os.environ and "WORLD_SIZE" in os.environ
+
+
+def _world_size_flag(args: argparse.Namespace) -> int | None:
+    """trainer.world_size as --nproc x --nnodes say (None: no --nproc)."""
+    try:
+        nnodes = int(args.nnodes or 1)
+    except ValueError:
+        raise SystemExit(f"rollway trainer: --nnodes {args.nnodes}: give a fixed number of machines (an elastic "
+                         "range would change the world size, and with it the batch split the step log records)"
+                         ) from None
+    if args.nproc is None:
+        return None
+    if args.nproc < 1 or nnodes < 1:
+        raise SystemExit("rollway trainer: --nproc and --nnodes must be >= 1")
+    return args.nproc * nnodes
 
 
 def run(args: argparse.Namespace) -> int:
+    import sys
+
+    from rollway.commands import load_config_or_exit
+
+    world_size = _world_size_flag(args)
+    cfg = load_config_or_exit(args, "trainer", {"trainer": {"world_size": world_size} if world_size else {}})
+    if cfg.trainer.world_size > 1 and not _is_rank():
+        return launch(args, cfg.trainer.world_size)
+    # A rank of an N-rank trainer; one started at a world size other than the config's
+    # is refused by init_distributed.
+    sharded = _is_rank() and (int(os.environ["WORLD_SIZE"]) > 1 or cfg.trainer.world_size > 1)
+    return serve(args, cfg, sharded=sharded)
+
+
+def launch(args: argparse.Namespace, world_size: int) -> int:
+    """Run torch.distributed.run in this process: N ranks of ``rollway trainer``."""
+    import sys
+
+    import structlog
+
+    from rollway.logging import configure_logging
+
+    configure_logging("trainer", level="INFO")
+    log = structlog.get_logger("rollway.trainer")
+    nnodes = int(args.nnodes or 1)  # checked by _world_size_flag when --nproc is given
+    nproc = args.nproc if args.nproc is not None else world_size // nnodes
+    if nproc * nnodes != world_size:
+        print(f"rollway trainer: trainer.world_size = {world_size} is not --nnodes {nnodes} x {nproc} ranks a "
+              "machine; give --nproc", file=sys.stderr)
+        return 2
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.run import get_args_parser, run as torchrun
+
+    launcher = [f"--nproc-per-node={nproc}"]
+    if nnodes == 1 and not (args.rdzv_endpoint or args.master_addr):
+        launcher.append("--standalone")
+    for flag, _, _ in RENDEZVOUS_FLAGS:
+        value = getattr(args, flag[2:].replace("-", "_"))
+        if value is not None:
+            launcher.append(f"{flag}={value}")
+    # The ranks run this very command line: each sees RANK in its environment.
+    launcher += ["--module", "rollway.cli", *sys.argv[1:]]
+    log.info("launching trainer ranks", world_size=world_size, nproc=nproc, nnodes=nnodes,
+             torchrun=" ".join(launcher))
+    try:
+        torchrun(get_args_parser().parse_args(launcher))
+    except ChildFailedError as exc:
+        # Rank 0's exit code says why the trainer stopped (fenced, replay mismatch, ...);
+        # a rank killed by a signal reads 128 + its number, as a shell shows it.
+        failures = exc.failures
+        first = failures.get(0) or failures[min(failures)]
+        code = first.exitcode if first.exitcode > 0 else 128 - first.exitcode
+        log.error("trainer ranks failed", failed_ranks=sorted(failures), exit_code=code,
+                  exit_codes={r: f.exitcode for r, f in failures.items()})
+        print(f"rollway trainer: rank(s) {sorted(failures)} failed; exit code {code}", file=sys.stderr)
+        return code
+    return 0
+
+
+def serve(args: argparse.Namespace, cfg, *, sharded: bool) -> int:
     import asyncio
     import signal
     import sys
 
     import structlog
 
-    from rollway.commands import load_config_or_exit
     from rollway.logging import configure_logging
 
-    cfg = load_config_or_exit(args, "trainer")
     configure_logging("trainer", level=cfg.logging.level)
     log = structlog.get_logger("rollway.trainer")
 
@@ -36,8 +140,28 @@ def run(args: argparse.Namespace) -> int:
     from trainer.service import Trainer
     from trainer.steplog import StepAlreadyLogged, StepLogError
 
-    trainer = Trainer(cfg.trainer, cfg.kafka, syncer=cfg.syncer, model_name=cfg.model_name,
-                      sink=RecordingSink() if args.no_publish else None)
+    sink = RecordingSink() if args.no_publish else None
+    if sharded:
+        from trainer.distributed import init_distributed
+        from trainer.ranked_service import Orders, RankedTrainer, follow, ignore_stop_signals, watch_parent
+
+        watch_parent()
+        try:
+            ctx = init_distributed(cfg.trainer.device, cfg.trainer.world_size)
+        except RuntimeError as exc:
+            print(f"rollway trainer: {exc}", file=sys.stderr)
+            return 2
+        orders = Orders(ctx.rank)
+        if not ctx.is_leader:
+            ignore_stop_signals()
+            try:
+                return follow(cfg.trainer, ctx, orders)
+            finally:
+                _leave_process_group()
+        trainer = RankedTrainer(cfg.trainer, cfg.kafka, ctx, orders, syncer=cfg.syncer, model_name=cfg.model_name,
+                                sink=sink)
+    else:
+        trainer = Trainer(cfg.trainer, cfg.kafka, syncer=cfg.syncer, model_name=cfg.model_name, sink=sink)
 
     async def main() -> int:
         from bus.connect import add_stop_handler
@@ -62,5 +186,19 @@ def run(args: argparse.Namespace) -> int:
     except FileNotFoundError as exc:
         print(f"rollway trainer: {exc}", file=sys.stderr)
         return 2
+    finally:
+        if sharded:
+            trainer.release_ranks()
+            _leave_process_group()
     log.info("trainer exited", step=step)
     return 0
+
+
+def _leave_process_group() -> None:
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        try:
+            dist.destroy_process_group()
+        except Exception:  # a peer already gone; the process exits anyway
+            pass

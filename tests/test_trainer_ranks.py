@@ -1,0 +1,101 @@
+"""The trainer service on 2 ranks (issue #28): `rollway trainer` at trainer.world_size 2
+launches its ranks with torch.distributed.run (gloo on CPU), rank 0 consumes real Kafka
+and logs the steps, the other rank trains its share of each batch
+(trainer/ranked_service.py). One rank SIGKILLed takes the whole trainer down; the
+restarted trainer restores the DCP checkpoint, re-executes the logged steps after it to
+their logged hashes and goes on; the step log shows nothing trained twice or lost."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import msgspec
+import pytest
+
+from rollway.config import RollwayConfig
+from tests.synthetic import load_tiny, make_task_groups
+from tests.test_trainer_crash import TrainerProcess, publish
+from trainer.config import TrainerConfig
+from trainer.distributed import SPLIT_RULE
+from trainer.steplog import read_step_log
+from trainer.training_config import training_config_hash, training_settings
+
+# TrainerConfig()'s hash before trainer.world_size existed (commit f79fc5e): logs written
+# by one process keep replaying.
+HASH_BEFORE_WORLD_SIZE = "7f4554199ac3191a"
+
+
+def test_world_size_one_leaves_the_training_config_hash_as_it_was():
+    assert "world_size" not in training_settings(TrainerConfig())
+    assert training_config_hash(TrainerConfig()) == HASH_BEFORE_WORLD_SIZE
+    two = training_settings(TrainerConfig(world_size=2))
+    assert (two["world_size"], two["split_rule"]) == (2, SPLIT_RULE)
+    assert training_config_hash(TrainerConfig(world_size=2)) != HASH_BEFORE_WORLD_SIZE
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split()[2] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+@pytest.mark.kafka
+@pytest.mark.slow
+async def test_two_rank_trainer_loses_one_rank_restarts_replays_and_loses_nothing(kafka_config, tiny_model_path,
+                                                                                  tmp_path):
+    model, tok = load_tiny(str(tiny_model_path))
+    groups = make_task_groups(model, tok, 10, group_size=2, max_new_tokens=8, env_after=3, seed=7)
+    del model
+    trainer_cfg = TrainerConfig(
+        model_path=str(tiny_model_path), checkpoint_dir=str(tmp_path / "ckpt"), checkpoint_every=3,
+        keep_checkpoints=2, groups_per_step=2, max_staleness=1000, learning_rate=1e-3, muon_learning_rate=1e-3,
+        num_threads=1, micro_batch_tokens=256, group_id="ranks-trainer", session_timeout_ms=6000, world_size=2,
+    )
+    config = tmp_path / "rollway.toml"
+    config.write_bytes(msgspec.toml.encode(RollwayConfig(kafka=kafka_config, trainer=trainer_cfg)))
+
+    # Run 1: four steps' groups; rank 1 is SIGKILLed once step 4 is logged (checkpoint 3
+    # on disk), so the restart has a logged step to re-execute after the checkpoint.
+    published = await publish(kafka_config, groups[:8])
+    first = TrainerProcess(config, tmp_path / "trainer-1.log")
+    first.wait_for(lambda: first.last_step() >= 4
+                   and any(e["step"] == 3 for e in first.events("sharded checkpoint written")),
+                   240, "4 steps and checkpoint 3")
+    ranks = {e["rank"]: e["pid"] for e in first.events("distributed trainer rank up")}
+    assert sorted(ranks) == [0, 1] and first.proc.pid not in ranks.values()
+    os.kill(ranks[1], signal.SIGKILL)
+    code = first.wait(90)  # the whole trainer goes: torchrun stops rank 0 and exits
+    assert code != 0, first.log.read_text()[-3000:]
+    deadline = time.monotonic() + 10
+    while _alive(ranks[0]) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not _alive(ranks[0]), "rank 0 outlived its trainer"
+    assert first.last_step() == 4
+
+    # Run 2: one more step's groups; the restarted trainer restores checkpoint 3 (DCP,
+    # written at 2 ranks), re-executes step 4 to its logged hash, then trains step 5.
+    published += await publish(kafka_config, groups[8:])
+    second = TrainerProcess(config, tmp_path / "trainer-2.log", "--max-steps", "5")
+    assert second.wait(240) == 0, second.log.read_text()[-3000:]
+    (restoring,) = second.events("restoring")
+    assert (restoring["checkpoint_step"], restoring["logged_steps"]) == (3, 4)
+    loaded = second.events("sharded checkpoint loaded")  # one line a rank
+    assert [(e["step"], e["written_at_world_size"], e["world_size"]) for e in loaded] == [(3, 2, 2)] * 2
+    assert [(e["step"], e["match"]) for e in second.events("replayed step")] == [(4, True)]
+    assert [e["step"] for e in second.events("train step")] == [5]
+    assert [e["rank"] for e in second.events("rank stopping")] == [1]
+
+    # The step log: steps 1..5, each logged at 2 ranks under the 2-rank config hash, every
+    # published trajectory trained exactly once.
+    steps = await read_step_log(kafka_config)
+    assert sorted(steps) == [1, 2, 3, 4, 5]
+    assert {steps[s].event.config_hash for s in steps} == {training_config_hash(trainer_cfg)}
+    assert {steps[s].event.metrics["world_size"] for s in steps} == {2.0}
+    trained = [t.trajectory_id for s in sorted(steps) for t in steps[s].event.trajectories]
+    assert len(trained) == len(set(trained)) == 20
+    assert set(trained) == set(published)
+    assert [len(steps[s].event.groups) for s in sorted(steps)] == [2] * 5
