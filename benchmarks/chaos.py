@@ -429,8 +429,9 @@ class Chaos:
         # The fault is one replica meeting a damaged store while the others keep training
         # going (the trainer's keyframe needs a new step). Right after a sampler fault the
         # other replica may still be starting: damaged then, it would meet the damage too,
-        # no replica could produce a fresh sample, and training would stop (seed 3, issue
-        # #30: a gap of its own, see NOTES). So wait until the others serve a recent version.
+        # no replica could produce a fresh sample, and training would stall until the
+        # publisher's keyframe repair (syncer.keyframe_repair_after_s; seed 3, issue #30).
+        # This fault is one replica's, so wait until the others serve a recent version.
         others = [n for n in samplers if n != name]
         wait_for(f"{', '.join(others)} serving a recent version before the store is damaged",
                  lambda: replicas_current(self.kafka, others), self.args.fault_timeout, self.stack)

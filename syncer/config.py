@@ -50,6 +50,11 @@ class SyncerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     # Publisher (with a Kafka producer): follow sampler heartbeats and make the next
     # version a keyframe when a sampler reports a failed weight update (syncer/health.py).
     keyframe_on_trouble: bool = True
+    # ... and when no publish follows the trouble within this many seconds (a trainer that
+    # cannot train because every replica is stuck on old weights: its groups are all
+    # stale), store the newest version again as a keyframe and re-announce it, so the
+    # replicas get around the damage without a new version. 0 turns it off.
+    keyframe_repair_after_s: float = 30.0
     # Subscriber: manifests kept in memory (most recently used).
     manifest_cache: int = 64
     # Retention also deletes chunks no manifest references and incomplete writes (temp
@@ -72,6 +77,8 @@ class SyncerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
             raise ValueError("syncer.manifest_cache must be >= 1")
         if self.orphan_grace_s < 0:
             raise ValueError("syncer.orphan_grace_s must be >= 0")
+        if self.keyframe_repair_after_s < 0:
+            raise ValueError("syncer.keyframe_repair_after_s must be >= 0 (0 turns the repair off)")
 
 
 def keyframe_cadence(cfg: SyncerConfig, max_staleness: int, publish_every: int) -> SyncerConfig:

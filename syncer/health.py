@@ -8,12 +8,18 @@ wrong base); a fresh keyframe always can. :class:`TroubleWatch` follows the hear
 as a plain reader (no group) and answers "did any sampler report trouble after time
 t?", t being when the publisher last wrote a keyframe; the publisher then writes one.
 Lag alone is not trouble: a slow replica catches up through deltas.
+
+When no publish follows the trouble (``syncer.keyframe_repair_after_s``), the publisher
+stores its newest version again as a keyframe (``WeightPublisher.repair_keyframe``):
+a trainer whose every replica is stuck behind damaged objects gets no fresh groups, so
+it would never publish the version that lets them past (chaos seed 3, issue #30).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from typing import TYPE_CHECKING
 
 import structlog
@@ -32,6 +38,7 @@ class TroubleWatch:
         self._failures: dict[str, int] = {}  # replica -> weight_failures last seen
         self.trouble_at = 0.0  # created_at of the newest heartbeat reporting trouble
         self.trouble_replica = ""
+        self.trouble_noted = 0.0  # time.monotonic() here when that heartbeat was read
         self.seen = 0  # sampler heartbeats read
         self._task: asyncio.Task | None = None
 
@@ -68,6 +75,7 @@ class TroubleWatch:
         if beat.status == "unhealthy" or failures > before:
             if beat.created_at > self.trouble_at:
                 self.trouble_at = beat.created_at
+                self.trouble_noted = time.monotonic()
                 self.trouble_replica = beat.replica_id
                 log.warning("sampler reports weight trouble; the next publish is a keyframe",
                             replica=beat.replica_id, status=beat.status, weight_failures=failures,

@@ -18,7 +18,9 @@
 
 A version is a keyframe every ``keyframe_every`` versions, after a restart, and (with a
 producer and ``keyframe_on_trouble``) when a sampler heartbeat reported a failed weight
-update since the last keyframe (``syncer.health.TroubleWatch``).
+update since the last keyframe (``syncer.health.TroubleWatch``). When no publish follows
+such a report within ``keyframe_repair_after_s``, the newest version is stored again as
+a keyframe and re-announced (``repair_keyframe``): same version, same weights hash.
 
 Publishing a version that is already in the store with the same weights re-announces
 it and adopts it as the base (a trainer replaying after a crash); with different
@@ -28,6 +30,7 @@ weights it is an error (``WeightConflict``).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
@@ -89,6 +92,10 @@ class WeightPublisher:
 
             self._watch = TroubleWatch(producer.cfg)
         self._last_keyframe_at = 0.0
+        self._base_step = -1  # trainer_step of base_version
+        self._base_delta_base = -1  # the base of base_version's delta, as announced
+        self._repair_task: asyncio.Task | None = None
+        self.repairs = 0  # versions stored again as keyframes (repair_keyframe)
 
     @property
     def watch(self):
@@ -100,12 +107,89 @@ class WeightPublisher:
         # and test loops wait for cancelled tasks); aclose() waits for it here.
         if self._watch is not None:
             self._watch.cancel()
+        if self._repair_task is not None:
+            self._repair_task.cancel()
         self._pool.shutdown(wait=True)
 
     async def aclose(self) -> None:
+        if self._repair_task is not None:
+            self._repair_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._repair_task
+            self._repair_task = None
         if self._watch is not None:
             await self._watch.close()
         self.close()
+
+    def _start_watch(self) -> None:
+        self._watch.start()
+        if self._repair_task is None and self.cfg.keyframe_repair_after_s > 0:
+            self._repair_task = asyncio.create_task(self._repair_loop(), name="syncer-keyframe-repair")
+
+    async def _repair_loop(self) -> None:
+        """Store the newest version again as a keyframe when a sampler reported trouble
+        and no keyframe followed within ``keyframe_repair_after_s`` (module docstring)."""
+        after = self.cfg.keyframe_repair_after_s
+        watch = self._watch
+        while True:
+            await asyncio.sleep(min(5.0, max(0.1, after / 4)))
+            if not watch.trouble_since(self._last_keyframe_at) or time.monotonic() - watch.trouble_noted < after:
+                continue
+            if self._lock.locked():
+                continue  # a publish is under way: it makes the keyframe itself
+            try:
+                await self.repair_keyframe()
+            except asyncio.CancelledError:
+                raise
+            except WeightConflict as exc:
+                # Another trainer writes this model: the fencing of its next publish stops
+                # this one; nothing to repair from here.
+                log.error("keyframe repair refused: another publisher writes this model", error=str(exc))
+                return
+            except Exception as exc:  # store down, a fence: retried at the next trouble report
+                self._last_keyframe_at = time.time()
+                log.error("keyframe repair failed; retried when a sampler reports trouble again", error=str(exc))
+
+    async def repair_keyframe(self) -> WeightVersion | None:
+        """Store the newest published version again as a keyframe (same weights, same
+        hash; only its ``full`` manifest is new) and re-announce it. None when there is
+        nothing to repair: no version published by this object, or the newest version is
+        a keyframe already (its manifest is immutable; the next version will be one)."""
+        async with self._lock:
+            if self._base is None:
+                return None
+            version = self.base_version
+            self._last_keyframe_at = time.time()
+            catalog = await cat.load_catalog(self.store, self.model)
+            if catalog.latest > version:
+                raise WeightConflict(f"{self.model} v{catalog.latest} is in the store; this publisher's newest is "
+                                     f"v{version}: another publisher is writing")
+            if catalog.has(version, "full"):
+                log.warning("samplers report failed weight updates but the newest version is a keyframe already; "
+                            "the next version will be one", model=self.model, version=version)
+                return None
+            # The delta's base as announced (its manifest may be the damaged object).
+            delta_base = self._base_delta_base if catalog.has(version, "delta") else -1
+            digest = weights_hash(_entries(self._base, self._base_checksums))
+            attempt = (f"{self.writer}-" if self.writer else "") + uuid.uuid4().hex[:16]
+            created: list[Manifest] = []
+            try:
+                manifest = await self._write(version, "full", self._base, self._base_checksums, digest,
+                                             self._base_step, None, version, attempt, created)
+            except WeightConflict:
+                await self._withdraw(created)
+                raise
+            self.keyframe_version = version
+            self._deltas_since_keyframe = 0
+            event = self._event(manifest, self._base_step, delta_base)
+            await self._announce(event)
+            self.repairs += 1
+            log.warning("newest version stored again as a keyframe: a sampler reported a failed weight update "
+                        "and no publish followed", model=self.model, version=version,
+                        replica=self._watch.trouble_replica if self._watch is not None else "",
+                        stored_mb=round(manifest.stored_bytes / 1e6, 3))
+            await self.apply_retention()
+            return event
 
     async def publish(
         self,
@@ -134,13 +218,14 @@ class WeightPublisher:
             manifest, delta_base = existing
             await self._adopt(version, manifest, state, checksums, owned)
             event = self._event(manifest, trainer_step if trainer_step >= 0 else manifest.trainer_step, delta_base)
+            self._base_step, self._base_delta_base = event.trainer_step, event.base_version
             await self._announce(event)
             log.info("version already stored; re-announced", model=self.model, version=version)
             return event
 
         keyframe = self._base is None or self._deltas_since_keyframe + 1 >= self.cfg.keyframe_every
         if self._watch is not None:
-            self._watch.start()
+            self._start_watch()
             if not keyframe and self._watch.trouble_since(self._last_keyframe_at):
                 log.info("keyframe published early: a sampler reported a failed weight update",
                          model=self.model, version=version, replica=self._watch.trouble_replica)
@@ -174,6 +259,7 @@ class WeightPublisher:
         prev_keyframe = self.keyframe_version
         await self._adopt(version, announced, state, checksums, owned)
         event = self._event(announced, trainer_step, delta_manifest.base_version if delta_manifest else -1)
+        self._base_step, self._base_delta_base = trainer_step, event.base_version
         await failpoints.reached_async("weights.before_announce")
         await self._announce(event)
         log.info(

@@ -100,3 +100,60 @@ async def test_sampler_trouble_makes_the_next_version_a_keyframe(kafka_config, t
         await wait_until_async(lambda: pub.watch.seen >= 3, 60, "pub.watch.seen >= 3")
         assert (await pub.publish(5, w[5])).kind == "full"
         await pub.aclose()
+
+
+async def test_a_trainer_that_cannot_publish_repairs_its_newest_version_as_a_keyframe(kafka_config, tmp_path):
+    """Chaos seed 3's gap (issue #30): every path to the newest version is damaged (a
+    flipped byte in the only keyframe, the newest delta manifest truncated), the replica
+    stays on old weights, and a trainer starved of fresh groups never publishes the next
+    version. After a sampler's trouble report and ``keyframe_repair_after_s`` without a
+    publish, the publisher stores the newest version again as a keyframe, same weights
+    hash, and re-announces it; the replica loads it bit for bit. Only once."""
+    import time
+    from pathlib import Path
+
+    from schemas import Heartbeat
+    from syncer import catalog as cat
+
+    cfg = SyncerConfig(chunk_bytes=4096, keyframe_every=10, zstd_threads=2, retry_delay_s=0.2,
+                       keyframe_repair_after_s=0.5)
+    w = {1: initial_state(3)}
+    w[2] = optimizer_like_step(w[1], 2)
+    store = LocalStore(tmp_path / "weights")
+    async with EventProducer(kafka_config) as producer:
+        pub = WeightPublisher(cfg, MODEL, store, producer)
+        try:
+            assert (await pub.publish(1, w[1], trainer_step=1)).kind == "full"
+            announced = await pub.publish(2, w[2], trainer_step=2)
+            assert announced.kind == "delta"
+            root = Path(tmp_path / "weights" / MODEL)
+            chunk = sorted(p for p in (root / "chunks" / f"v{1:012d}-full").rglob("*") if p.is_file())[0]
+            data = bytearray(chunk.read_bytes())
+            data[len(data) // 2] ^= 0xFF
+            chunk.write_bytes(bytes(data))
+            delta = root / "manifests" / f"v{2:012d}-delta.json"
+            delta.write_bytes(delta.read_bytes()[:40])
+
+            sub, target = subscriber(cfg, store)
+            sub.kafka_cfg = kafka_config
+            task = asyncio.create_task(sub.run())
+            try:
+                await wait_until_async(lambda: sub.failures >= 1, 60, "the replica fails on the damaged store")
+                assert sub.version < 2 and pub.repairs == 0  # no trouble reported yet: nothing repaired
+                await producer.publish(Heartbeat(replica_id="s-1", role="sampler", status="serving", weight_version=-1,
+                                                 details={"weight_failures": str(sub.failures)}, created_at=time.time()))
+                await wait_until_async(lambda: sub.version == 2, 60, "the replica loads the repaired v2")
+                assert sub.last_path.startswith("keyframe v2")
+                assert_same_bits(dict(target.module.state_dict()), w[2])
+                catalog = await cat.load_catalog(store, MODEL)
+                assert catalog.kinds[2] == {"delta", "full"} and pub.repairs == 1
+                full = await cat.ManifestReader(store, MODEL).get(2, "full")
+                assert (full.weights_hash, full.trainer_step) == (announced.weights_hash, 2)
+                # The newest version is a keyframe now: a second repair has nothing to do.
+                assert await pub.repair_keyframe() is None and pub.repairs == 1
+            finally:
+                sub.stop()
+                await asyncio.wait_for(task, 30)
+                sub.close()
+        finally:
+            await pub.aclose()
