@@ -3,10 +3,12 @@ launches its ranks with torch.distributed.run (gloo on CPU), rank 0 consumes rea
 and logs the steps, the other rank trains its share of each batch
 (trainer/ranked_service.py). One rank SIGKILLed takes the whole trainer down; the
 restarted trainer restores the DCP checkpoint, re-executes the logged steps after it to
-their logged hashes and goes on; the step log shows nothing trained twice or lost."""
+their logged hashes and goes on; the step log shows nothing trained twice or lost; and
+`rollway replay --verify` on 2 ranks re-executes the whole log bit for bit."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import time
@@ -15,6 +17,7 @@ import msgspec
 import pytest
 
 from rollway.config import RollwayConfig
+from tests.cli import run_cli
 from tests.synthetic import load_tiny, make_task_groups
 from tests.test_trainer_crash import TrainerProcess, publish
 from trainer.config import TrainerConfig
@@ -99,3 +102,13 @@ async def test_two_rank_trainer_loses_one_rank_restarts_replays_and_loses_nothin
     assert len(trained) == len(set(trained)) == 20
     assert set(trained) == set(published)
     assert [len(steps[s].event.groups) for s in sorted(steps)] == [2] * 5
+
+    # `rollway replay` at trainer.world_size 2 runs on 2 ranks: from the initial model,
+    # every logged step (live, replayed, after the restart) re-splits and re-executes to
+    # its logged hash.
+    result = run_cli("replay", "--from-step", "1", "--to-step", "5", "--verify", "--no-checkpoint", "--json",
+                     config=config, timeout=240)
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
+    rows = [json.loads(line) for line in result.stdout.splitlines() if line.startswith('{"step"')]
+    assert [(r["step"], r["match"]) for r in rows] == [(s, True) for s in range(1, 6)]
+    assert rows[-1]["replayed_hash"] == steps[5].event.weights_hash

@@ -202,3 +202,59 @@ def watch_parent(poll_s: float = 1.0) -> None:
                 os._exit(70)
 
     threading.Thread(target=watch, name="watch-launcher", daemon=True).start()
+
+
+class RankedReplay:
+    """Rank 0 of ``rollway replay`` at N ranks: a ``LeaderCore`` the replay trains, the
+    DCP restore announced to the other ranks, and their release."""
+
+    def __init__(self, cfg: "TrainerConfig", ctx: "DistContext", orders: Orders) -> None:
+        from trainer.sharded_checkpoint import ShardedCheckpointer
+
+        self.cfg = cfg
+        self.orders = orders
+        self.core = LeaderCore(cfg, ctx, orders)
+        # Never written to; created because the other ranks create theirs (new_group is
+        # collective, and the groups must be made in the same order everywhere).
+        self._checkpointer = ShardedCheckpointer(cfg.checkpoint_dir, cfg.keep_checkpoints, rank=0)
+
+    def restore(self, steps, at_most: int) -> int:
+        """The newest DCP checkpoint with step <= ``at_most`` the log confirms (older
+        ones when it does not load to its hash); 0 = the initial weights."""
+        from trainer.sharded_checkpoint import restore_newest
+
+        self.orders.send("restore")
+        return restore_newest(self.core, self.cfg.checkpoint_dir,
+                              {s: e.event.weights_hash for s, e in steps.items() if s <= at_most})
+
+    def close(self) -> None:
+        import torch.distributed as dist
+
+        try:
+            self.orders.send("stop")
+        except Exception as exc:
+            log.warning("could not tell the other ranks to stop", error=str(exc))
+        self._checkpointer.close()
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def ranked_replay_core(cfg: "TrainerConfig") -> RankedReplay | None:
+    """In a rank of ``rollway replay``: rank 0's :class:`RankedReplay`; on the other
+    ranks, follow rank 0 until it stops and return None."""
+    import torch.distributed as dist
+
+    from trainer.distributed import init_distributed
+
+    watch_parent()
+    ctx = init_distributed(cfg.device, cfg.world_size)
+    orders = Orders(ctx.rank)
+    if ctx.is_leader:
+        return RankedReplay(cfg, ctx, orders)
+    ignore_stop_signals()
+    try:
+        follow(cfg, ctx, orders)
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+    return None

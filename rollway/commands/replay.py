@@ -32,6 +32,7 @@ def run(args: argparse.Namespace) -> int:
     cfg = load_config_or_exit(args, "replay", {"trainer": given(checkpoint_dir=args.checkpoint_dir)})
     configure_logging("replay", level="warning" if args.json else cfg.logging.level)
 
+    from trainer.checkpoint import CheckpointError
     from trainer.core import TrainCore
     from trainer.replay import choose_checkpoint, replay_steps, restore_checkpoint
     from trainer.steplog import StepLogError, read_step_log
@@ -46,6 +47,23 @@ def run(args: argparse.Namespace) -> int:
               f"(pass --checkpoint-dir, or --no-checkpoint to start from the initial model)", file=sys.stderr)
         return 2
 
+    sharded = None
+    if tcfg.world_size > 1:
+        # A log written at N ranks re-executes at N ranks (the batch split depends on N):
+        # this command launches them (one machine), rank 0 replays, the others follow.
+        from rollway.commands.trainer import is_rank, run_ranks
+
+        if not is_rank():
+            import structlog
+
+            return run_ranks([f"--nproc-per-node={tcfg.world_size}", "--standalone"],
+                             structlog.get_logger("rollway.replay"), "replay")
+        from trainer.ranked_service import ranked_replay_core
+
+        sharded = ranked_replay_core(tcfg)
+        if sharded is None:  # a rank other than 0: it followed rank 0 until the end
+            return 0
+
     async def main():
         steps = await read_step_log(cfg.kafka)
         if not steps:
@@ -55,17 +73,24 @@ def run(args: argparse.Namespace) -> int:
         if not 1 <= args.from_step <= to_step <= last:
             raise StepLogError(f"need 1 <= --from-step ({args.from_step}) <= --to-step ({to_step}) "
                                f"<= last logged step ({last})")
-        core = TrainCore(tcfg)
-        info = None if args.no_checkpoint else choose_checkpoint(tcfg.checkpoint_dir, steps, args.from_step - 1)
-        start = restore_checkpoint(core, info)
+        if sharded is not None:
+            core = sharded.core
+            start = 0 if args.no_checkpoint else sharded.restore(steps, args.from_step - 1)
+        else:
+            core = TrainCore(tcfg)
+            info = None if args.no_checkpoint else choose_checkpoint(tcfg.checkpoint_dir, steps, args.from_step - 1)
+            start = restore_checkpoint(core, info)
         rows = await replay_steps(cfg.kafka, core, steps, to_step, fail_on_mismatch=False)
         return start, rows
 
     try:
         start, rows = asyncio.run(main())
-    except (StepLogError, FileNotFoundError) as exc:
+    except (StepLogError, FileNotFoundError, CheckpointError) as exc:
         print(f"rollway replay: {exc}", file=sys.stderr)
         return 2
+    finally:
+        if sharded is not None:
+            sharded.close()
     shown = [r for r in rows if r.step >= args.from_step]
     if args.json:
         for r in shown:

@@ -39,7 +39,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
         parser.add_argument(flag, metavar=metavar, help=help_text)
 
 
-def _is_rank() -> bool:
+def is_rank() -> bool:
     """Started by torchrun (this command's launcher, or the user's own)."""
     return "RANK" in os.environ and "WORLD_SIZE" in os.environ
 
@@ -66,11 +66,11 @@ def run(args: argparse.Namespace) -> int:
 
     world_size = _world_size_flag(args)
     cfg = load_config_or_exit(args, "trainer", {"trainer": {"world_size": world_size} if world_size else {}})
-    if cfg.trainer.world_size > 1 and not _is_rank():
+    if cfg.trainer.world_size > 1 and not is_rank():
         return launch(args, cfg.trainer.world_size)
     # A rank of an N-rank trainer; one started at a world size other than the config's
     # is refused by init_distributed.
-    sharded = _is_rank() and (int(os.environ["WORLD_SIZE"]) > 1 or cfg.trainer.world_size > 1)
+    sharded = is_rank() and (int(os.environ["WORLD_SIZE"]) > 1 or cfg.trainer.world_size > 1)
     return serve(args, cfg, sharded=sharded)
 
 
@@ -90,9 +90,6 @@ def launch(args: argparse.Namespace, world_size: int) -> int:
         print(f"rollway trainer: trainer.world_size = {world_size} is not --nnodes {nnodes} x {nproc} ranks a "
               "machine; give --nproc", file=sys.stderr)
         return 2
-    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
-    from torch.distributed.run import get_args_parser, run as torchrun
-
     launcher = [f"--nproc-per-node={nproc}"]
     if nnodes == 1 and not (args.rdzv_endpoint or args.master_addr):
         launcher.append("--standalone")
@@ -100,21 +97,30 @@ def launch(args: argparse.Namespace, world_size: int) -> int:
         value = getattr(args, flag[2:].replace("-", "_"))
         if value is not None:
             launcher.append(f"{flag}={value}")
-    # The ranks run this very command line: each sees RANK in its environment.
-    launcher += ["--module", "rollway.cli", *sys.argv[1:]]
     log.info("launching trainer ranks", world_size=world_size, nproc=nproc, nnodes=nnodes,
              torchrun=" ".join(launcher))
+    return run_ranks(launcher, log)
+
+
+def run_ranks(launcher: list[str], log, command: str = "trainer") -> int:
+    """torch.distributed.run with ``launcher`` (its own flags), each rank running this
+    very command line (it sees RANK in its environment); the exit code."""
+    import sys
+
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.run import get_args_parser, run as torchrun
+
     try:
-        torchrun(get_args_parser().parse_args(launcher))
+        torchrun(get_args_parser().parse_args([*launcher, "--module", "rollway.cli", *sys.argv[1:]]))
     except ChildFailedError as exc:
         # Rank 0's exit code says why the trainer stopped (fenced, replay mismatch, ...);
         # a rank killed by a signal reads 128 + its number, as a shell shows it.
         failures = exc.failures
         first = failures.get(0) or failures[min(failures)]
         code = first.exitcode if first.exitcode > 0 else 128 - first.exitcode
-        log.error("trainer ranks failed", failed_ranks=sorted(failures), exit_code=code,
+        log.error(f"{command} ranks failed", failed_ranks=sorted(failures), exit_code=code,
                   exit_codes={r: f.exitcode for r, f in failures.items()})
-        print(f"rollway trainer: rank(s) {sorted(failures)} failed; exit code {code}", file=sys.stderr)
+        print(f"rollway {command}: rank(s) {sorted(failures)} failed; exit code {code}", file=sys.stderr)
         return code
     return 0
 
