@@ -37,13 +37,13 @@ from typing import Protocol
 import msgspec
 import structlog
 
-from sandbox import grading_bridged, grading_inenv
+from sandbox import grading_bridged, grading_inenv, image_changes
 from sandbox.cheating import find_cheats
 from sandbox.config import RewardConfig, SandboxConfig
 from sandbox.grading_common import (
     HIDDEN_TESTS_DIR, HiddenPlan, RunOutput, make_plan, root_configs, solution_files, write_ro,
 )
-from sandbox.image_repo import ImageRepoCache
+from sandbox.image_repo import ImageRepoCache, ImageTree, image_tree
 from sandbox.images import ImageStore
 from sandbox.isolation import WORKSPACE, Bind, Limits
 from sandbox.junit import ReportError, outcomes_of, parse_report
@@ -160,11 +160,14 @@ class Grader:
             spec = await self.with_image_repo(spec)
         # In-env pytest runs discard agent test configs and judge exits by the report.
         in_env = spec.grading == "in-env" and pytest_arguments(spec.test_command) is not None
-        findings = find_cheats(spec.files, snapshot, hidden_dir=HIDDEN_TESTS_DIR, in_env=in_env)
+        # An image task: what the image holds as it is (its links, binaries) is not the agent's doing.
+        tree = await self.image_tree(spec) if spec.image else None
+        checked = image_changes.agent_view(snapshot, tree) if tree is not None else snapshot
+        findings = find_cheats(spec.files, checked, hidden_dir=HIDDEN_TESTS_DIR, in_env=in_env)
         findings += [f"network access attempted: {e}" for e in network_attempts(calls)]
         if findings:
             return Verdict(score=0.0, cheated=True, reason="; ".join(findings))
-        return await self.run_hidden_tests(spec, snapshot, uid=uid)
+        return await self.run_hidden_tests(spec, snapshot, uid=uid, tree=tree)
 
     async def with_image_repo(self, spec: TaskSpec) -> TaskSpec:
         """A task whose repository is only in its image, made whole from it (hidden tests,
@@ -176,7 +179,27 @@ class Grader:
         finally:
             self.images.release(root)
 
-    async def run_hidden_tests(self, spec: TaskSpec, snapshot: Snapshot, *, uid: int) -> Verdict:
+    async def image_tree(self, spec: TaskSpec) -> ImageTree:
+        """The image's tree at the task's workdir (sandbox/image_repo.py; kept per image)."""
+        root = await self.images.acquire(spec.image)
+        try:
+            return await asyncio.to_thread(image_tree, root, spec.workdir)
+        finally:
+            self.images.release(root)
+
+    async def over_image(self, spec: TaskSpec, files: dict[str, bytes]) -> Snapshot:
+        """An image task's session snapshot with ``files`` written over the image and
+        nothing else done (``rollway tasks check`` grades without sessions)."""
+        root = await self.images.acquire(spec.image)
+        try:
+            tree = await asyncio.to_thread(image_tree, root, spec.workdir)
+            return await asyncio.to_thread(image_changes.over_image, root, spec.workdir, tree, files)
+        finally:
+            self.images.release(root)
+
+    async def run_hidden_tests(self, spec: TaskSpec, snapshot: Snapshot, *, uid: int,
+                               tree: ImageTree | None = None) -> Verdict:
+        """``tree``: an image task's image tree at its workdir (:meth:`image_tree`)."""
         grade_dir = self.root / f"rollway-grade-{uuid.uuid4().hex[:12]}"
         grade_dir.mkdir(mode=0o700, parents=True)
         # One tmpfs of the workspace quota for everything this grading writes.
@@ -198,15 +221,17 @@ class Grader:
                     return Verdict(score=0.0, reason=reason)
                 return await self._run_plain(spec, snapshot, base, uid=uid)
             code = solution_files(snapshot)
-            configs = root_configs(spec.files)
+            configs = root_configs({**image_changes.config_texts(tree), **spec.files})
             # An image task grades on its image (an ImageError is the infrastructure's
             # failure: the service answers 503, never a reward).
             root = await self.images.acquire(spec.image) if spec.image else None
             try:
                 if spec.grading == "in-env":
                     plan = make_plan(grading_inenv.pytest_args(spec, args), grading_inenv.layout(spec), configs)
+                    # The agent's final tree over the image: its deletions and links too.
+                    changes = image_changes.tree_changes(snapshot, tree) if tree is not None else None
                     output = await grading_inenv.run(self.jail, self.cfg, self._limits(), spec, code, plan, base,
-                                                     uid=uid, root=root)
+                                                     uid=uid, root=root, changes=changes)
                 else:
                     plan = make_plan(grading_bridged.pytest_args(spec, args), grading_bridged.layout(spec), configs)
                     output = await grading_bridged.run(self.jail, self.cfg, self._limits(), spec, code, plan, base,

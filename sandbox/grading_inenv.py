@@ -27,6 +27,7 @@ docs/sandbox.md.
 from __future__ import annotations
 
 import ast
+import asyncio
 import configparser
 import json
 import os
@@ -41,6 +42,8 @@ from sandbox.grading_common import (
     HIDDEN_TESTS_DIR, PLUGIN_DIR, REPORT_DIR, REPORT_FILE, HiddenPlan, RunOutput, plugin_dir, write_ro,
 )
 from sandbox import image_workspace
+from sandbox.image_changes import TreeChanges
+from sandbox.image_repo import image_tree
 from sandbox.images import ImageRoot
 from sandbox.isolation import WORKSPACE, Bind, Limits
 from sandbox.runner import Jail
@@ -89,11 +92,20 @@ def command_prefix(test_command: str) -> list[str]:
     return argv[: len(argv) - len(args)]
 
 
-def tree(spec: TaskSpec, code: dict[str, bytes], plan: HiddenPlan) -> tuple[dict[str, bytes], list[str]]:
+def tree(spec: TaskSpec, code: dict[str, bytes], plan: HiddenPlan, *, base_configs: dict[str, bytes] | None = None,
+         changes: TreeChanges | None = None) -> tuple[dict[str, bytes], list[str], dict[str, str]]:
     """The run's tree: the agent's files with the task's tests and test configuration
-    restored; and one note per agent change that was discarded."""
+    restored; one note per agent change that was discarded; and the agent's links the
+    run keeps (none at or above a file of the run, none named as test configuration).
+
+    ``base_configs``: an image task's own test configuration as bytes (the image's tree,
+    links followed inside it: sandbox/image_repo.py), for what the task's text cannot
+    hold (a linked or non-UTF-8 ``setup.cfg``, a latin-1 ``conftest.py``); restored as
+    regular files. ``changes``: the agent's removals and links against the image."""
     files = dict(code)
-    original = {clean_relpath(p): t.encode() for p, t in spec.files.items()}
+    original = {**(base_configs or {}), **{clean_relpath(p): t.encode() for p, t in spec.files.items()}}
+    removed = set(changes.removed) if changes is not None else set()
+    links = dict(changes.links) if changes is not None else {}
     notes: list[str] = []
     protected: dict[str, bytes] = {}
     for path, data in original.items():
@@ -108,10 +120,18 @@ def tree(spec: TaskSpec, code: dict[str, bytes], plan: HiddenPlan) -> tuple[dict
         if name in CONFIG_NAMES and path not in protected:
             del files[path]
             notes.append(f"{path} (added, removed)")
+    for path in sorted(links):
+        if PurePosixPath(path).name in CONFIG_NAMES and path not in protected:
+            del links[path]
+            notes.append(f"{path} (added as a link, removed)")
     for path, data in protected.items():
-        if path in files and files[path] != data:
+        if path in links:
+            notes.append(f"{path} (changed to a link, restored)")
+        elif path in files and files[path] != data:
             notes.append(f"{path} (changed, restored)")
-        elif path not in files:
+        elif path not in files and (base_configs is None or path in removed or path not in base_configs):
+            # (An image's own config that is a link the agent left alone is no file of
+            # the snapshot, and no change.)
             notes.append(f"{path} (deleted, restored)")
         files[path] = data
     for path, data in plan.tests.items():
@@ -121,7 +141,13 @@ def tree(spec: TaskSpec, code: dict[str, bytes], plan: HiddenPlan) -> tuple[dict
         elif path in files and before is None and not path.startswith(_PREFIX):
             notes.append(f"{path} (added, replaced by the hidden tests)")
         files[path] = data
-    return files, notes
+    above = {str(parent) for path in files for parent in PurePosixPath(path).parents}
+    for path in sorted(links):
+        if path in files or path in above:
+            del links[path]
+            if not any(n.startswith(f"{path} ") for n in notes):
+                notes.append(f"{path} (a link where the run's files go, removed)")
+    return files, notes, links
 
 
 def _plugin_modules(files: dict[str, bytes]) -> set[str]:
@@ -153,11 +179,14 @@ PLACEHOLDER = b"# A hidden test file: the grader serves its source to pytest fro
 
 
 async def run(jail: Jail, cfg: SandboxConfig, limits: Limits, spec: TaskSpec, code: dict[str, bytes],
-              plan: HiddenPlan, base: Path, *, uid: int, root: ImageRoot | None = None) -> RunOutput:
-    """``root``: the task's image (a fresh copy-on-write tree of its ``spec.workdir`` with
-    the run's files over it); None: the host root, the tree at /workspace."""
+              plan: HiddenPlan, base: Path, *, uid: int, root: ImageRoot | None = None,
+              changes: TreeChanges | None = None) -> RunOutput:
+    """``root``: the task's image (a fresh copy-on-write tree of its ``spec.workdir``, the
+    agent's removals and links (``changes``) redone on it and the run's files over it);
+    None: the host root, the tree at /workspace."""
     workdir = spec.workdir if root is not None else WORKSPACE
-    files, notes = tree(spec, code, plan)
+    configs = (await asyncio.to_thread(image_tree, root, spec.workdir)).configs if root is not None else None
+    files, notes, links = tree(spec, code, plan, base_configs=configs, changes=changes)
     served = {path: files[path] for path in plan.tests if _served(path)}
     files.update({path: PLACEHOLDER for path in served})
     secrets_dir = Workspace.create(base / "secrets", uid, {})[0]
@@ -166,14 +195,15 @@ async def run(jail: Jail, cfg: SandboxConfig, limits: Limits, spec: TaskSpec, co
                   json.dumps({f"{workdir}/{p}": d.decode() for p, d in served.items()}).encode(), uid)
     plan.hidden_sources = f"{SECRETS_DIR}/{name}"
     if root is not None:
-        ws, _ = image_workspace.create(base / "ws", uid, files, None, root, spec.workdir)
+        ws, _ = image_workspace.create(base / "ws", uid, files, None, root, spec.workdir,
+                                       removed=changes.removed if changes is not None else (), links=links)
         on_root = {"root": root, "workdir": spec.workdir}
     else:
         ws, _ = Workspace.create(base / "ws", uid, files)
         on_root = {}
     plugin = plugin_dir(base, plan)
     out = Workspace.create(base / "out", uid, {})[0]
-    pin = inifile_pin(spec, plan, workdir)
+    pin = inifile_pin(spec, plan, workdir, configs)
     if pin[1].startswith(PLUGIN_DIR + "/"):
         write_ro(plugin / PurePosixPath(pin[1]).name, b"[pytest]\n")
     command = shlex.join([*command_prefix(spec.test_command), *pin, *plan.args])
@@ -192,11 +222,14 @@ async def run(jail: Jail, cfg: SandboxConfig, limits: Limits, spec: TaskSpec, co
                      notes=notes)
 
 
-def inifile_pin(spec: TaskSpec, plan: HiddenPlan, workdir: str) -> list[str]:
-    """pytest's config, pinned: the inifile the task's own tree gives, or (the task has
-    none) an empty one in the plugin folder, so no config the run might find is read,
-    with ``--rootdir`` at the repository root (where pytest roots node ids without one)."""
-    inifile = task_inifile({clean_relpath(p): t for p, t in spec.files.items()}, plan.args)
+def inifile_pin(spec: TaskSpec, plan: HiddenPlan, workdir: str, base_configs: dict[str, bytes] | None = None,
+                ) -> list[str]:
+    """pytest's config, pinned: the inifile the task's own tree gives (its image's
+    configs included, ``base_configs``), or (the task has none) an empty one in the
+    plugin folder, so no config the run might find is read, with ``--rootdir`` at the
+    repository root (where pytest roots node ids without one)."""
+    known = {p: d.decode("utf-8", "replace") for p, d in (base_configs or {}).items()}
+    inifile = task_inifile({**known, **{clean_relpath(p): t for p, t in spec.files.items()}}, plan.args)
     if inifile:
         return ["-c", inifile]
     pin = ["-c", f"{PLUGIN_DIR}/{plan.plugin}.ini"]

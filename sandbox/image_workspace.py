@@ -13,16 +13,19 @@ changes, under the session's disk quota:
   the quota (``cp --reflink=auto``: a reflink where the filesystem has them, else a full
   copy). The log line ``image_workspace`` says which.
 
-Version-control folders at the top of the tree (``.git``...) are hidden (an overlay
-whiteout, or not copied): no history for the agent to mine, as for host workspaces.
+Version-control entries at any depth (``.git``, a submodule's or a vendored copy's
+``.git`` file or folder, ``.hg``...) are hidden (an overlay whiteout, or removed from the
+copy): no history for the agent to mine, as for host workspaces.
 Everything is reached without following the image's links on the host
 (:func:`sandbox.image_unpack.resolve_in_root`, ``lchown``).
 """
 
 from __future__ import annotations
 
+import collections
 import ctypes
 import os
+import threading
 import shutil
 import stat
 import subprocess
@@ -33,7 +36,7 @@ import structlog
 from sandbox import quota as disk
 from sandbox.image_unpack import resolve_in_root
 from sandbox.images import ImageError, ImageRoot
-from sandbox.workspace import VCS_DIRS, Workspace, WorkspaceError
+from sandbox.workspace import VCS_DIRS, Workspace, WorkspaceError, clean_relpath
 
 log = structlog.get_logger(__name__)
 
@@ -72,10 +75,39 @@ def image_dir(root: ImageRoot, workdir: str) -> Path | None:
     return None
 
 
+_VCS: collections.OrderedDict[tuple[str, str], tuple[str, ...]] = collections.OrderedDict()
+_VCS_LOCK = threading.Lock()
+
+
+def vcs_entries(root: ImageRoot, workdir: str, lower: Path) -> tuple[str, ...]:
+    """Version-control entries under the image's ``workdir`` (``lower``), at any depth,
+    relative; not entered. Kept per image digest: an unpacked root never changes."""
+    key = (f"{root.digest}:{root.rootfs}", workdir)
+    with _VCS_LOCK:
+        if key in _VCS:
+            _VCS.move_to_end(key)
+            return _VCS[key]
+    found = []
+    for folder, dirs, names in os.walk(lower, followlinks=False):
+        rel = os.path.relpath(folder, lower)
+        for name in sorted(n for n in dirs + names if n in VCS_DIRS):
+            found.append(name if rel == "." else f"{rel}/{name}")
+        dirs[:] = [d for d in dirs if d not in VCS_DIRS]
+    with _VCS_LOCK:
+        _VCS[key] = tuple(found)
+        while len(_VCS) > 64:
+            _VCS.popitem(last=False)
+    return tuple(found)
+
+
 def create(base: Path, uid: int, files: dict[str, str | bytes], quota: disk.Quota | None, root: ImageRoot,
-           workdir: str) -> tuple[Workspace, list[str]]:
+           workdir: str, *, removed: tuple[str, ...] = (), links: dict[str, str] | None = None,
+           ) -> tuple[Workspace, list[str]]:
     """The session tree at ``base`` (must not exist): the image's ``workdir`` copy-on-write,
-    then ``files`` written over it. Returns the workspace and the paths dropped (VCS)."""
+    less the image's entries in ``removed``, then ``files`` written over it (an image
+    link at a file's path is replaced by the file), then ``links`` made where nothing is
+    (grading redoing an agent's tree, sandbox/image_changes.py). Returns the workspace
+    and the paths dropped (VCS)."""
     lower = image_dir(root, workdir)
     base.mkdir(mode=0o700)
     mounts: list[Path] = []
@@ -89,7 +121,7 @@ def create(base: Path, uid: int, files: dict[str, str | bytes], quota: disk.Quot
             tree, mode = area / "tree", "empty"
             tree.mkdir(mode=0o755)
         else:
-            tree, mode = _overlay(base, area, lower, mounts)
+            tree, mode = _overlay(base, area, lower, mounts, vcs_entries(root, workdir, lower))
         _chown_tree(tree, uid)
         ws = ImageWorkspace(tree, uid, base=base, mounts=mounts, mode=mode)
     except BaseException:
@@ -98,7 +130,12 @@ def create(base: Path, uid: int, files: dict[str, str | bytes], quota: disk.Quot
         shutil.rmtree(base, ignore_errors=True)
         raise
     try:
+        for path in removed:
+            ws.unlink(path)
+        _prune_emptied(ws, removed)
         dropped = write_files(ws, files)
+        for path, target in (links or {}).items():
+            ws.symlink(path, target)
     except BaseException:
         ws.remove()
         raise
@@ -107,31 +144,60 @@ def create(base: Path, uid: int, files: dict[str, str | bytes], quota: disk.Quot
 
 
 def write_files(ws: Workspace, files: dict[str, str | bytes]) -> list[str]:
-    """Write a task's files over the tree; returns the paths dropped (VCS metadata)."""
+    """Write a task's files over the tree (a link of the image where a file goes is
+    replaced, never followed); returns the paths dropped (VCS metadata)."""
     dropped = []
     for path, content in files.items():
         try:
-            ws.write(path, content)
+            rel = clean_relpath(path)
         except WorkspaceError as exc:
             if "version-control" in str(exc):
                 dropped.append(path)
                 continue
             raise
+        try:
+            ws.write(rel, content)
+        except WorkspaceError:
+            # A link at the path (O_NOFOLLOW refused it): replaced. Anything else (a
+            # link above it, a folder there) is refused again by unlink or the rewrite.
+            if not ws.unlink(rel):
+                raise
+            ws.write(rel, content)
     return dropped
 
 
-def _overlay(base: Path, area: Path, lower: Path, mounts: list[Path]) -> tuple[Path, str]:
+def _prune_emptied(ws: Workspace, removed: tuple[str, ...]) -> None:
+    """Folders that held removed entries and are empty now go too (a deleted package
+    must not stay importable as an empty namespace package)."""
+    folders = sorted({str(Path(p).parent) for p in removed if "/" in p}, key=lambda f: -f.count("/"))
+    for folder in folders:
+        for sub in [folder, *(str(p) for p in Path(folder).parents if str(p) != ".")]:
+            path = ws.root / sub
+            if path.is_symlink() or not path.is_dir():
+                break
+            try:
+                path.rmdir()
+            except OSError:
+                break
+
+
+def _overlay(base: Path, area: Path, lower: Path, mounts: list[Path], vcs: tuple[str, ...]) -> tuple[Path, str]:
     """Mount the overlay (``overlay``), or copy the image's directory (``copy``)."""
     if os.geteuid() != 0:
         # Mounting (and the whiteout device nodes below) needs root: a rootless service
         # copies. Not tried and refused, as mknod would fail first on an image with .git.
-        return _copy(area / "tree", lower, "not root")
+        return _copy(area / "tree", lower, "not root", vcs)
     upper, work, merged = area / "upper", area / "work", base / "tree"
     for d in (upper, work, merged):
         d.mkdir(mode=0o755)
-    for name in VCS_DIRS:
-        if os.path.lexists(lower / name):
-            os.mknod(upper / name, stat.S_IFCHR | 0o000, os.makedev(0, 0))  # a whiteout hides it
+    for rel in vcs:
+        parent = upper
+        for part in Path(rel).parts[:-1]:
+            parent = parent / part
+            if not parent.exists():
+                # The upper folder stands for the image's: its mode, and merged with it.
+                parent.mkdir(mode=stat.S_IMODE(os.lstat(lower / parent.relative_to(upper)).st_mode))
+        os.mknod(upper / rel, stat.S_IFCHR | 0o000, os.makedev(0, 0))  # a whiteout hides it
     options = f"lowerdir={lower},upperdir={upper},workdir={work},metacopy=on"
     if any(c in str(p) for p in (lower, upper, work) for c in ",:"):
         reason = "a path holds ',' or ':'"
@@ -144,18 +210,18 @@ def _overlay(base: Path, area: Path, lower: Path, mounts: list[Path]) -> tuple[P
     shutil.rmtree(merged)
     for d in (upper, work):
         shutil.rmtree(d)
-    return _copy(area / "tree", lower, reason)
+    return _copy(area / "tree", lower, reason, vcs)
 
 
-def _copy(tree: Path, lower: Path, reason: str) -> tuple[Path, str]:
+def _copy(tree: Path, lower: Path, reason: str, vcs: tuple[str, ...]) -> tuple[Path, str]:
     """The ``copy`` fallback: the image's directory copied into the session's area."""
     log.warning("image_workspace_overlay_refused", reason=reason, fallback="copy")
     proc = subprocess.run(["cp", "-a", "--reflink=auto", "--no-dereference", f"{lower}/.", str(tree)],
                           capture_output=True, text=True)
     if proc.returncode != 0:
         raise WorkspaceError(f"cannot copy the image's tree: {proc.stderr.strip()[-300:]}")
-    for name in VCS_DIRS:
-        path = tree / name
+    for rel in vcs:
+        path = tree / rel
         if path.is_dir() and not path.is_symlink():
             shutil.rmtree(path)
         elif os.path.lexists(path):

@@ -175,6 +175,42 @@ class Workspace:
             os.close(fd)
         return len(data)
 
+    def unlink(self, path: str) -> bool:
+        """Remove file or symlink ``path`` (never following a link); False when it is
+        not there. A directory is refused."""
+        rel = clean_relpath(path)
+        *dirs, name = rel.split("/")
+        try:
+            dfd = self._open_dir(dirs, create=False)
+        except FileMissing:
+            return False
+        try:
+            os.unlink(name, dir_fd=dfd)
+            return True
+        except FileNotFoundError:
+            return False
+        except OSError as exc:
+            raise _refusal(rel, exc) from None
+        finally:
+            os.close(dfd)
+
+    def symlink(self, path: str, target: str) -> None:
+        """Make symlink ``path -> target`` (missing folders made; an existing entry at
+        ``path`` is an error). The link is not followed here: what it resolves to is the
+        sandbox's business, inside its own root."""
+        rel = clean_relpath(path)
+        if not target or "\x00" in target:
+            raise WorkspaceError(f"invalid symlink target {target!r} for {rel!r}")
+        *dirs, name = rel.split("/")
+        dfd = self._open_dir(dirs, create=True)
+        try:
+            os.symlink(target, name, dir_fd=dfd)
+            os.chown(name, self.uid, self.uid, dir_fd=dfd, follow_symlinks=False)
+        except OSError as exc:
+            raise _refusal(rel, exc) from None
+        finally:
+            os.close(dfd)
+
     def snapshot(self, *, max_bytes: int, max_files: int) -> Snapshot:
         """Every regular file (VCS metadata excluded) without following links.
 
@@ -188,12 +224,13 @@ class Workspace:
             for entry in sorted(os.scandir(dfd), key=lambda e: e.name):
                 rel = f"{prefix}{entry.name}"
                 st = entry.stat(follow_symlinks=False)
+                if entry.name in VCS_DIRS:
+                    # At any depth and of any kind (a submodule's ``.git`` is a file).
+                    snap.skipped.append(rel + "/" if stat.S_ISDIR(st.st_mode) else rel)
+                    continue
                 if stat.S_ISLNK(st.st_mode):
                     snap.symlinks[rel] = os.readlink(entry.name, dir_fd=dfd)
                 elif stat.S_ISDIR(st.st_mode):
-                    if entry.name in VCS_DIRS:
-                        snap.skipped.append(rel + "/")
-                        continue
                     try:
                         sub = os.open(entry.name, _DIR_FLAGS, dir_fd=dfd)
                     except OSError:

@@ -193,6 +193,8 @@ async def check_hygiene(specs: list[TaskSpec], cfg: "SandboxConfig", *, only: li
 
             async def grade(spec: TaskSpec, name: str, must: str, files: dict[str, str]) -> Graded:
                 snapshot = Snapshot(files={p: WorkspaceFile(p, t.encode()) for p, t in files.items()})
+                if spec.image:  # as a session of the image holds it (its links and binaries too)
+                    snapshot = await service.grader.over_image(spec, {p: t.encode() for p, t in files.items()})
                 uid = await uids.get()
                 try:
                     verdict = await service.grader.verdict(spec, snapshot, [], uid=uid)

@@ -21,7 +21,7 @@ from tasks.store import TaskStore
 from tasks.images.examples import EXAMPLES as EXAMPLE_DEFS
 from tasks.images.examples import rows
 from tasks.swe import load_swe_jsonl, parse_row
-from tests.image_helpers import example_images
+from tests.image_helpers import example_images, quirks_row
 from tests.sandbox_helpers import live_sandbox
 
 pytestmark = pytest.mark.slow
@@ -34,15 +34,26 @@ BRIDGED = msgspec.structs.replace(EXAMPLES[0], task_id=EXAMPLES[0].task_id + "-b
 REPO_IN_IMAGE = parse_row({**{k: v for k, v in rows()[0].items() if k != "files"},
                            "instance_id": EXAMPLES[0].task_id + "-repo-in-image"}, task_set="examples")
 GOLD = {REPO_IN_IMAGE.task_id: dict(EXAMPLE_DEFS[0].fixed)}
+# A repository with what real images hold and a task's text cannot (tests/image_helpers.py
+# QUIRKS): its own links (one absolute), latin-1 Python (a conftest and the plugin its
+# config loads), its setup.cfg a link, nested .git/.hg; the gold patch deletes a file.
+QUIRKS_TASK = parse_row(quirks_row("quirks-1"), task_set="examples")
+GOLD[QUIRKS_TASK.task_id] = {"quirks/core.py": "def double(x):\n    return x * 2\n"}
+# Shell run in the session after the gold files are written ("gold" jobs), and the
+# agent's view of the nested version-control entries, kept for a test.
+AFTER_GOLD = {QUIRKS_TASK.task_id: "rm quirks/legacy.py"}
+ESCAPE = (QUIRKS_TASK.task_id, "escape")  # the gold patch plus a link it added to a host path
+VCS_SEEN: dict[str, str] = {}
 JOBS = ([(s.task_id, gold) for s in EXAMPLES for gold in (True, False)] + [(BRIDGED.task_id, True)]
-        + [(REPO_IN_IMAGE.task_id, gold) for gold in (True, False)])
+        + [(REPO_IN_IMAGE.task_id, gold) for gold in (True, False)]
+        + [(QUIRKS_TASK.task_id, gold) for gold in (True, False)] + [ESCAPE])
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="session")
 async def graded(tmp_path_factory) -> dict[tuple[str, bool], Reward]:
     images = await asyncio.to_thread(example_images)
     store = TaskStore(ROOT / "tasks" / "demo")
-    for spec in [*EXAMPLES, BRIDGED, REPO_IN_IMAGE]:
+    for spec in [*EXAMPLES, BRIDGED, REPO_IN_IMAGE, QUIRKS_TASK]:
         store.add(spec)
     cfg = SandboxConfig(
         max_sessions=len(JOBS), max_concurrent_commands=4, command_queue_timeout_s=600.0,
@@ -51,11 +62,16 @@ async def graded(tmp_path_factory) -> dict[tuple[str, bool], Reward]:
     )
     async with live_sandbox(cfg, RewardConfig(), store) as live, SandboxClient(live.url, timeout_s=600.0) as client:
 
-        async def grade(task_id: str, gold: bool) -> Reward:
+        async def grade(task_id: str, gold: bool | str) -> Reward:
             spec = store.get(task_id)
             sid = await client.create_session(task_id)
             for path, content in (GOLD.get(task_id, spec.solution) if gold else {}).items():
                 await client.write_file(sid, path, content)
+            if gold and task_id in AFTER_GOLD:
+                command = AFTER_GOLD[task_id] + (" && ln -s /etc/passwd added_link" if gold == "escape" else "")
+                ran = await client.exec(sid, command + " && ls -a vendor/thing vendor/other .")
+                assert ran.exit_code == 0, ran
+                VCS_SEEN[str(gold)] = ran.stdout
             return await client.submit(sid, trajectory_id=f"{task_id}-{gold}")
 
         rewards = await asyncio.gather(*(grade(*job) for job in JOBS))
@@ -96,3 +112,27 @@ def test_a_repository_only_in_its_image_is_graded_against_the_image(graded):
     assert gold.tests_passed == gold.tests_total == 2
     assert (untouched.score, untouched.cheated) == (0.0, False), untouched.reason
     assert (untouched.tests_passed, untouched.tests_total) == (1, 2)
+
+
+def test_what_the_image_holds_is_not_taken_for_the_agents_doing(graded):
+    """Before: the image's absolute link was "symlink out of the workspace", the latin-1
+    plugin's hook a planted "pytest hook", the latin-1 conftest an added config (removed),
+    the linked setup.cfg not found (an empty inifile pinned, its ``-p`` plugin lost), the
+    deleted legacy module back from the image, the nested .git/.hg in the task's files."""
+    gold, untouched = graded[(QUIRKS_TASK.task_id, True)], graded[(QUIRKS_TASK.task_id, False)]
+    assert (gold.score, gold.cheated, gold.reason) == (1.0, False, ""), gold.reason
+    assert gold.tests_passed == gold.tests_total == 3
+    assert (untouched.score, untouched.cheated) == (0.0, False), untouched.reason
+    assert (untouched.tests_passed, untouched.tests_total) == (1, 3)
+
+
+def test_a_link_the_agent_adds_out_of_the_workspace_is_still_refused(graded):
+    reward = graded[ESCAPE]
+    assert (reward.score, reward.cheated) == (0.0, True)
+    assert reward.reason == "symlink out of the workspace: added_link -> /etc/passwd"
+
+
+def test_nested_version_control_entries_never_reach_the_session(graded):
+    listing = VCS_SEEN["True"].split()
+    assert ".git" not in listing and ".hg" not in listing and "thing.py" in listing and "other.py" in listing
+    assert "setup.cfg" in listing and "vendor_python" in listing

@@ -6,13 +6,16 @@ sandbox/image_repo.py) where it is graded."""
 from __future__ import annotations
 
 import asyncio
+import os
+from pathlib import Path
 
 import msgspec
 import pytest
 
 from sandbox.config import ImageConfig
 from sandbox.image_repo import ImageRepoCache, read_image_repo
-from sandbox.images import ImageError, ImageStore
+from sandbox.images import ImageError, ImageRoot, ImageStore
+from sandbox.workspace import Snapshot, WorkspaceFile
 from tasks.images.examples import rows
 from tasks.swe import parse_row, with_image_repo
 from tests.image_helpers import example_images
@@ -84,3 +87,132 @@ def test_the_images_tree_is_read_exactly_and_a_row_that_does_not_fit_it_is_named
     elsewhere = msgspec.structs.replace(deferred, workdir="/nowhere")
     with pytest.raises(ImageError, match="no repository files at /nowhere"):
         asyncio.run(asyncio.to_thread(ImageRepoCache().resolve, elsewhere, root))
+
+
+# --- what an image holds that a task's text cannot (no image unpacked: a root folder) ---
+
+LATIN_PLUGIN = b"# -*- coding: latin-1 -*-\n# Jos\xe9's plugin\ndef pytest_configure(config):\n    pass\n"
+BIG_MODULE = b"def pytest_unconfigure(config):\n    pass\n" + b"#" * (1 << 20) + b"\n"
+LATIN_CONFTEST = b"# -*- coding: latin-1 -*-\n# \xa9 the authors\nimport pytest\n"
+SHARED_CFG = b"[tool:pytest]\naddopts = -p plug\n"
+FAKE_FILES = {
+    "a.py": b"A = 1\n", "README.md": b"# r\n", "latin.py": LATIN_PLUGIN, "big.py": BIG_MODULE,
+    "tests/conftest.py": LATIN_CONFTEST, "vendor/x/x.py": b"X = 1\n",
+    ".git/HEAD": b"ref: main\n", "vendor/x/.git": b"gitdir: ../../.git/modules/x\n", "vendor/y/.hg/hgrc": b"[paths]\n",
+}
+# An absolute link and one leaving /testbed (both inside the image), the config an
+# absolute link into the image's /etc, and a link that would be the host's /etc/hostname.
+FAKE_LINKS = {"lib": "/usr/lib/python3", "docs.md": "../README.md", "setup.cfg": "/etc/shared/setup.cfg",
+              "tox.ini": "../../../../../../etc/hostname"}
+
+
+def _fake_root(tmp_path) -> ImageRoot:
+    rootfs = tmp_path / "rootfs"
+    for rel, data in FAKE_FILES.items():
+        (rootfs / "testbed" / rel).parent.mkdir(parents=True, exist_ok=True)
+        (rootfs / "testbed" / rel).write_bytes(data)
+    for rel, target in FAKE_LINKS.items():
+        (rootfs / "testbed" / rel).symlink_to(target)
+    (rootfs / "etc/shared").mkdir(parents=True)
+    (rootfs / "etc/shared/setup.cfg").write_bytes(SHARED_CFG)
+    return ImageRoot(ref="fake/image:1", digest=f"sha256:{os.urandom(8).hex()}", rootfs=str(rootfs))
+
+
+def _session_snapshot(**changes) -> Snapshot:
+    """What a session of the fake image snapshots (no VCS entries), with ``changes``
+    (``a__b_dot_py`` stands for ``a/b.py``; bytes: a file, str: a link, None: deleted)."""
+    files = {p: WorkspaceFile(p, d) for p, d in FAKE_FILES.items() if not {".git", ".hg"} & set(p.split("/"))}
+    snap = Snapshot(files=files, symlinks=dict(FAKE_LINKS))
+    for path, value in changes.items():
+        path = path.replace("__", "/").replace("_dot_", ".")
+        snap.files.pop(path, None)
+        snap.symlinks.pop(path, None)
+        if isinstance(value, bytes):
+            snap.files[path] = WorkspaceFile(path, value)
+        elif isinstance(value, str):
+            snap.symlinks[path] = value
+    return snap
+
+
+def test_the_image_tree_is_the_base_links_binaries_and_nested_vcs_included(tmp_path):
+    from sandbox.cheating import find_cheats
+    from sandbox.image_changes import agent_view, tree_changes
+    from sandbox.image_repo import read_image_tree
+
+    root = _fake_root(tmp_path)
+    # The task's text: UTF-8 files only, no version-control entry at any depth.
+    text = read_image_repo(root, "/testbed")
+    assert text == {"README.md": "# r\n", "a.py": "A = 1\n", "vendor/x/x.py": "X = 1\n"}
+    tree = read_image_tree(root, "/testbed")
+    assert tree.symlinks == FAKE_LINKS
+    assert tree.vcs == (".git", "vendor/x/.git", "vendor/y/.hg")
+    assert set(tree.files) == {"README.md", "a.py", "big.py", "latin.py", "tests/conftest.py", "vendor/x/x.py"}
+    # Configs as bytes, links followed inside the image (never to the host's /etc).
+    assert tree.configs == {"setup.cfg": SHARED_CFG, "tests/conftest.py": LATIN_CONFTEST}
+
+    untouched = _session_snapshot(added="/etc/passwd")
+    # Before: the image's own links and hooks in files the text could not hold were the agent's.
+    before = find_cheats(text, untouched, in_env=True)
+    assert "symlink out of the workspace: lib -> /usr/lib/python3" in before
+    assert "pytest hook pytest_configure defined in latin.py" in before
+    assert "pytest hook pytest_unconfigure defined in big.py" in before
+    # Against the image: only what the agent did (an escaping link it added stays refused).
+    assert find_cheats(text, agent_view(untouched, tree), in_env=True) == [
+        "symlink out of the workspace: added -> /etc/passwd"]
+    changed = _session_snapshot(latin_dot_py=LATIN_PLUGIN + b"\n")
+    assert find_cheats(text, agent_view(changed, tree), in_env=True) == [
+        "pytest hook pytest_configure defined in latin.py"]
+
+    # Deleted, a link made a file, a link re-pointed: removed from a fresh image tree.
+    edited = _session_snapshot(a_dot_py=None, docs_dot_md=b"now a file\n", lib="/usr/lib", new="a.py")
+    changes = tree_changes(edited, tree)
+    assert changes.removed == ("a.py", "docs.md", "lib")
+    assert changes.links == {"lib": "/usr/lib", "new": "a.py"}
+    assert tree_changes(untouched, tree).removed == ()
+
+
+def test_in_env_grading_keeps_an_images_linked_and_latin1_configs(tmp_path):
+    from sandbox import grading_inenv
+    from sandbox.grading_common import make_plan, solution_files
+    from sandbox.image_changes import tree_changes
+    from sandbox.image_repo import read_image_tree
+
+    root = _fake_root(tmp_path)
+    tree = read_image_tree(root, "/testbed")
+    spec = msgspec.structs.replace(parse_row(_without_files(ROWS[0])), files=read_image_repo(root, "/testbed"),
+                                   image_repo_row="")
+    plan = make_plan(["tests/test_q.py::test_q"], {"tests/test_q.py": "def test_q():\n    pass\n"}, {})
+    snap = _session_snapshot(pytest_dot_ini="mine.ini")
+    files, notes, links = grading_inenv.tree(spec, solution_files(snap), plan, base_configs=tree.configs,
+                                             changes=tree_changes(snap, tree))
+    # The latin-1 conftest is the image's (kept, not "added"); the linked setup.cfg is
+    # restored as a file from where its link leads in the image; no note for either.
+    assert files["tests/conftest.py"] == LATIN_CONFTEST and files["setup.cfg"] == SHARED_CFG
+    assert notes == ["pytest.ini (added as a link, removed)"] and links == {}
+    assert grading_inenv.inifile_pin(spec, plan, "/testbed", tree.configs) == ["-c", "setup.cfg"]
+    # Before: the text alone has no config, so an empty one was pinned.
+    assert grading_inenv.inifile_pin(spec, plan, "/testbed")[1].endswith(".ini")
+
+
+@pytest.mark.parametrize("mode", ["overlay", "copy"])
+def test_a_grading_tree_redoes_the_agents_removals_and_links_and_hides_nested_vcs(tmp_path, mode, monkeypatch):
+    from sandbox import image_workspace
+
+    if mode == "copy":
+        monkeypatch.setattr(image_workspace, "_libc", type("Refuse", (), {"mount": lambda *a: -1})())
+    root = _fake_root(tmp_path)
+    ws, _ = image_workspace.create(tmp_path / "ws", 61999, {"setup.cfg": SHARED_CFG, "new.py": b"N = 1\n"}, None,
+                                   root, "/testbed", removed=("a.py", "vendor/x/x.py", "docs.md"),
+                                   links={"docs.md": "README.md"})
+    try:
+        assert ws.mode == mode
+        tb = ws.root
+        for gone in ("a.py", ".git", "vendor/x", "vendor/y/.hg"):
+            assert not os.path.lexists(tb / gone), gone
+        assert os.readlink(tb / "docs.md") == "README.md" and os.readlink(tb / "lib") == "/usr/lib/python3"
+        # A file where the image has a link: the link is replaced, never followed.
+        assert not (tb / "setup.cfg").is_symlink() and (tb / "setup.cfg").read_bytes() == SHARED_CFG
+        assert (Path(root.rootfs) / "etc/shared/setup.cfg").read_bytes() == SHARED_CFG
+        assert (tb / "vendor/y").is_dir() and (tb / "latin.py").read_bytes() == LATIN_PLUGIN
+    finally:
+        ws.remove()
