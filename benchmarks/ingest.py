@@ -324,8 +324,8 @@ def intake_in_process(payloads: list[tuple[bytes, list]], group_size: int, basel
         t0 = time.process_time()
         for start in range(0, len(payloads), 500):
             for offset, (value, headers) in enumerate(payloads[start:start + 500], start):
-                assembler.add(Envelope(codec.decode(value, headers), "trajectories", 0, offset, 0, None,
-                                       tuple(headers)))
+                headers = tuple(headers)  # as EventConsumer hands them over
+                assembler.add(Envelope(codec.decode(value, headers), "trajectories", 0, offset, 0, None, headers))
             while (batch := assembler.take_batch(0, 0)) is not None:
                 assembler.mark_trained(batch)
                 trained += len(batch)

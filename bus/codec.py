@@ -62,8 +62,23 @@ def event_type_of(headers: Headers | None) -> type[Event]:
     return cls
 
 
+# Event type (and its decoder) by a record's whole headers tuple: every record of a type
+# carries the same headers, so the header scan and version parse run once per kind, not
+# once per record (the trainer decodes tens of thousands a second). Bounded: headers
+# are the producers' to choose.
+_by_headers: dict[tuple, tuple[type[Event], msgspec.msgpack.Decoder]] = {}
+_BY_HEADERS_MAX = 256
+
+
 def decode(value: bytes | None, headers: Headers | None, expect: type[Event] | None = None) -> Event:
     """Decode a record's value; raise :class:`DecodeFailure` naming what was wrong."""
+    known = _by_headers.get(headers) if type(headers) is tuple else None
+    if known is not None and expect is None and value is not None:
+        cls, decoder = known
+        try:
+            return decoder.decode(value)
+        except msgspec.DecodeError as exc:
+            raise DecodeFailure("decode", f"cannot decode {cls.__name__}: {exc}") from None
     cls = event_type_of(headers)
     if expect is not None and cls is not expect:
         raise DecodeFailure("unknown_type", f"expected {expect.__name__}, record is {cls.__name__}")
@@ -72,6 +87,13 @@ def decode(value: bytes | None, headers: Headers | None, expect: type[Event] | N
     decoder = _decoders.get(cls)
     if decoder is None:
         decoder = _decoders[cls] = msgspec.msgpack.Decoder(cls)
+    if type(headers) is tuple:
+        try:
+            if len(_by_headers) >= _BY_HEADERS_MAX:
+                _by_headers.clear()
+            _by_headers[headers] = (cls, decoder)
+        except TypeError:  # an unhashable header value: decoded the long way each time
+            pass
     try:
         return decoder.decode(value)
     except msgspec.DecodeError as exc:

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import asyncio
 import signal
-from dataclasses import dataclass
 from typing import Awaitable, Callable, Sequence
 
 import msgspec
@@ -47,8 +46,10 @@ class InvalidEvent(ValueError):
     inconsistent arrays). The record is dead-lettered at once, without retries."""
 
 
-@dataclass(frozen=True)
-class Envelope:
+class Envelope(msgspec.Struct, frozen=True, gc=False):
+    """A decoded record and where it came from. (A frozen Struct: one is built for every
+    record read, several times cheaper than a frozen dataclass; it holds no cycles.)"""
+
     event: Event
     topic: str
     partition: int
@@ -252,13 +253,20 @@ class EventConsumer:
         """A batch of decoded envelopes (bad records dead-lettered), possibly empty."""
         batches = await self._consumer.getmany(timeout_ms=timeout_ms, max_records=max_records)
         out: list[Envelope] = []
+        append = out.append
         for tp, records in batches.items():
             progress = self._progress.setdefault(tp, _PartitionProgress())
+            pending = progress.pending
+            # Inline, not a coroutine per record (the trainer reads tens of thousands a
+            # second); an undecodable record is dead-lettered in order, as before.
             for record in records:
-                progress.delivered(record.offset)
-                env = await self._decode_or_dead_letter(record)
-                if env is not None:
-                    out.append(env)
+                offset = record.offset
+                pending.add(offset)
+                progress.next_offset = offset + 1
+                try:
+                    append(envelope_of(record))
+                except codec.DecodeFailure as exc:
+                    await self._dead_letter_record(record, tuple(record.headers or ()), str(exc), exc.kind)
         return out
 
     async def _decode_or_dead_letter(self, record) -> Envelope | None:

@@ -9,16 +9,14 @@ Per-token arrays are packed little-endian bytes (see :mod:`schemas.arrays`).
 
 from __future__ import annotations
 
+import sys
 import time
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, ClassVar
+from typing import ClassVar
 
 import msgspec
+import numpy as np
 
 from schemas import arrays
-
-if TYPE_CHECKING:
-    import numpy as np
 
 
 def now() -> float:
@@ -176,7 +174,18 @@ class TrajectoryChunk(Event, TrajectoryKey, kw_only=True):
 
     def arrays(self) -> "ChunkArrays":
         """Every per-token array, decoded once and checked: raise ValueError when they
-        disagree in length or layout. The arrays are views over this chunk's bytes."""
+        disagree in length or layout. The arrays are views over this chunk's bytes.
+
+        The trainer calls this for every chunk it reads, so the usual chunk (schema 2,
+        at least one token, little-endian host) is checked by :func:`_fast_arrays` with
+        a handful of numpy calls; whatever it does not accept as certainly valid goes
+        through :meth:`_checked_arrays`, the reference check, which returns the same
+        arrays or raises the error naming what is wrong."""
+        out = _fast_arrays(self)
+        return out if out is not None else self._checked_arrays()
+
+    def _checked_arrays(self) -> "ChunkArrays":
+        """:meth:`arrays`, check by check in the order their errors are reported."""
         n = self.num_tokens
         if len(self.token_ids) % 4:
             raise ValueError("token_ids is not a whole number of int32")
@@ -218,10 +227,68 @@ class TrajectoryChunk(Event, TrajectoryKey, kw_only=True):
         )
 
 
-@dataclass(frozen=True, slots=True)
-class ChunkArrays:
+_LITTLE_ENDIAN = sys.byteorder == "little"
+
+
+def _fast_arrays(c: TrajectoryChunk) -> "ChunkArrays | None":
+    """:meth:`TrajectoryChunk.arrays` for a chunk that passes every check, or None when
+    it does not (or is not the usual layout): the caller then runs the reference check,
+    which raises the exact error. Lengths are compared on the bytes (no numpy); the CSR
+    layout, the kept sizes and the routes with one reduction each."""
+    token_ids, kept_offsets, kept_ids = c.token_ids, c.kept_offsets, c.kept_ids
+    kept_capped, kept_sizes, version_starts = c.kept_capped, c.kept_sizes, c.version_starts
+    n4 = len(token_ids)
+    n = n4 >> 2
+    if (not _LITTLE_ENDIAN or n == 0 or n4 & 3 or len(c.logprobs) != n4 or len(c.loss_mask) != n
+            or len(kept_offsets) != n4 + 4 or len(kept_ids) & 3 or not kept_sizes or len(kept_sizes) != n4
+            or (kept_capped and len(kept_capped) != n)):
+        return None
+    off = np.frombuffer(kept_offsets, arrays.INT32)
+    # CSR: starts at 0, ends at len(ids), non-decreasing (every row length >= 0).
+    recorded = off[1:] - off[:-1]
+    if off[0] != 0 or off[n] != len(kept_ids) >> 2 or _min(recorded) < 0:
+        return None
+    sizes = np.frombuffer(kept_sizes, arrays.INT32)
+    capped = np.frombuffer(kept_capped, arrays.UINT8) if kept_capped else np.zeros(n, dtype=np.uint8)
+    differ = sizes != recorded
+    # A complete set has exactly its recorded ids; a capped one (-1: size unknown) at least as many.
+    if _count(differ) and _count(differ & ((capped != 1) | ((sizes < recorded) & (sizes != -1)))):
+        return None
+    routes = None
+    if c.routed_experts or c.routed_experts_shape:
+        shape = c.routed_experts_shape
+        if (len(shape) != 3 or shape[0] != n or min(shape) < 1
+                or len(c.routed_experts) != 2 * shape[0] * shape[1] * shape[2]):
+            return None
+        routes = np.frombuffer(c.routed_experts, arrays.INT16).reshape(shape)
+        if _min(routes.reshape(-1)) < -1:
+            return None
+    if len(version_starts) == 4 and len(c.versions) == 8:  # one span (the usual chunk)
+        if version_starts != b"\0\0\0\0":
+            return None
+        versions = np.empty(n, dtype=np.int64)
+        versions.fill(int.from_bytes(c.versions, "little", signed=True))
+    else:
+        versions = arrays.unpack_spans(version_starts, c.versions, n)  # raises on bad spans (checked last)
+    return ChunkArrays(
+        token_ids=np.frombuffer(token_ids, arrays.INT32), logprobs=np.frombuffer(c.logprobs, arrays.FLOAT32),
+        loss_mask=np.frombuffer(c.loss_mask, arrays.UINT8), kept_offsets=off,
+        kept_ids=np.frombuffer(kept_ids, arrays.INT32), kept_capped=capped, kept_sizes=sizes,
+        versions=versions, routed_experts=routes,
+    )
+
+
+_min = np.minimum.reduce  # (the ufunc itself: ndarray.min/any add a Python wrapper per call)
+_count = np.count_nonzero
+
+
+class ChunkArrays(msgspec.Struct, frozen=True, gc=False):
     """A chunk's per-token arrays, decoded and checked (:meth:`TrajectoryChunk.arrays`):
-    n tokens each, kept sets in CSR (token i's set is ``kept_ids[kept_offsets[i]:kept_offsets[i+1]]``)."""
+    n tokens each, kept sets in CSR (token i's set is ``kept_ids[kept_offsets[i]:kept_offsets[i+1]]``).
+
+    A frozen Struct, not a dataclass: one is built for every chunk the trainer reads, and
+    a frozen dataclass's ``__init__`` (an ``object.__setattr__`` per field) cost several
+    times more. ``gc=False``: it holds arrays only, no cycles."""
 
     token_ids: "np.ndarray"  # int32 [n]
     logprobs: "np.ndarray"  # float32 [n]

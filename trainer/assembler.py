@@ -88,6 +88,9 @@ class _Pending:
     chunks: dict[tuple[int, int], tuple[CheckedChunk, Envelope]] = field(default_factory=dict)
     reward: tuple[Reward, Envelope] | None = None
     group: GroupKey | None = None
+    # A final chunk is among ``chunks`` (the order is checked only once one is: not at
+    # every record of a long trajectory).
+    has_final: bool = False
 
     def envelopes(self) -> list[Envelope]:
         out = [env for _, env in self.chunks.values()]
@@ -96,7 +99,8 @@ class _Pending:
         return out
 
     def complete(self) -> bool:
-        return self.reward is not None and chunks_complete([c.chunk for c, _ in self.chunks.values()])
+        return (self.reward is not None and self.has_final
+                and chunks_complete([c.chunk for c, _ in self.chunks.values()]))
 
     def attempt(self) -> str:
         for c, _ in self.chunks.values():
@@ -220,6 +224,8 @@ class Assembler:
                 self._duplicate_record(pending.chunks[ck][1], env)
                 return
             pending.chunks[ck] = (checked, env)
+            if event.final:
+                pending.has_final = True
         else:
             if pending.reward is not None:
                 self._duplicate_record(pending.reward[1], env)

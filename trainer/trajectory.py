@@ -33,10 +33,10 @@ class InvalidTrajectory(ValueError):
     """The chunks and reward of a trajectory cannot be trained on (the message says why)."""
 
 
-@dataclass(frozen=True, slots=True)
-class CheckedChunk:
+class CheckedChunk(msgspec.Struct, frozen=True, gc=False):
     """A chunk whose arrays agree (:meth:`TrajectoryChunk.arrays`), decoded once, with
-    the weight versions the assembler's staleness rules read."""
+    the weight versions the assembler's staleness rules read. (A frozen Struct: one per
+    chunk read, cheaper to build than a frozen dataclass; it holds no cycles.)"""
 
     chunk: TrajectoryChunk
     arrays: ChunkArrays
@@ -54,7 +54,7 @@ def check_chunk(chunk: TrajectoryChunk) -> CheckedChunk:
         return CheckedChunk(chunk, a, None, None, None)
     if len(chunk.versions) == 8:  # one version span (the usual chunk): no per-token pass
         v = int(a.versions[0])
-        return CheckedChunk(chunk, a, *((v, v) if a.loss_mask.any() else (None, None)), v)
+        return CheckedChunk(chunk, a, *((v, v) if np.count_nonzero(a.loss_mask) else (None, None)), v)
     generated = a.versions[a.loss_mask.astype(bool)]
     return CheckedChunk(
         chunk, a,
@@ -275,12 +275,14 @@ def _check_kept_sets(tokens: np.ndarray, mask: np.ndarray, greedy: np.ndarray, o
     """Every generated token has a non-empty kept set holding it (one id when greedy);
     the first token that breaks a rule is named."""
     # Token t holds its id iff a match lies in kept_ids[offsets[t]:offsets[t + 1]]: one
-    # pass over the ids (each compared with its token's id, repeated), then each match's
-    # row found by a binary search of the offsets (the last row starting at or before it:
-    # empty rows share their start with the next). Token ids come off the wire as int32.
-    matches = np.flatnonzero(kept_ids == np.repeat(tokens.astype(np.int32), lengths))
-    holds = np.zeros(tokens.size, dtype=bool)
-    holds[np.searchsorted(offsets, matches, side="right") - 1] = True
+    # pass over the ids (each compared with its token's id, repeated), then one OR over
+    # each row (``reduceat``: an empty row gives the element at its start, which is the
+    # next row's, so it is masked by its length; a False after the last id keeps every
+    # start a valid index). Token ids come off the wire as int32.
+    eq = np.empty(kept_ids.size + 1, dtype=bool)
+    np.equal(kept_ids, np.repeat(tokens.astype(np.int32), lengths), out=eq[:-1])
+    eq[-1] = False
+    holds = np.logical_or.reduceat(eq, offsets[:-1]) if tokens.size else np.zeros(0, dtype=bool)
     bad = mask & ((lengths == 0) | (greedy & (lengths != 1)) | ~holds)
     if not bad.any():
         return
