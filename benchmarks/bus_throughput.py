@@ -68,6 +68,11 @@ async def rollway_path(cfg: KafkaConfig, events: list[TrajectoryChunk], reader_c
             # clock starts (otherwise a "NotLeaderForPartition" retry lands in the timing).
             await asyncio.sleep(settle_s)
             await consumer.getmany(timeout_ms=200)
+            # The producer's connection to the leader opened (and, on a secured broker,
+            # authenticated: a SCRAM handshake, PBKDF2 on both ends) before the clock
+            # too: one record to the DLQ topic, which the reader does not read. A
+            # long-lived producer pays that once; it is not the bus's throughput.
+            await producer.publish(events[0], topic=cfg.topic_prefix + "dlq")
 
         async def consume():
             nonlocal got
