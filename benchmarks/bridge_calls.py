@@ -2,8 +2,8 @@
 
     .venv/bin/python benchmarks/bridge_calls.py [--calls 100000] [--rounds 3]
 
-The two ends of ``sandbox.bridge`` in two processes over a socketpair (no sandbox, no
-pytest: the bridge alone), the solution's end serving an LRU cache (the demo task
+The two ends of ``sandbox.bridge`` in two processes over two pipes, as the grader joins
+them (no sandbox, no pytest: the bridge alone), the solution's end serving an LRU cache (the demo task
 lru_cache's reference solution). The tests' end runs lru_cache's call-heavy loop
 (``put`` + ``get`` as statements, results unused) as a test function would, once with every
 call waiting for its answer and once with deferral on (``Connection.try_defer``), the two
@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import os
 import resource
-import socket
 import statistics
 import sys
 import time
@@ -36,21 +35,23 @@ def _run_test(test):
 
 
 def _one(calls: int, defer: bool) -> dict[str, float]:
-    a, b = socket.socketpair()
+    to_solution, to_tests = os.pipe(), os.pipe()
     ready_r, ready_w = os.pipe()
     pid = os.fork()
     if pid == 0:  # the solution's end
-        a.close()
+        os.close(to_solution[1])
+        os.close(to_tests[0])
         sys.path.append(str(SOLUTION))
-        conn = bridge.Connection(b, "solution")
+        conn = bridge.Connection((to_solution[0], to_tests[1]), "solution")
         start = resource.getrusage(resource.RUSAGE_SELF)
         conn.serve_forever()
         end = resource.getrusage(resource.RUSAGE_SELF)
         os.write(ready_w, f"{end.ru_utime - start.ru_utime + end.ru_stime - start.ru_stime}".encode())
         os._exit(0)
-    b.close()
+    os.close(to_solution[0])
+    os.close(to_tests[1])
     os.close(ready_w)
-    conn = bridge.Connection(a, "tests")
+    conn = bridge.Connection((to_tests[0], to_solution[1]), "tests")
     cache = conn.rpc("import", "lru").LRUCache(1000)
 
     def test():
@@ -66,7 +67,8 @@ def _one(calls: int, defer: bool) -> dict[str, float]:
     _run_test(test)
     conn.end_call()
     wall, cpu = time.perf_counter() - wall0, time.process_time() - cpu0
-    a.close()
+    os.close(to_solution[1])  # EOF: the solution's end returns
+    os.close(to_tests[0])
     os.waitpid(pid, 0)
     solution_cpu = float(os.read(ready_r, 100).decode())
     os.close(ready_r)

@@ -1,7 +1,7 @@
 """Entry point of the solution's sandbox in a grading run (copied to /grader there).
 
-Serves the workspace's modules to the hidden tests over the bridge socket (fd in the
-config file) until the tests hang up. This process holds no test file, no pytest and no
+Serves the workspace's modules to the hidden tests over the bridge (its two pipe ends
+in the config file) until the tests hang up. This process holds no test file, no pytest and no
 view of the tests' process: whatever it does, only plain data leaves it.
 """
 

@@ -1,5 +1,5 @@
 """Bridged grading: the hidden tests in one sandbox, the solution in another, the bridge
-socket between them (:mod:`sandbox.bridge`).
+(two pipes) between them (:mod:`sandbox.bridge`).
 
 The *tests' sandbox* holds the hidden tests (from the grader's task store, read-only,
 this grading's canaries appended), the task's own unchanged pytest configuration, the
@@ -14,10 +14,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import fcntl
 import json
 import os
 import shlex
-import socket
 from pathlib import Path
 
 from sandbox.cheating import HARNESS_MODULES
@@ -57,6 +57,7 @@ def _bridge_files() -> dict[str, bytes]:
 
 _BRIDGE = with_bytecode(_bridge_files(), GRADER_DIR)  # compiled once per service, not per sandbox
 MAX_REPORT_BYTES = 8 * 1024 * 1024
+_PIPE_BYTES = 1024 * 1024
 
 
 def layout(spec: TaskSpec) -> dict[str, str]:
@@ -109,22 +110,17 @@ async def run(jail: Jail, cfg: SandboxConfig, limits: Limits, spec: TaskSpec, co
     scratch = base / "scratch"
     scratch.mkdir()
     os.chmod(scratch, 0o1777)
-    left, right = socket.socketpair()
-    try:
-        sol_fd, tests_fd = os.dup(left.fileno()), os.dup(right.fileno())
-    finally:
-        left.close()
-        right.close()
+    sol_fds, tests_fds = _pipes()
     config = {"workspace": workdir, "sources": SOURCES_DIR, "modules": sorted(top_level_modules(code)),
               "cpu": cpu, "pin_after": cfg.grading_bridge_pin_after, "scratch": SCRATCH_DIR}
-    write_ro(sol_dir / "bridge.json", json.dumps({**config, "fd": sol_fd}).encode())
-    write_ro(tests_dir / "bridge.json", json.dumps({**config, "fd": tests_fd}).encode())
+    write_ro(sol_dir / "bridge.json", json.dumps({**config, "fd": list(sol_fds)}).encode())
+    write_ro(tests_dir / "bridge.json", json.dumps({**config, "fd": list(tests_fds)}).encode())
     async with jail.slot():
         solution = asyncio.ensure_future(jail.run_held(
             f"python -P {GRADER_DIR}/bridge_solution.py", workspace=ws.root, uid=solution_uid,
             timeout_s=cfg.grading_timeout_s,
             binds=[Bind(str(sol_dir), GRADER_DIR), Bind(str(scratch), SCRATCH_DIR, writable=True)], limits=limits,
-            label="grade-solution", give_fds=(sol_fd,), **on_root,
+            label="grade-solution", give_fds=sol_fds, **on_root,
         ))
         try:
             result = await jail.run_held(
@@ -139,7 +135,7 @@ async def run(jail: Jail, cfg: SandboxConfig, limits: Limits, spec: TaskSpec, co
                     Bind(str(scratch), SCRATCH_DIR, writable=True),
                 ],
                 env={"PYTHONPATH": PLUGIN_DIR, "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"},
-                limits=limits, label="grade-tests", give_fds=(tests_fd,), **on_root,
+                limits=limits, label="grade-tests", give_fds=tests_fds, **on_root,
             )
         finally:
             # The tests hung up: the solution's process sees EOF and exits; one that
@@ -153,6 +149,19 @@ async def run(jail: Jail, cfg: SandboxConfig, limits: Limits, spec: TaskSpec, co
                 solution_result = None
     return RunOutput(result=result, report=_read(out, REPORT_FILE), collected=_read(out, plan.collected_file),
                      solution=solution_result)
+
+
+def _pipes() -> tuple[tuple[int, int], tuple[int, int]]:
+    """The bridge: one pipe each way, ((solution's read, solution's write), (tests' read,
+    tests' write)). A round trip over two pipes costs about half one over a Unix
+    socketpair (docs/sandbox.md); each process gets only its two ends (Jail closes ours
+    once it has started), so either side sees EOF when the other exits."""
+    to_solution, to_tests = os.pipe(), os.pipe()
+    for r, w in (to_solution, to_tests):
+        with contextlib.suppress(OSError, AttributeError):
+            # Room for a batch of deferred calls in one write (the default is 64 KiB).
+            fcntl.fcntl(w, fcntl.F_SETPIPE_SZ, _PIPE_BYTES)
+    return (to_solution[0], to_tests[1]), (to_tests[0], to_solution[1])
 
 
 def _read(out: Workspace, name: str) -> bytes | None:

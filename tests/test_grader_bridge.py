@@ -1,5 +1,6 @@
 """The grading bridge's wire protocol, in one process (no sandbox): the two ends of
-``sandbox.bridge`` over a socketpair, the solution's end served by a thread.
+``sandbox.bridge`` over two pipes as the grader joins them (a socketpair for the raw
+peer), the solution's end served by a thread.
 
 The sandboxed path is covered by test_grader*.py and the hostile suite; these pin down the
 codec and framing directly: values survive the trip exactly (NaN, big ints, lone
@@ -11,7 +12,9 @@ a BridgeError, never mis-read.
 from __future__ import annotations
 
 import math
+import os
 import socket
+import sys
 import threading
 from decimal import Decimal
 from fractions import Fraction
@@ -24,16 +27,18 @@ from sandbox.bridge import BridgeError, Connection
 
 @pytest.fixture
 def pair():
-    """The tests' end, connected to a solution end served by a thread."""
-    a, b = socket.socketpair()
-    tests = Connection(a, "tests")
-    solution = Connection(b, "solution")
+    """The tests' end, connected by two pipes to a solution end served by a thread."""
+    to_solution, to_tests = os.pipe(), os.pipe()
+    tests = Connection((to_tests[0], to_solution[1]), "tests")
+    solution = Connection((to_solution[0], to_tests[1]), "solution")
     thread = threading.Thread(target=solution.serve_forever, daemon=True)
     thread.start()
     yield tests
-    a.close()
+    os.close(to_solution[1])  # EOF: the solution's loop returns
     thread.join(timeout=10)
-    b.close()
+    assert not thread.is_alive()
+    for fd in (to_solution[0], *to_tests):
+        os.close(fd)
 
 
 @pytest.fixture
@@ -167,3 +172,75 @@ def test_busy_bridge_pins_to_one_cpu():
         a.close()
         thread.join(timeout=10)
         b.close()
+
+
+RECORDER = """
+SEEN = []
+
+
+class Recorder:
+    def add(self, *args, **kwargs):
+        SEEN.append([list(args), kwargs])
+
+    def fail(self):
+        raise ValueError("refused on purpose")
+
+    def seen(self):
+        return list(SEEN)
+"""
+
+
+def _run_test(test):
+    """Stands in for pytest's pytest_pyfunc_call: the frame deferral stops at."""
+    return test()
+
+
+@pytest.fixture
+def recorder(pair, tmp_path, monkeypatch):
+    (tmp_path / "bridge_recorder.py").write_text(RECORDER)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    yield pair, pair.rpc("import", "bridge_recorder").Recorder()
+    sys.modules.pop("bridge_recorder", None)
+
+
+def test_deferred_calls_run_in_order_batched_or_not(recorder):
+    """Plain scalar calls go in "dcalls" batches; a tuple, a str or int over the batch's
+    item limit and keyword calls go as they did: one order, every value exact."""
+    tests, rec = recorder
+    long_text, wide = "é" * 5000, 3 ** 5000
+
+    def test():
+        for i in range(600):  # several batches
+            rec.add(i, str(i), i / 2, None, True)
+        rec.add((1, (2,)))
+        rec.add(long_text)
+        rec.add(wide)
+        rec.add(1, key="v")
+        rec.add(2)
+
+    sends = tests._sends
+    tests.defer_calls_from(_run_test.__code__)
+    tests.begin_call()
+    _run_test(test)
+    tests.end_call()
+    assert tests._sends - sends == 1  # the settling round trip only
+    expected = [[[i, str(i), i / 2, None, True], {}] for i in range(600)]
+    expected += [[[(1, (2,))], {}], [[long_text], {}], [[wide], {}], [[1], {"key": "v"}], [[2], {}]]
+    assert rec.seen() == expected
+
+
+def test_deferred_failure_inside_a_batch_stops_the_rest(recorder):
+    tests, rec = recorder
+
+    def test():
+        for i in range(50):
+            rec.add(i)
+        rec.fail()
+        rec.add("never")
+
+    tests.defer_calls_from(_run_test.__code__)
+    tests.begin_call()
+    _run_test(test)
+    with pytest.raises(bridge.DeferredCallError, match=r"fail\(\) called at .*refused on purpose"):
+        tests.end_call()
+    assert rec.seen() == [[[i], {}] for i in range(50)]

@@ -24,23 +24,28 @@ waits for its answer.
 
 from __future__ import annotations
 
-import dis
-import sys
 from decimal import Decimal
 from fractions import Fraction
 
 from .codec import SCALARS, text
 from .proxies import Proxy
+from .sites import can_defer, handled, line_of
 from .wire import HEADER, MAX_MESSAGE_BYTES, BridgeError, dumps
 
 # Deferred calls go out in one write per this many bytes; a round trip (a "sync") settles
 # them after this many calls.
 DEFER_WRITE_BYTES = 64 * 1024
+# A batch of plain calls ("dcalls") goes out at this many bytes (an upper bound of its
+# encoded size: ~100 calls of a few small ints, far fewer bytes on the wire).
+DEFER_BATCH_BYTES = 16 * 1024
 DEFER_SETTLE_CALLS = 4096
 # How many frames up from a call site the walk to the test function's frame looks.
 _MAX_WALK = 64
-# Deferral needs the exception table and source positions of CPython 3.11+ bytecode.
-CAN_DEFER = sys.version_info >= (3, 11) and hasattr(dis, "_parse_exception_table")
+# A call queued in a "dcalls" batch: plain scalar arguments, each at most this many
+# characters (a str) or bits (an int); an upper bound of its encoded size is counted
+# against DEFER_BATCH_BYTES, so a batch stays far under the wire's message limit.
+_BATCH_ITEM_CHARS = 4096
+_SMALL_INT = 1 << 62
 # Argument types a deferred call may carry: values that cannot be changed in place.
 _IMMUTABLE = frozenset({type(None), bool, int, float, str, bytes, complex, Decimal, Fraction, range})
 
@@ -52,68 +57,6 @@ class DeferredCallError(BaseException):
     later line must not swallow it (and the end of the test raises it again)."""
 
 
-def _code_facts(code) -> tuple:
-    """({offset of a CALL whose result is discarded: {method name: offset of the load of
-    that name at the call's own source position}}, [(start, end) of every handled range])."""
-    discarded: dict = {}
-    try:
-        instrs = list(dis.get_instructions(code))
-        handled = [(e.start, e.end) for e in dis._parse_exception_table(code)]
-    except Exception:  # noqa: BLE001 - bytecode this interpreter cannot read: never defer
-        return {}, [(0, sys.maxsize)]
-    loads: dict = {}
-    for i, ins in enumerate(instrs):
-        pos = ins.positions
-        if pos is None or pos.lineno is None or pos.col_offset is None:
-            continue
-        start = (pos.lineno, pos.col_offset)
-        if ins.opname in ("LOAD_METHOD", "LOAD_ATTR") and type(ins.argval) is str:
-            loads.setdefault(start, {})[ins.argval] = ins.offset
-        elif ins.opname == "CALL" and i + 1 < len(instrs) and instrs[i + 1].opname == "POP_TOP" and start in loads:
-            discarded[ins.offset] = dict(loads[start])
-    return discarded, handled
-
-
-# Per call site, cached: (code object, kept alive so its id is not reused) -> verdict.
-_SITES: dict = {}
-_HANDLED: dict = {}
-_FACTS: dict = {}
-
-
-def _facts(code) -> tuple:
-    known = _FACTS.get(id(code))
-    if known is None or known[0] is not code:
-        known = _FACTS[id(code)] = (code, _code_facts(code))
-    return known[1]
-
-
-def _site_verdict(code, lasti: int, name: str) -> int:
-    key = (id(code), lasti, name)
-    known = _SITES.get(key)
-    if known is None or known[0] is not code:
-        discarded, _ = _facts(code)
-        load = discarded.get(lasti, {}).get(name, -1)
-        if _handled(code, lasti):
-            load = -1
-        known = _SITES[key] = (code, load)
-    return known[1]
-
-
-def _handled(code, lasti: int) -> bool:
-    key = (id(code), lasti)
-    known = _HANDLED.get(key)
-    if known is None or known[0] is not code:
-        known = _HANDLED[key] = (code, any(start <= lasti < end for start, end in _facts(code)[1]))
-    return known[1]
-
-
-def _line_of(code, offset: int):
-    for ins in dis.get_instructions(code):
-        if ins.offset == offset and ins.positions is not None:
-            return ins.positions.lineno
-    return None
-
-
 def _effect_free(conn, v, depth: int = 0) -> bool:
     t = type(v)
     if t in _IMMUTABLE:
@@ -123,13 +66,42 @@ def _effect_free(conn, v, depth: int = 0) -> bool:
     return isinstance(v, Proxy) and v._bridge_conn is conn
 
 
+def _batch_size(name: str, args, kwargs) -> int:
+    """An upper bound of the encoded size of a call whose arguments are all plain scalars
+    (a str's character is at most 12 bytes of ASCII JSON: a surrogate pair), or -1."""
+    size = 32 + 12 * len(name)
+    for a in args:
+        t = type(a)
+        if t is int:
+            if not -_SMALL_INT < a < _SMALL_INT:
+                if a.bit_length() > _BATCH_ITEM_CHARS:
+                    return -1
+                size += a.bit_length() // 3
+            size += 24
+        elif t is str:
+            if len(a) > _BATCH_ITEM_CHARS:
+                return -1
+            size += 4 + 12 * len(a)
+        elif a is None or t is bool or t is float:
+            size += 24
+        else:
+            return -1
+    if kwargs:
+        for k, v in kwargs.items():
+            extra = _batch_size(k, (v,), None)
+            if extra < 0:
+                return -1
+            size += extra
+    return size
+
+
 class Deferral:
     """Mixed into the connection."""
 
     def defer_calls_from(self, boundary_code) -> None:
         """Allow deferred calls in functions called from ``boundary_code`` (pytest's
         ``pytest_pyfunc_call``: the test function's caller)."""
-        self._boundary = boundary_code if CAN_DEFER and self.guarded else None
+        self._boundary = boundary_code if self.guarded and can_defer() else None
 
     def begin_call(self) -> None:
         self._deferring = self._boundary is not None
@@ -154,52 +126,89 @@ class Deferral:
             self.request(["sync"])
 
     def try_defer(self, frame, method, args, kwargs) -> bool:
-        """Queue ``method(*args, **kwargs)``, called from ``frame``, instead of running it
-        now, when that cannot change what the test observes. False: call it."""
-        if self._objects or method._site[0] != id(frame):
-            return False
-        lasti = frame.f_lasti
-        if _site_verdict(frame.f_code, lasti, method._name) != method._site[1]:
+        """Queue ``method(*args, **kwargs)``, called from ``frame`` at the discarded call
+        its load was made for (checked by the caller, RemoteMethod.__call__, against the
+        site noted at the load: sites.call_of_load), instead of running it now, when that
+        cannot change what the test observes. False: call it."""
+        if self._objects:
             return False
         f = frame.f_back
         boundary = self._boundary
-        for _ in range(_MAX_WALK):
-            if f is None:
-                return False
-            if f.f_code is boundary:
-                break
-            if _handled(f.f_code, f.f_lasti):
-                return False
-            f = f.f_back
-        else:
-            return False
-        for a in args:
-            if type(a) not in SCALARS and not _effect_free(self, a):
+        if f is None or f.f_code is not boundary:  # not called by the test function itself: walk up
+            for _ in range(_MAX_WALK):
+                if f is None:
+                    return False
+                if f.f_code is boundary:
+                    break
+                if handled(f.f_code, f.f_lasti):
+                    return False
+                f = f.f_back
+            else:
                 return False
         if kwargs:
-            for v in kwargs.values():
-                if type(v) not in SCALARS and not _effect_free(self, v):
+            size = _batch_size(method._name, args, kwargs)
+        else:  # _batch_size, inlined for the usual case (a few small ints and strs)
+            size = 32 + 12 * len(method._name)
+            for a in args:
+                t = type(a)
+                if (t is int and -_SMALL_INT < a < _SMALL_INT) or t is float or t is bool or a is None:
+                    size += 24
+                elif t is str and len(a) <= _BATCH_ITEM_CHARS:
+                    size += 4 + 12 * len(a)
+                else:
+                    size = _batch_size(method._name, args, kwargs)
+                    break
+        if size < 0:
+            # Not all plain scalars: checked one by one, and sent as a frame of its own.
+            for a in args:
+                if type(a) not in SCALARS and not _effect_free(self, a):
                     return False
-            encode = self.encode
-            kw = [[k, encode(v)] for k, v in kwargs.items()]
+            if kwargs:
+                for v in kwargs.values():
+                    if type(v) not in SCALARS and not _effect_free(self, v):
+                        return False
+                encode = self.encode
+                kw = [[k, encode(v)] for k, v in kwargs.items()]
+            else:
+                kw = []
+            data = dumps(["dcallm", method._ref, method._name,
+                          [a if type(a) in SCALARS else self.encode(a) for a in args], kw])
+            if len(data) > MAX_MESSAGE_BYTES:
+                return False  # sent the usual way, which refuses it
+            if self._batch:
+                self._flush_batch()
+            outbox = self._outbox
+            outbox += HEADER.pack(len(data))
+            outbox += data
         else:
-            kw = []
-        data = dumps(["dcallm", method._ref, method._name,
-                      [a if type(a) in SCALARS else self.encode(a) for a in args], kw])
-        if len(data) > MAX_MESSAGE_BYTES:
-            return False  # sent the usual way, which refuses it
-        outbox = self._outbox
-        outbox += HEADER.pack(len(data))
-        outbox += data
+            # Plain scalars (the usual case): queued as they are, encoded with the queued
+            # calls before and after them as one "dcalls" message.
+            self._batch.append([method._ref, method._name, list(args),
+                                [[k, v] for k, v in kwargs.items()] if kwargs else []])
+            self._batch_bytes += size
+            if self._batch_bytes >= DEFER_BATCH_BYTES:
+                # Out now: the solution works through this batch while the test queues the next.
+                self._flush_batch()
+                data = bytes(self._outbox)
+                self._outbox.clear()
+                self._write(data)
         sites = self._sites
-        sites.append((frame.f_code, lasti, method._name))
+        sites.append((frame.f_code, frame.f_lasti, method._name))
         if len(sites) >= DEFER_SETTLE_CALLS:
             self.request(["sync"])
-        elif len(outbox) >= DEFER_WRITE_BYTES:
-            data = bytes(outbox)
-            outbox.clear()
+        elif len(self._outbox) >= DEFER_WRITE_BYTES:
+            data = bytes(self._outbox)
+            self._outbox.clear()
             self._write(data)
         return True
+
+    def _flush_batch(self) -> None:
+        """The queued scalar calls, as one frame at the end of the outbox."""
+        data = dumps(["dcalls", self._batch])
+        self._batch = []
+        self._batch_bytes = 0
+        self._outbox += HEADER.pack(len(data))
+        self._outbox += data
 
     def _deferred_failure(self, reply, sites) -> DeferredCallError:
         """The solution's answer that a deferred call raised, as the error the test gets."""
@@ -207,7 +216,7 @@ class Deferral:
             raise BridgeError("malformed or unexpected report of a failed deferred call")
         cause = self.decode_exception(reply[2])
         code, lasti, name = sites[reply[1]]
-        where = f"{code.co_filename}:{_line_of(code, lasti)}"
+        where = f"{code.co_filename}:{line_of(code, lasti)}"
         try:
             text_ = f"{type(cause).__name__}: {cause}"
         except Exception:  # noqa: BLE001
@@ -235,5 +244,32 @@ class Deferral:
             getattr(self._local(msg[1]), text(msg[2]))(*self._args(msg[3]), **self._kwargs(msg[4]))
         except BaseException as exc:  # noqa: BLE001 - reported to the tests' next request
             self._deferred_error = [index, self.encode_exception(exc)]
+        finally:
+            self._pending, self._sent = saved_pending, saved_sent
+
+    def _serve_deferred_batch(self, msg) -> None:
+        """A "dcalls" message: its calls served in order as "dcallm" ones would be."""
+        calls = msg[1] if len(msg) == 2 and type(msg[1]) is list else None
+        if calls is None:
+            self._serve_deferred(["dcallm"])  # counted as one call that failed: malformed
+            return
+        saved_pending, saved_sent = self._pending, self._sent
+        self._pending, self._sent = [], None
+        try:
+            for call in calls:
+                index = self._deferred_seen
+                self._deferred_seen += 1
+                if self._deferred_error is not None:
+                    continue
+                try:
+                    if type(call) is not list or len(call) != 4:
+                        raise BridgeError("malformed deferred call")
+                    fn = getattr(self._local(call[0]), text(call[1]))
+                    if call[3]:
+                        fn(*self._args(call[2]), **self._kwargs(call[3]))
+                    else:
+                        fn(*self._args(call[2]))
+                except BaseException as exc:  # noqa: BLE001 - reported to the tests' next request
+                    self._deferred_error = [index, self.encode_exception(exc)]
         finally:
             self._pending, self._sent = saved_pending, saved_sent

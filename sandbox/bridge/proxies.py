@@ -12,6 +12,8 @@ import operator
 import sys
 import types
 
+from .sites import _LOADS, call_of_load
+
 # Dunders a proxy forwards as attributes (the rest are refused locally).
 PUBLIC_DUNDERS = frozenset({"__name__", "__qualname__", "__module__", "__doc__"})
 COMPARISONS = ("eq", "ne", "lt", "le", "gt", "ge")
@@ -67,8 +69,7 @@ class Proxy:
         if methods is not None and name in methods:
             method = RemoteMethod(conn, self._bridge_ref, name)
             if conn._deferring:
-                caller = sys._getframe(1)
-                method._site = (id(caller), caller.f_lasti)
+                _note_site(method, sys._getframe(1), name)
             return method
         return conn.rpc("getattr", self._bridge_ref, name)
 
@@ -149,10 +150,22 @@ class MethodSlot:
             return self
         conn = obj._bridge_conn
         method = RemoteMethod(conn, obj._bridge_ref, self.name)
-        if conn._deferring:
+        if conn._deferring:  # _note_site, inlined: this runs once per method call of a test
             caller = sys._getframe(1)
-            method._site = (id(caller), caller.f_lasti)
+            code = caller.f_code
+            known = _LOADS.get((id(code), caller.f_lasti, self.name))
+            call = known[1] if known is not None and known[0] is code else call_of_load(code, caller.f_lasti, self.name)
+            if call >= 0:
+                method._site = (id(caller), call)
         return method
+
+
+def _note_site(method, caller, name) -> None:
+    """Where the method loaded at the caller's current instruction will be called, if
+    that call is a statement outside any try/except/with (sites.call_of_load)."""
+    call = call_of_load(caller.f_code, caller.f_lasti, name)
+    if call >= 0:
+        method._site = (id(caller), call)
 
 
 class RemoteMethod:
@@ -162,12 +175,16 @@ class RemoteMethod:
 
     def __init__(self, conn, ref, name):
         self._conn, self._ref, self._name = conn, ref, name
-        self._site = None  # (id of the frame, offset of the instruction) that loaded it
+        # (id of the frame that loaded it, offset of the discarded call the load feeds)
+        self._site = None
 
     def __call__(self, *args, **kwargs):
         conn = self._conn
-        if self._site is not None and conn._deferring and conn.try_defer(sys._getframe(1), self, args, kwargs):
-            return None
+        site = self._site
+        if site is not None and conn._deferring:
+            frame = sys._getframe(1)
+            if id(frame) == site[0] and frame.f_lasti == site[1] and conn.try_defer(frame, self, args, kwargs):
+                return None
         return conn.rpc("callm", self._ref, self._name, args=args, kwargs=kwargs)
 
     def __eq__(self, other):
