@@ -58,6 +58,9 @@ def _bridge_files() -> dict[str, bytes]:
 _BRIDGE = with_bytecode(_bridge_files(), GRADER_DIR)  # compiled once per service, not per sandbox
 MAX_REPORT_BYTES = 8 * 1024 * 1024
 _PIPE_BYTES = 1024 * 1024
+# .pth files of rollway's own editable install in the host interpreter: its finder maps
+# packages no sandbox can see, and importing it is ~15-20 ms of each sandboxed start.
+_OWN_PTH_PREFIXES = ("__editable__.rollway-",)
 
 
 def layout(spec: TaskSpec) -> dict[str, str]:
@@ -113,18 +116,23 @@ async def run(jail: Jail, cfg: SandboxConfig, limits: Limits, spec: TaskSpec, co
     sol_fds, tests_fds = _pipes()
     config = {"workspace": workdir, "sources": SOURCES_DIR, "modules": sorted(top_level_modules(code)),
               "cpu": cpu, "pin_after": cfg.grading_bridge_pin_after, "scratch": SCRATCH_DIR}
+    # The host's interpreter starts with -S and the entry script runs site itself, less the
+    # editable install of rollway (sandbox/bridge/sitepath.py); an image's Python as it is.
+    python = "python -P" if root is not None else "python -P -S"
+    if root is None:
+        config["site_skip"] = list(_OWN_PTH_PREFIXES)
     write_ro(sol_dir / "bridge.json", json.dumps({**config, "fd": list(sol_fds)}).encode())
     write_ro(tests_dir / "bridge.json", json.dumps({**config, "fd": list(tests_fds)}).encode())
     async with jail.slot():
         solution = asyncio.ensure_future(jail.run_held(
-            f"python -P {GRADER_DIR}/bridge_solution.py", workspace=ws.root, uid=solution_uid,
+            f"{python} {GRADER_DIR}/bridge_solution.py", workspace=ws.root, uid=solution_uid,
             timeout_s=cfg.grading_timeout_s,
             binds=[Bind(str(sol_dir), GRADER_DIR), Bind(str(scratch), SCRATCH_DIR, writable=True)], limits=limits,
             label="grade-solution", give_fds=sol_fds, **on_root,
         ))
         try:
             result = await jail.run_held(
-                shlex.join(["python", "-P", f"{GRADER_DIR}/bridge_tests.py", *plan.args]),
+                shlex.join([*python.split(), f"{GRADER_DIR}/bridge_tests.py", *plan.args]),
                 workspace=tests_ws, uid=uid, timeout_s=cfg.grading_timeout_s,
                 binds=[
                     Bind(str(hidden), f"{workdir}/{HIDDEN_TESTS_DIR}"),

@@ -18,7 +18,8 @@ One job per module:
 - ``deferral``: calls whose result a test does not use go without a round trip;
 - ``sites``: which call sites those are, read from the tests' bytecode;
 - ``serving``: the connection: requests, answers, dispatch of the peer's requests;
-- ``importer``: the tests' side's import of solution modules (sources from the grader).
+- ``importer``: the tests' side's import of solution modules (sources from the grader);
+- ``sitepath``: the sandboxed interpreter's site setup, less the grader's own install.
 
 docs/sandbox.md describes what crosses and what never does.
 """
@@ -32,7 +33,7 @@ from .serving import Connection, connect
 from .wire import HEADER, MAX_MESSAGE_BYTES, BridgeError, dumps, loads
 
 FILES = ("__init__.py", "wire.py", "codec.py", "capabilities.py", "handles.py", "mirrors.py", "proxies.py",
-         "deferral.py", "sites.py", "serving.py", "importer.py")
+         "deferral.py", "sites.py", "serving.py", "importer.py", "sitepath.py")
 
 PACKAGE = "_rollway_bridge"
 

@@ -24,10 +24,7 @@ waits for its answer.
 
 from __future__ import annotations
 
-from decimal import Decimal
-from fractions import Fraction
-
-from .codec import SCALARS, text
+from .codec import SCALARS, _loaded, text
 from .proxies import Proxy
 from .sites import can_defer, handled, line_of
 from .wire import HEADER, MAX_MESSAGE_BYTES, BridgeError, dumps
@@ -47,7 +44,8 @@ _MAX_WALK = 64
 _BATCH_ITEM_CHARS = 4096
 _SMALL_INT = 1 << 62
 # Argument types a deferred call may carry: values that cannot be changed in place.
-_IMMUTABLE = frozenset({type(None), bool, int, float, str, bytes, complex, Decimal, Fraction, range})
+_IMMUTABLE = frozenset({type(None), bool, int, float, str, bytes, complex, range})
+_IMMUTABLE_CLASSES = (("decimal", "Decimal"), ("fractions", "Fraction"))
 
 
 class DeferredCallError(BaseException):
@@ -60,6 +58,8 @@ class DeferredCallError(BaseException):
 def _effect_free(conn, v, depth: int = 0) -> bool:
     t = type(v)
     if t in _IMMUTABLE:
+        return True
+    if any(t is _loaded(module, name) for module, name in _IMMUTABLE_CLASSES):
         return True
     if t is tuple or t is frozenset:
         return depth < 20 and all(_effect_free(conn, x, depth + 1) for x in v)
