@@ -12,7 +12,8 @@ task once per round, one submission at a time (one command slot), so the numbers
 latencies, not throughput; ``--repeat`` rounds, the sides taking turns in each (the load of
 a shared machine drifts). The figure per task is the median of the Reward's
 ``grading_seconds`` (snapshot + checks + hidden run + report); the table ends with the
-mean over tasks and the ratio after / before. Prints the CPU it ran on.
+mean and median over tasks (and their ratios to before) and the mean of the per-task
+ratios, the figure the 1.5x goal is about. Prints the CPU it ran on.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ import subprocess
 import sys
 import tarfile
 import tempfile
+import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -99,6 +101,14 @@ def _cpu() -> str:
     return f"{model} ({simd}, {os.cpu_count()} cpus)"
 
 
+def _commit() -> str:
+    """This checkout's commit, and whether its tracked files differ from it."""
+    head = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
+    dirty = subprocess.run(["git", "-C", str(ROOT), "status", "--porcelain", "--untracked-files=no"],
+                           capture_output=True, text=True)
+    return head.stdout.strip() + (" plus uncommitted changes" if dirty.stdout.strip() else "")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--baseline", default=DEFAULT_BASELINE)
@@ -114,6 +124,7 @@ def main() -> None:
         configure_logging("bench", level="warning")
         print(json.dumps(asyncio.run(_worker(tasks, args.repeat))))
         return
+    started, load_start = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()), os.getloadavg()[0]
     with tempfile.TemporaryDirectory() as tmp:
         trees: list[tuple[str, Path]] = []
         for i, (name, rev) in enumerate((("before", args.baseline), (args.also, args.also))):
@@ -131,7 +142,8 @@ def main() -> None:
                 for key, values in _run_side(tree, args.tasks, 1).items():
                     data.setdefault(key, []).extend(values)
     print(f"grading seconds per submission (median of {args.repeat}), reference solutions; {_cpu()}; "
-          f"load average at the end {os.getloadavg()[0]:.1f}")
+          f"after = {_commit()}; {started} - {time.strftime('%H:%M:%S UTC', time.gmtime())}; "
+          f"load average {load_start:.1f} at the start, {os.getloadavg()[0]:.1f} at the end")
     names = [name[:10] for name, _ in sides]
     ratios = [f"{name[:8]}/b" for name in names[1:]]
     print(f"{'task':<16}" + "".join(f"{n:>11}" for n in names) + "".join(f"{r:>11}" for r in ratios))
@@ -144,6 +156,9 @@ def main() -> None:
     for label, agg in (("mean", statistics.mean), ("median", statistics.median)):
         row = [agg(col) for col in columns]
         print(f"{label:<16}" + "".join(f"{v:>11.3f}" for v in row) + "".join(f"{v / row[0]:>11.2f}" for v in row[1:]))
+    # The goal's figure (#31): the mean over tasks of each task's own ratio to "before".
+    ratio_means = [statistics.mean(v / b for v, b in zip(col, columns[0])) for col in columns[1:]]
+    print(f"{'mean of ratios':<16}" + " " * (11 * len(columns)) + "".join(f"{r:>11.2f}" for r in ratio_means))
     for side, data in sides:
         if data["_failures"]:
             print(f"{side}: reference solutions that did not score 1: {', '.join(data['_failures'])}")
