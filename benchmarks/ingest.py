@@ -36,6 +36,9 @@ the same records (issue #29).
    Then the same intake without Kafka, after and before (decode, check, assemble of the
    same records' bytes, in batches of 500; CPU time): the trainer's own share.
 
+   The Python readers also give their rate after the first batch (the group join and
+   the first fetch left out: a trainer joins once; kcat joins no group).
+
    MB = the records' value bytes (uncompressed, as the consumers hand them over);
    tokens = every token of the chunks (generated ones in brackets). The trainer intake
    also gives its CPU seconds (``time.process_time``): the broker shares the machine.
@@ -273,7 +276,8 @@ def consume_kcat(cfg: KafkaConfig, counts: list[int]) -> float | None:
     return time.perf_counter() - t0
 
 
-async def consume_aiokafka(cfg: KafkaConfig, records: int) -> float:
+async def consume_aiokafka(cfg: KafkaConfig, records: int) -> tuple[float, float]:
+    """(wall s, records/s after the first batch) of a plain consumer reading every record."""
     from aiokafka import AIOKafkaConsumer
 
     consumer = AIOKafkaConsumer(*topics_of(cfg), bootstrap_servers=cfg.bootstrap_servers,
@@ -283,10 +287,14 @@ async def consume_aiokafka(cfg: KafkaConfig, records: int) -> float:
     try:
         seen = 0
         t0 = time.perf_counter()
+        first: tuple[float, int] | None = None
         while seen < records:
             batches = await consumer.getmany(timeout_ms=1000)
             seen += sum(len(b) for b in batches.values())
-        return time.perf_counter() - t0
+            if first is None and seen:
+                first = time.perf_counter(), seen
+        end = time.perf_counter()
+        return end - t0, _after_first(first, seen, end)
     finally:
         await consumer.stop()
 
@@ -336,14 +344,22 @@ def intake_in_process(payloads: list[tuple[bytes, list]], group_size: int, basel
 
 
 async def consume_trainer(cfg: KafkaConfig, records: int, group_size: int,
-                          baseline: bool = False) -> tuple[float, float, int, int]:
+                          baseline: bool = False) -> tuple[float, float, int, int, float]:
     """(wall s, CPU s, groups trained, records checked) of the trainer's intake
     (``baseline``: the chunk check and assembly before issue #29's intake work)."""
     with assembly(baseline):
         return await _consume_trainer(cfg, records, group_size)
 
 
-async def _consume_trainer(cfg: KafkaConfig, records: int, group_size: int) -> tuple[float, float, int, int]:
+def _after_first(first: tuple[float, int] | None, seen: int, end: float) -> float:
+    """Records/s from the first batch's arrival to the end (the group join and the first
+    fetch left out), 0 when everything came in one batch."""
+    if first is None or seen == first[1] or end <= first[0]:
+        return 0.0
+    return (seen - first[1]) / (end - first[0])
+
+
+async def _consume_trainer(cfg: KafkaConfig, records: int, group_size: int) -> tuple[float, float, int, int, float]:
     from bus.consumer import EventConsumer
     from trainer.assembler import Assembler
     from trainer.config import TrainerConfig
@@ -356,8 +372,11 @@ async def _consume_trainer(cfg: KafkaConfig, records: int, group_size: int) -> t
     try:
         seen = trained = 0
         t0, c0 = time.perf_counter(), time.process_time()
+        first: tuple[float, int] | None = None
         while seen < records:
             envs = await consumer.getmany(timeout_ms=1000)
+            if first is None and envs:
+                first = time.perf_counter(), len(envs)  # (this batch's own work counts after it)
             for env in envs:
                 assembler.add(env)
             seen += len(envs)
@@ -367,7 +386,7 @@ async def _consume_trainer(cfg: KafkaConfig, records: int, group_size: int) -> t
         wall, cpu = time.perf_counter() - t0, time.process_time() - c0
         if assembler.invalid:
             raise RuntimeError(f"the trainer refused {len(assembler.invalid)} records: {assembler.invalid[0][1]}")
-        return wall, cpu, trained, seen
+        return wall, cpu, trained, seen, _after_first(first, seen, t0 + wall)
     finally:
         await consumer.close()
 
@@ -418,18 +437,22 @@ def main(argv: list[str] | None = None) -> None:
         before = "trainer intake, assembly before #29"
         runs: dict[str, list[float]] = {"kcat": [], "aiokafka": [], "trainer intake": [], before: []}
         cpu: dict[str, list[float]] = {"trainer intake": [], before: []}
+        steady: dict[str, list[float]] = {"aiokafka": [], "trainer intake": [], before: []}
         for _ in range(args.repeat):
             k = consume_kcat(cfg, [len(chunk_sizes), args.trajectories])
             if k is not None:
                 runs["kcat"].append(k)
-            runs["aiokafka"].append(asyncio.run(consume_aiokafka(cfg, len(events))))
+            wall, rate = asyncio.run(consume_aiokafka(cfg, len(events)))
+            runs["aiokafka"].append(wall)
+            steady["aiokafka"].append(rate)
             for name in ("trainer intake", before):
-                wall, c, trained, seen = asyncio.run(consume_trainer(cfg, len(events), args.group_size,
+                wall, c, trained, seen, rate = asyncio.run(consume_trainer(cfg, len(events), args.group_size,
                                                                      baseline=name == before))
                 if trained != args.trajectories // args.group_size:
                     raise RuntimeError(f"{name} put together {trained} groups of {args.trajectories // args.group_size}")
                 runs[name].append(wall)
                 cpu[name].append(c)
+                steady[name].append(rate)
 
     kcat_s = statistics.median(runs["kcat"]) if runs["kcat"] else None
     rows = []
@@ -438,11 +461,16 @@ def main(argv: list[str] | None = None) -> None:
             rows.append([name, "-", "-", "-", "-", "not installed"])
             continue
         s = statistics.median(secs)
+        after_first = statistics.median(steady[name]) * nbytes / len(events) / 1e6 if steady.get(name) else None
         rows.append([name, f"{s:.2f}", f"{nbytes / s / 1e6:.1f}", f"{tokens / s / 1e3:,.0f}k ({generated / s / 1e3:,.0f}k)",
-                     f"{len(events) / s:,.0f}", f"{kcat_s / s:.2f}x" if kcat_s else "-"])
+                     f"{len(events) / s:,.0f}", f"{kcat_s / s:.2f}x" if kcat_s else "-",
+                     f"{after_first:.1f}" if after_first else "-"])
     print(f"\nconsume (median of {args.repeat}; CPU s: the trainer intake {statistics.median(cpu['trainer intake']):.2f}, "
           f"with the assembly before #29 {statistics.median(cpu[before]):.2f}):")
-    print_aligned(["reader", "seconds", "MB/s", "tokens/s (generated)", "records/s", "of kcat"], rows)
+    print_aligned(["reader", "seconds", "MB/s", "tokens/s (generated)", "records/s", "of kcat",
+                   "MB/s after the 1st batch"], rows)
+    print("(MB/s after the 1st batch: the records after the first batch over the time from its arrival to the end, "
+          "at the mean record size: the group join and first fetch left out; kcat joins no group)")
 
     # The same intake without Kafka (decode, check, assemble; CPU time), before/after
     # interleaved: what the trainer's own code costs, apart from the client's.
