@@ -180,11 +180,16 @@ class Deferral:
             outbox = self._outbox
             outbox += HEADER.pack(len(data))
             outbox += data
+            if len(outbox) >= DEFER_WRITE_BYTES and len(self._sites) + 1 < DEFER_SETTLE_CALLS:
+                data = bytes(outbox)
+                outbox.clear()
+                self._write(data)
         else:
             # Plain scalars (the usual case): queued as they are, encoded with the queued
             # calls before and after them as one "dcalls" message.
-            self._batch.append([method._ref, method._name, list(args),
-                                [[k, v] for k, v in kwargs.items()] if kwargs else []])
+            # A tuple, as the JSON encoder writes it: an array (the args tuple as it came).
+            self._batch.append((method._ref, method._name, args,
+                                [[k, v] for k, v in kwargs.items()] if kwargs else ()))
             self._batch_bytes += size
             if self._batch_bytes >= DEFER_BATCH_BYTES:
                 # Out now: the solution works through this batch while the test queues the next.
@@ -196,10 +201,6 @@ class Deferral:
         sites.append((frame.f_code, frame.f_lasti, method._name))
         if len(sites) >= DEFER_SETTLE_CALLS:
             self.request(["sync"])
-        elif len(self._outbox) >= DEFER_WRITE_BYTES:
-            data = bytes(self._outbox)
-            self._outbox.clear()
-            self._write(data)
         return True
 
     def _flush_batch(self) -> None:
