@@ -129,12 +129,14 @@ class TurnGaps:
 
         self.server: dict[str, list[float]] = {"chat: before the turn": [], "chat: after the turn": [], "exec": []}
         self.handled: dict[str, tuple[float, float, float, float]] = {}
+        self.peers: set = set()  # the harness's TCP connections (keep-alive: a few, reused)
         self.parts: dict[str, list[float]] = {k: [] for k in self.PARTS}
 
         @web.middleware
         async def timed(request, handler):
             box: dict[str, float] = {}
             token = _REQUEST.set(box)
+            self.peers.add(request.transport.get_extra_info("peername") if request.transport else None)
             t0 = time.perf_counter()
             try:
                 return await handler(request)
@@ -173,6 +175,7 @@ class TurnGaps:
     def reset(self) -> None:
         self.ended.clear()
         self.handled.clear()
+        self.peers.clear()
         for series in (*self.gaps.values(), *self.server.values(), *self.parts.values()):
             series.clear()
 
@@ -445,7 +448,8 @@ async def main() -> None:
     if harness_cpu:
         print(f"harness: {harness_cpu['chat']} chat requests, {harness_cpu['exec']} /exec requests, "
               f"{1e3 * harness_cpu['cpu_s'] / max(harness_cpu['chat'], 1):.2f} ms CPU per chat request (with its "
-              f"share of /exec), {harness_cpu['involuntary_switches']} involuntary context switches")
+              f"share of /exec), {harness_cpu['involuntary_switches']} involuntary context switches, "
+              f"{len(gaps.peers)} TCP connections")
     if bridges_before:
         bridged = {k: chat_format.bridges[k] - bridges_before[k] for k in chat_format.bridges}
         print(f"endpoint bridges (timed rows): {bridged['window']} rendered a window, {bridged['full']} the whole "
