@@ -73,6 +73,8 @@ class PrefixHits:
         self.requests: dict[str, tuple[int, int]] = {}
         llm_engine = engine._engine
         inner = llm_engine.step
+        # A prompt can hit at most its full blocks (the last token is always computed).
+        self.block = llm_engine.vllm_config.cache_config.block_size
 
         def step():
             t0 = time.perf_counter()
@@ -87,10 +89,12 @@ class PrefixHits:
 
         llm_engine.step = step  # the instance's attribute: the step thread calls self._engine.step()
 
-    def take(self) -> tuple[int, int]:
-        """(cached prompt tokens, prompt tokens) since the last take."""
+    def take(self) -> tuple[int, int, int]:
+        """(cached prompt tokens, prompt tokens in full blocks, prompt tokens) since the last take."""
         requests, self.requests = self.requests, {}
-        return sum(c for c, _ in requests.values()), sum(p for _, p in requests.values())
+        return (sum(c for c, _ in requests.values()),
+                sum((p - 1) // self.block * self.block for _, p in requests.values() if p),
+                sum(p for _, p in requests.values()))
 
 
 class TurnGaps:
@@ -394,8 +398,8 @@ async def main() -> None:
                                     profiler.disable()
                             seconds = time.perf_counter() - t0
                             cpu[path] += time.process_time() - cpu0
-                            cached, prompt = hits.take()
-                            cache[path].update({"cached": cached, "prompt": prompt})
+                            cached, blocks, prompt = hits.take()
+                            cache[path].update({"cached": cached, "blocks": blocks, "prompt": prompt})
                             walls[path] += seconds
                             hstats = row.pop("harness", {})
                             gaps.split(hstats.pop("stamps", []))
@@ -442,9 +446,10 @@ async def main() -> None:
                          f"{harness_cpu['cpu_s'] / walls['endpoint']:.2f}",
                          f"{1e3 * harness_cpu['cpu_s'] / turns['endpoint']:.1f}"))
     print_aligned(["CPU", "CPU s", "wall s", "cores busy", "CPU ms / turn"], rows_cpu)
-    print("vLLM prefix-cache hits (cached / prompt tokens of the rows' requests): " + ", ".join(
-        f"{p} {c['cached']} / {c['prompt']} ({100.0 * c['cached'] / max(c['prompt'], 1):.1f}%)"
-        for p, c in cache.items()))
+    print(f"vLLM prefix-cache hits (cached / in full {hits.block}-token blocks / all prompt tokens of the rows' "
+          "requests): " + ", ".join(
+              f"{p} {c['cached']} / {c['blocks']} / {c['prompt']} ({100.0 * c['cached'] / max(c['blocks'], 1):.1f}% "
+              "of what could hit)" for p, c in cache.items()))
     if harness_cpu:
         print(f"harness: {harness_cpu['chat']} chat requests, {harness_cpu['exec']} /exec requests, "
               f"{1e3 * harness_cpu['cpu_s'] / max(harness_cpu['chat'], 1):.2f} ms CPU per chat request (with its "
