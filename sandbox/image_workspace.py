@@ -9,9 +9,12 @@ changes, under the session's disk quota:
   directory (``metacopy=on``: handing the tree to the session's uid copies up metadata
   only, no file data). Writes land in the upper layer, so a session costs what it
   changed (O(diff)), not the image's size; the image itself is never written.
-- ``copy`` (overlay refused, e.g. without root): the image's directory is copied into
-  the quota (``cp --reflink=auto``: a reflink where the filesystem has them, else a full
-  copy). The log line ``image_workspace`` says which.
+- ``copy`` (overlay refused, e.g. without root): the image's directory (only the
+  workdir, never the whole image) is copied (``cp --reflink=auto``: a reflink where the
+  filesystem has them, else a full copy) and cut down to a working tree: no device
+  nodes, FIFOs or sockets, no setuid/setgid bits. With a quota the copy is not charged
+  to it (the tmpfs is sized to the copy plus the quota). The log line
+  ``image_workspace`` says which mode.
 
 Version-control entries at any depth (``.git``, a submodule's or a vendored copy's
 ``.git`` file or folder, ``.hg``...) are hidden (an overlay whiteout, or removed from the
@@ -29,8 +32,9 @@ import threading
 import shutil
 import stat
 import subprocess
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
+import msgspec
 import structlog
 
 from sandbox import quota as disk
@@ -40,7 +44,9 @@ from sandbox.workspace import VCS_DIRS, Workspace, WorkspaceError, clean_relpath
 
 log = structlog.get_logger(__name__)
 
-_libc = ctypes.CDLL(None, use_errno=True)
+_libc = ctypes.CDLL(None, use_errno=True)  # the overlay mount (tests refuse it to force a copy)
+_tmpfs = ctypes.CDLL(None, use_errno=True)  # remounting a copy's quota
+_MS_REMOUNT = 0x20
 
 
 class ImageWorkspace(Workspace):
@@ -63,6 +69,8 @@ def image_dir(root: ImageRoot, workdir: str) -> Path | None:
     """The host path of ``workdir`` inside the image (None: the image has no such
     directory, and the session starts empty there). A workdir whose parent is missing
     under an image directory cannot be a mount point: refused."""
+    if PurePosixPath(workdir) == PurePosixPath("/"):
+        raise ImageError(root.ref, "workdir / is the image's whole root; a workdir is a folder in it", "workdir")
     found = resolve_in_root(Path(root.rootfs), workdir)
     if found is not None and found.is_dir() and not found.is_symlink():
         return found
@@ -75,29 +83,44 @@ def image_dir(root: ImageRoot, workdir: str) -> Path | None:
     return None
 
 
-_VCS: collections.OrderedDict[tuple[str, str], tuple[str, ...]] = collections.OrderedDict()
-_VCS_LOCK = threading.Lock()
+class LowerFacts(msgspec.Struct, frozen=True):
+    vcs: tuple[str, ...]  # version-control entries at any depth, relative (not entered)
+    bytes: int  # what a copy of the rest takes on a tmpfs (files rounded up to pages)
+    inodes: int
 
 
-def vcs_entries(root: ImageRoot, workdir: str, lower: Path) -> tuple[str, ...]:
-    """Version-control entries under the image's ``workdir`` (``lower``), at any depth,
-    relative; not entered. Kept per image digest: an unpacked root never changes."""
+_FACTS: collections.OrderedDict[tuple[str, str], LowerFacts] = collections.OrderedDict()
+_FACTS_LOCK = threading.Lock()
+_PAGE = 4096
+
+
+def lower_facts(root: ImageRoot, workdir: str, lower: Path) -> LowerFacts:
+    """The image's ``workdir`` (``lower``): its version-control entries, and the size of
+    the rest. Kept per image digest: an unpacked root never changes."""
     key = (f"{root.digest}:{root.rootfs}", workdir)
-    with _VCS_LOCK:
-        if key in _VCS:
-            _VCS.move_to_end(key)
-            return _VCS[key]
-    found = []
+    with _FACTS_LOCK:
+        if key in _FACTS:
+            _FACTS.move_to_end(key)
+            return _FACTS[key]
+    vcs: list[str] = []
+    size = inodes = 0
     for folder, dirs, names in os.walk(lower, followlinks=False):
         rel = os.path.relpath(folder, lower)
-        for name in sorted(n for n in dirs + names if n in VCS_DIRS):
-            found.append(name if rel == "." else f"{rel}/{name}")
+        for name in sorted(dirs + names):
+            if name in VCS_DIRS:
+                vcs.append(name if rel == "." else f"{rel}/{name}")
+                continue
+            inodes += 1
+            st = os.lstat(os.path.join(folder, name))
+            if stat.S_ISREG(st.st_mode) or stat.S_ISLNK(st.st_mode):
+                size += -(-st.st_size // _PAGE) * _PAGE
         dirs[:] = [d for d in dirs if d not in VCS_DIRS]
-    with _VCS_LOCK:
-        _VCS[key] = tuple(found)
-        while len(_VCS) > 64:
-            _VCS.popitem(last=False)
-    return tuple(found)
+    facts = LowerFacts(vcs=tuple(vcs), bytes=size, inodes=inodes)
+    with _FACTS_LOCK:
+        _FACTS[key] = facts
+        while len(_FACTS) > 64:
+            _FACTS.popitem(last=False)
+    return facts
 
 
 def create(base: Path, uid: int, files: dict[str, str | bytes], quota: disk.Quota | None, root: ImageRoot,
@@ -121,7 +144,11 @@ def create(base: Path, uid: int, files: dict[str, str | bytes], quota: disk.Quot
             tree, mode = area / "tree", "empty"
             tree.mkdir(mode=0o755)
         else:
-            tree, mode = _overlay(base, area, lower, mounts, vcs_entries(root, workdir, lower))
+            facts = lower_facts(root, workdir, lower)
+            tree, mode = _overlay(base, area, lower, mounts, facts.vcs)
+            if mode != "overlay":
+                _copy(area, tree, lower, mode, facts, quota)
+                mode = "copy"
         _chown_tree(tree, uid)
         ws = ImageWorkspace(tree, uid, base=base, mounts=mounts, mode=mode)
     except BaseException:
@@ -182,11 +209,12 @@ def _prune_emptied(ws: Workspace, removed: tuple[str, ...]) -> None:
 
 
 def _overlay(base: Path, area: Path, lower: Path, mounts: list[Path], vcs: tuple[str, ...]) -> tuple[Path, str]:
-    """Mount the overlay (``overlay``), or copy the image's directory (``copy``)."""
+    """Mount the overlay: (the merged tree, ``overlay``); or, refused, (where the copy
+    goes, why it was refused)."""
     if os.geteuid() != 0:
         # Mounting (and the whiteout device nodes below) needs root: a rootless service
         # copies. Not tried and refused, as mknod would fail first on an image with .git.
-        return _copy(area / "tree", lower, "not root", vcs)
+        return area / "tree", "not root"
     upper, work, merged = area / "upper", area / "work", base / "tree"
     for d in (upper, work, merged):
         d.mkdir(mode=0o755)
@@ -210,23 +238,60 @@ def _overlay(base: Path, area: Path, lower: Path, mounts: list[Path], vcs: tuple
     shutil.rmtree(merged)
     for d in (upper, work):
         shutil.rmtree(d)
-    return _copy(area / "tree", lower, reason, vcs)
+    return area / "tree", reason
 
 
-def _copy(tree: Path, lower: Path, reason: str, vcs: tuple[str, ...]) -> tuple[Path, str]:
-    """The ``copy`` fallback: the image's directory copied into the session's area."""
+def _copy(area: Path, tree: Path, lower: Path, reason: str, facts: LowerFacts, quota: disk.Quota | None) -> None:
+    """The ``copy`` fallback: the image's directory copied into the session's area, and
+    only what a working tree is: no version-control entries, no device nodes, FIFOs or
+    sockets, no setuid/setgid bits (the area is nosuid/nodev anyway; they are dropped so
+    that nothing of the kind is handed to the session at all). With a quota, the copy
+    is not charged to it: the area is mounted for the copy, then sized to what the copy
+    holds plus the quota, so the session can write its quota as with an overlay."""
     log.warning("image_workspace_overlay_refused", reason=reason, fallback="copy")
+    if quota is not None:
+        disk.unmount(area)
+        disk.mount(area, disk.Quota(size_bytes=quota.size_bytes + facts.bytes + (1 << 20),
+                                    inodes=quota.inodes + facts.inodes + 16), uid=0)
     proc = subprocess.run(["cp", "-a", "--reflink=auto", "--no-dereference", f"{lower}/.", str(tree)],
                           capture_output=True, text=True)
     if proc.returncode != 0:
         raise WorkspaceError(f"cannot copy the image's tree: {proc.stderr.strip()[-300:]}")
-    for rel in vcs:
+    for rel in facts.vcs:
         path = tree / rel
         if path.is_dir() and not path.is_symlink():
             shutil.rmtree(path)
         elif os.path.lexists(path):
             path.unlink()
-    return tree, "copy"
+    dropped = _drop_special(tree)
+    if dropped:
+        log.warning("image_workspace_special_files_dropped", count=len(dropped), paths=dropped[:20])
+    if quota is not None:
+        st = os.statvfs(area)
+        used, used_inodes = (st.f_blocks - st.f_bfree) * st.f_frsize, st.f_files - st.f_ffree
+        options = f"size={used + quota.size_bytes},nr_inodes={used_inodes + quota.inodes}"
+        if _tmpfs.mount(b"tmpfs", os.fsencode(area), b"tmpfs", _MS_REMOUNT | disk.MS_NOSUID | disk.MS_NODEV,
+                        options.encode()) != 0:
+            raise WorkspaceError(f"cannot size the copied tree's quota ({options}): "
+                                 f"{os.strerror(ctypes.get_errno())}")
+
+
+def _drop_special(tree: Path) -> list[str]:
+    """Remove device nodes, FIFOs and sockets and clear setuid/setgid bits of files in
+    a copied tree; returns the paths removed or changed."""
+    dropped = []
+    for dirpath, dirnames, filenames in os.walk(tree):
+        for name in dirnames + filenames:
+            path = os.path.join(dirpath, name)
+            st = os.lstat(path)
+            if stat.S_ISCHR(st.st_mode) or stat.S_ISBLK(st.st_mode) or stat.S_ISFIFO(st.st_mode) \
+                    or stat.S_ISSOCK(st.st_mode):
+                os.unlink(path)
+                dropped.append(os.path.relpath(path, tree))
+            elif stat.S_ISREG(st.st_mode) and st.st_mode & (stat.S_ISUID | stat.S_ISGID):
+                os.chmod(path, stat.S_IMODE(st.st_mode) & ~(stat.S_ISUID | stat.S_ISGID))
+                dropped.append(os.path.relpath(path, tree) + " (setuid/setgid)")
+    return dropped
 
 
 def _chown_tree(tree: Path, uid: int) -> None:

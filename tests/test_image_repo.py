@@ -6,7 +6,9 @@ sandbox/image_repo.py) where it is graded."""
 from __future__ import annotations
 
 import asyncio
+import errno
 import os
+import stat
 from pathlib import Path
 
 import msgspec
@@ -96,7 +98,7 @@ BIG_MODULE = b"def pytest_unconfigure(config):\n    pass\n" + b"#" * (1 << 20) +
 LATIN_CONFTEST = b"# -*- coding: latin-1 -*-\n# \xa9 the authors\nimport pytest\n"
 SHARED_CFG = b"[tool:pytest]\naddopts = -p plug\n"
 FAKE_FILES = {
-    "a.py": b"A = 1\n", "README.md": b"# r\n", "latin.py": LATIN_PLUGIN, "big.py": BIG_MODULE,
+    "a.py": b"A = 1\n", "README.md": b"# r\n", "latin.py": LATIN_PLUGIN, "big.py": BIG_MODULE, "run.sh": b"#!/bin/sh\n",
     "tests/conftest.py": LATIN_CONFTEST, "vendor/x/x.py": b"X = 1\n",
     ".git/HEAD": b"ref: main\n", "vendor/x/.git": b"gitdir: ../../.git/modules/x\n", "vendor/y/.hg/hgrc": b"[paths]\n",
 }
@@ -113,6 +115,10 @@ def _fake_root(tmp_path) -> ImageRoot:
         (rootfs / "testbed" / rel).write_bytes(data)
     for rel, target in FAKE_LINKS.items():
         (rootfs / "testbed" / rel).symlink_to(target)
+    # A setuid file, a device node and a FIFO in the repository (a copy keeps none).
+    os.chmod(rootfs / "testbed/run.sh", 0o4755)
+    os.mknod(rootfs / "testbed/null", stat.S_IFCHR | 0o666, os.makedev(1, 3))
+    os.mkfifo(rootfs / "testbed/pipe")
     (rootfs / "etc/shared").mkdir(parents=True)
     (rootfs / "etc/shared/setup.cfg").write_bytes(SHARED_CFG)
     return ImageRoot(ref="fake/image:1", digest=f"sha256:{os.urandom(8).hex()}", rootfs=str(rootfs))
@@ -142,11 +148,12 @@ def test_the_image_tree_is_the_base_links_binaries_and_nested_vcs_included(tmp_p
     root = _fake_root(tmp_path)
     # The task's text: UTF-8 files only, no version-control entry at any depth.
     text = read_image_repo(root, "/testbed")
-    assert text == {"README.md": "# r\n", "a.py": "A = 1\n", "vendor/x/x.py": "X = 1\n"}
+    assert text == {"README.md": "# r\n", "a.py": "A = 1\n", "run.sh": "#!/bin/sh\n", "vendor/x/x.py": "X = 1\n"}
     tree = read_image_tree(root, "/testbed")
     assert tree.symlinks == FAKE_LINKS
     assert tree.vcs == (".git", "vendor/x/.git", "vendor/y/.hg")
-    assert set(tree.files) == {"README.md", "a.py", "big.py", "latin.py", "tests/conftest.py", "vendor/x/x.py"}
+    assert set(tree.files) == {"README.md", "a.py", "big.py", "latin.py", "run.sh", "tests/conftest.py",
+                               "vendor/x/x.py"}
     # Configs as bytes, links followed inside the image (never to the host's /etc).
     assert tree.configs == {"setup.cfg": SHARED_CFG, "tests/conftest.py": LATIN_CONFTEST}
 
@@ -216,3 +223,28 @@ def test_a_grading_tree_redoes_the_agents_removals_and_links_and_hides_nested_vc
         assert (tb / "vendor/y").is_dir() and (tb / "latin.py").read_bytes() == LATIN_PLUGIN
     finally:
         ws.remove()
+
+
+def test_a_copied_tree_is_a_working_tree_only_and_not_charged_to_the_quota(tmp_path, monkeypatch):
+    """The copy fallback (no overlay): before, ``cp -a`` brought the image's device nodes,
+    FIFOs and setuid bits into the session, and the copy counted against the session's
+    quota (a repository larger than the quota could not even be copied)."""
+    from sandbox import image_workspace
+    from sandbox.quota import Quota
+
+    monkeypatch.setattr(image_workspace, "_libc", type("Refuse", (), {"mount": lambda *a: -1})())
+    root = _fake_root(tmp_path)  # ~1.1 MB at /testbed, more than the quota below
+    quota = Quota(size_bytes=256 * 1024, inodes=64)
+    ws, _ = image_workspace.create(tmp_path / "ws", 61999, {}, quota, root, "/testbed")
+    try:
+        assert ws.mode == "copy" and (ws.root / "big.py").read_bytes() == BIG_MODULE
+        assert not os.path.lexists(ws.root / "null") and not os.path.lexists(ws.root / "pipe")
+        assert stat.S_IMODE((ws.root / "run.sh").stat().st_mode) == 0o755
+        ws.write("mine.bin", b"x" * 200 * 1024)  # the session's quota is its own
+        with pytest.raises(OSError) as full:
+            ws.write("more.bin", b"x" * 200 * 1024)
+        assert full.value.errno == errno.ENOSPC
+    finally:
+        ws.remove()
+    with pytest.raises(ImageError, match="workdir / is the image's whole root"):
+        image_workspace.create(tmp_path / "ws2", 61999, {}, quota, root, "/")
