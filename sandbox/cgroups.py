@@ -28,6 +28,12 @@ class CgroupUnavailable(RuntimeError):
     """This process cannot create cgroups with the controllers we need."""
 
 
+class CgroupJoinFailed(RuntimeError):
+    """A command's first process could not join its cgroup, so nothing of the command ran:
+    the infrastructure's failure (HTTP 503), never the command's exit status (a grading
+    would score it 0)."""
+
+
 def _own_cgroups() -> dict[str, str]:
     """controller -> path of this process's cgroup ('' key: the v2 unified path)."""
     out: dict[str, str] = {}
@@ -75,6 +81,22 @@ class CommandCgroup:
 
     def procs_files(self) -> list[str]:
         return [str(d / "cgroup.procs") for d in dict.fromkeys(self.dirs.values())]
+
+    def never_entered(self) -> list[str]:
+        """The group's directories that no process ever ran in, by the kernel's own
+        accounting (v2: ``cpu.stat`` usage_usec; v1: the memory group's peak usage; the
+        v1 pids group keeps no history): after a join failed, at least one. A command
+        cannot fake this: once joined, its own run is accounted. A directory gone counts
+        as never entered."""
+        if self.version == 2:
+            d = self.dirs["pids"]
+            return [] if _event_count(d / "cpu.stat", "usage_usec") > 0 else [str(d)]
+        mem = self.dirs["memory"]
+        try:
+            peak = int((mem / "memory.max_usage_in_bytes").read_text())
+        except (OSError, ValueError):
+            peak = 0
+        return [] if peak > 0 else [str(mem)]
 
     def limits_hit(self) -> list[str]:
         """Which limits the tree ran into: 'processes', 'memory'."""

@@ -19,7 +19,7 @@ import msgspec
 import structlog
 
 from sandbox import quota as disk
-from sandbox.cgroups import CgroupManager, CommandCgroup
+from sandbox.cgroups import CgroupJoinFailed, CgroupManager, CommandCgroup
 from sandbox.config import SandboxConfig
 from sandbox.image_unpack import shell_of
 from sandbox.images import ImageRoot
@@ -177,6 +177,10 @@ class Jail:
             proc = await _spawn(argv, pass_fds, group.procs_files() if group else [], limits)
             killed = await self._supervise(proc, group, out, err, timeout_s, label)
             exit_code = proc.returncode if proc.returncode is not None else -1
+            lost = await asyncio.to_thread(group.never_entered) if group and exit_code == _JOIN_FAILED else []
+            if lost:
+                raise CgroupJoinFailed(f"command {label!r} did not start: joining its cgroup {', '.join(lost)} failed "
+                                       f"({err.text().strip()[-300:] or 'no error text'})")
             if exit_code < 0:  # bwrap itself died by a signal (our kill)
                 exit_code = 128 - exit_code
             limits_hit = await _limits_hit(killed, exit_code, group, workspace, tmp, out, err)
@@ -305,6 +309,7 @@ class Jail:
 # Joins the cgroups named before ``--`` (``$$``: this shell, whose pid the exec below
 # keeps), then execs the rest; a join that fails runs nothing (exit 125).
 _JOIN_CGROUPS = 'while [ "$1" != -- ]; do echo $$ > "$1" || exit 125; shift; done; shift; exec "$@"'
+_JOIN_FAILED = 125  # with a group that shows no run: cgroups.CgroupJoinFailed, not a result
 
 
 def spawn_argv(argv: list[str], procs_files: list[str], limits: Limits) -> list[str]:

@@ -18,7 +18,7 @@ import structlog
 from aiohttp import web
 
 from sandbox.auth import bearer_auth
-from sandbox.cgroups import CgroupManager, make_cgroup_manager
+from sandbox.cgroups import CgroupJoinFailed, CgroupManager, make_cgroup_manager
 from sandbox.config import RewardConfig, SandboxConfig
 from sandbox.grader import Grader, Publisher, SubmitRequest
 from sandbox.images import ImageError, ImageStore
@@ -81,6 +81,7 @@ _STATUS_OF = [
     (SessionBusy, 409),
     # An image that cannot be provided is the infrastructure's failure, not the task's.
     (ImageError, 503),
+    (CgroupJoinFailed, 503),  # a command that never started: the host's failure
 ]
 
 
