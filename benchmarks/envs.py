@@ -14,6 +14,7 @@ on the example images (tests/image_helpers.py builds them once per machine):
    memory per open session: the host's Shmem (tmpfs pages: the CoW layers live in a
    tmpfs) and Slab (inodes, dentries, mounts) deltas with ``--disk-sessions`` sessions open
    at once (host-wide figures: noisy on a shared machine);
+   and ``true`` as a later command of an open session (its sandbox started ahead);
 3. disk: ``--disk-sessions`` sessions of one image, each changing one file: the bytes
    their copy-on-write layers use, next to the image's unpacked size;
 4. per example image: fetch (skopeo) and unpack (umoci) time, blob and unpacked size, in
@@ -108,6 +109,23 @@ async def session_start(client: SandboxClient, task_id: str, n: int) -> tuple[li
     return total, created
 
 
+async def next_command(client: SandboxClient, task_id: str, n: int) -> list[float]:
+    """``true`` as a later command of one open session (an agent's next tool call, after
+    a pause like its model's turn): the exec alone, with the session's next sandbox
+    started ahead (sandbox.prestart_sandboxes)."""
+    sid = await client.create_session(task_id)
+    await client.exec(sid, "true")
+    times = []
+    for _ in range(n):
+        await asyncio.sleep(0.25)
+        started = time.perf_counter()
+        result = await client.exec(sid, "true")
+        times.append(time.perf_counter() - started)
+        assert result.exit_code == 0, result
+    await client.close_session(sid)
+    return times
+
+
 def docker_start(image: str, n: int) -> list[float] | str:
     docker = shutil.which("docker")
     if docker is None:
@@ -197,6 +215,10 @@ async def main(args: argparse.Namespace) -> None:
                     results["host task"] = await session_start(client, HOST_TASK, args.sessions)
                     results["image task"] = await session_start(client, IMAGE_TASK, args.sessions)
                     results[big_name] = await session_start(client, BIG_TASK, args.sessions)
+                    results["host task, next command (exec alone)"] = await next_command(client, HOST_TASK,
+                                                                                        args.sessions)
+                    results["image task, next command (exec alone)"] = await next_command(client, IMAGE_TASK,
+                                                                                         args.sessions)
                     per_client = max(1, args.sessions // args.concurrency)
                     results["rate host"] = await throughput(client, HOST_TASK, args.concurrency, per_client)
                     results["rate image"] = await throughput(client, IMAGE_TASK, args.concurrency, per_client)
@@ -210,6 +232,7 @@ async def main(args: argparse.Namespace) -> None:
           f"IMAGE true), and create alone")
     rows = []
     for name in ("host task", "image task", "image task, warm sessions", big_name, big_name + ", warm",
+                 "host task, next command (exec alone)", "image task, next command (exec alone)",
                  "docker run --rm"):
         value = results[name]
         if isinstance(value, str):

@@ -105,6 +105,11 @@ class SandboxConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     # The seccomp filter of sandbox/seccomp.py on every command (no namespaces, mounts,
     # ptrace, bpf, keyctl, perf_event_open, userfaultfd, kexec).
     seccomp: bool = True
+    # Start each session's next sandbox ahead (at create, and shortly after each command:
+    # bwrap, namespaces, mounts, cgroup, uid drop), waiting for its command on a pipe, so
+    # an exec only hands the command over (sandbox/runner.py Jail.prestart). The same
+    # isolation per command; costs one idle sandbox (3 small processes) per session.
+    prestart_sandboxes: bool = True
     # Grading runs the hidden tests and the solution in two sandboxes joined by the
     # bridge (sandbox/bridge.py); the solution's runs as uid (session uid + this offset),
     # so it can neither signal nor read the tests' process.

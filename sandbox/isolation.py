@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import functools
 import os
+import shlex
 import shutil
 import stat
 import subprocess
@@ -180,15 +181,25 @@ def bwrap_argv(
     rootfs: str | None = None,
     workdir: str = WORKSPACE,
     shell: str = "/bin/bash",
+    command_fd: int | None = None,
 ) -> list[str]:
     """The full argv: ``bwrap <namespaces, mounts, env> -- [setpriv ...] bash -c command``.
 
     ``rootfs``: an unpacked image (sandbox/images.py) is ``/`` instead of the host's
     system folders; the caller's ``binds`` then hold no host Python. ``workspace`` is
-    bound read-write at ``workdir``."""
-    problem = command_problem(command)
-    if problem:
-        raise ValueError(problem)
+    bound read-write at ``workdir``.
+
+    ``command_fd`` (``command`` empty): the sandbox is started before its command is
+    known, and its shell waits for the command on that inherited pipe (see
+    :func:`command_reader`)."""
+    if command_fd is not None:
+        if command:
+            raise ValueError("bwrap_argv: give either a command or a command_fd, not both")
+        command, env = command_reader(shell, command_fd, env)
+    else:
+        problem = command_problem(command)
+        if problem:
+            raise ValueError(problem)
     bwrap = shutil.which("bwrap")
     if bwrap is None:
         raise RuntimeError("bubblewrap (bwrap) is not installed: apt-get install bubblewrap")
@@ -262,6 +273,29 @@ def bwrap_argv(
         argv += ["--unshare-user", "--disable-userns", "--"]
     argv += [*after_drop, shell, "-c", command]
     return argv
+
+
+def reads_commands(shell: str) -> bool:
+    """Whether :func:`command_reader` works with this shell (it needs bash's ``$(<file)``)."""
+    return os.path.basename(shell) == "bash"
+
+
+def command_reader(shell: str, fd: int, env: dict[str, str]) -> tuple[str, dict[str, str]]:
+    """The ``bash -c`` script of a sandbox started ahead of its command, and the env to
+    start it with. It reads the whole command from pipe ``fd`` (the service writes it,
+    then a ``.`` so that ``$(...)`` strips none of the command's trailing newlines, then
+    closes the pipe), closes the pipe and ``exec``s ``shell -c COMMAND``: the command runs
+    exactly as ``bash -c COMMAND`` does in a sandbox started for it (same argv, same env:
+    bash's ``exec`` puts SHLVL back). No sandbox setting depends on the command, so
+    starting early changes nothing of its isolation. ``BASH_ENV`` (an image may set it)
+    is kept for the command's shell only, so its file is read once, as before."""
+    if not reads_commands(shell):
+        raise ValueError(f"{shell} cannot read its command from a pipe; only bash can")
+    env = dict(env)
+    bash_env = env.pop("BASH_ENV", None)
+    prefix = f"export BASH_ENV={shlex.quote(bash_env)}; " if bash_env is not None else ""
+    script = f'c=$(</dev/fd/{fd}) && {prefix}exec {shlex.quote(shell)} -c "${{c%.}}" {fd}<&-'
+    return script, env
 
 
 # Variables the dynamic loader (or glibc at start-up) acts on. An image's Env may set them

@@ -24,7 +24,8 @@ from sandbox.config import SandboxConfig
 from sandbox.image_unpack import shell_of
 from sandbox.images import ImageRoot
 from sandbox.isolation import (
-    WORKSPACE, Bind, Limits, bwrap_argv, rlimit_argv, image_env, python_binds, sandbox_env,
+    WORKSPACE, Bind, Limits, bwrap_argv, command_problem, image_env, python_binds, reads_commands, rlimit_argv,
+    sandbox_env,
 )
 from sandbox.seccomp import filter_fd
 from sandbox.workspace import Workspace
@@ -157,25 +158,51 @@ class Jail:
         Phases: prepare (argv, seccomp filter, private /tmp) -> cgroup -> spawn ->
         supervise (output caps, timeout, kill) -> which limits were hit -> clean up."""
         limits = limits or self.limits
-        if root is None:
-            binds, env = [*self.binds, *binds], {**self.env, **(env or {})}
-        else:
-            binds, env = list(binds), image_env(root.env, env)
+        binds, env = self._binds_env(binds, env, root)
         argv, seccomp, tmp = await self._prepare(
             command, workspace=workspace, uid=uid, limits=limits, binds=binds, env=env, give_fds=give_fds,
             root=root, workdir=workdir,
         )
         pass_fds = tuple(fd for fd in (seccomp, *give_fds) if fd is not None)
-        group: CommandCgroup | None = None
-        if self.cgroups is not None:
-            group = await asyncio.to_thread(
-                self.cgroups.create, label, max_processes=limits.max_processes, memory_bytes=limits.memory_bytes
-            )
+        group = await self._cgroup(label, limits, uid, tmp, pass_fds)
         started = time.monotonic()
-        out, err = _Capture(self.cfg.max_output_bytes), _Capture(self.cfg.max_output_bytes)
         try:
             proc = await _spawn(argv, pass_fds, group.procs_files() if group else [], limits)
+        except BaseException:
+            await self._clean_up(uid, group, tmp)
+            raise
+        return await self._complete(proc, group, tmp, uid=uid, workspace=workspace, timeout_s=timeout_s,
+                                    label=label, started=started)
+
+    async def _cgroup(self, label: str, limits: Limits, uid: int, tmp: Workspace | None,
+                      pass_fds: tuple[int, ...]) -> CommandCgroup | None:
+        """The command's cgroup (None without cgroups); on failure the prepared fds and
+        /tmp are let go."""
+        if self.cgroups is None:
+            return None
+        try:
+            return await asyncio.to_thread(
+                self.cgroups.create, label, max_processes=limits.max_processes, memory_bytes=limits.memory_bytes
+            )
+        except BaseException:
+            _close(*pass_fds)
+            await self._clean_up(uid, None, tmp)
+            raise
+
+    def _binds_env(self, binds, env, root: ImageRoot | None) -> tuple[list[Bind], dict[str, str]]:
+        if root is None:
+            return [*self.binds, *binds], {**self.env, **(env or {})}
+        return list(binds), image_env(root.env, env)
+
+    async def _complete(self, proc: asyncio.subprocess.Process, group: CommandCgroup | None, tmp: Workspace | None,
+                        *, uid: int, workspace: Path, timeout_s: float, label: str, started: float,
+                        sending: asyncio.Future | None = None) -> CommandResult:
+        """Supervise a started command to its end, tell which limits it hit, clean up."""
+        out, err = _Capture(self.cfg.max_output_bytes), _Capture(self.cfg.max_output_bytes)
+        try:
             killed = await self._supervise(proc, group, out, err, timeout_s, label)
+            if sending is not None:
+                await sending  # done once the shell read it (or the sandbox is gone)
             exit_code = proc.returncode if proc.returncode is not None else -1
             lost = await asyncio.to_thread(group.never_entered) if group and exit_code == _JOIN_FAILED else []
             if lost:
@@ -197,14 +224,92 @@ class Jail:
             log.info(
                 "sandbox_command", label=label, uid=uid, exit_code=exit_code, killed=killed,
                 limits=limits_hit, duration_s=result.duration_s, output_bytes=out.total + err.total,
+                prestarted=sending is not None,
             )
             return result
         finally:
+            if sending is not None and not sending.done():
+                sending.cancel()
             await self._clean_up(uid, group, tmp)
+
+    # --- a command's sandbox started before its command ------------------------------
+
+    async def prestart(self, *, workspace: Path, uid: int, label: str, root: ImageRoot | None = None,
+                       workdir: str = WORKSPACE) -> "Prestarted | None":
+        """Start the sandbox of a session's next command now, before the command is known:
+        cgroup joined, rlimits set, namespaces and mounts made, uid dropped, and its shell
+        waiting for the command on a pipe (:func:`sandbox.isolation.command_reader`).
+        :meth:`run_prestarted` hands it the command; :meth:`discard` ends it unused. The
+        sandbox is the one :meth:`run_held` would make for this session (nothing in it
+        depends on the command), so every isolation property is the same; only the start
+        moves off the command's path. None where the shell cannot read its command (an
+        image without bash)."""
+        shell = shell_of(Path(root.rootfs)) if root is not None else "/bin/bash"
+        if not reads_commands(shell):
+            return None
+        limits = self.limits
+        binds, env = self._binds_env((), None, root)
+        read_fd, write_fd = os.pipe()
+        if self.privileged:
+            # The shell reopens the pipe as /dev/fd/N (bash's $(<file)), which checks the
+            # pipe's owner: the session uid's, like everything else of its command.
+            os.fchown(read_fd, uid, uid)
+        try:
+            argv, seccomp, tmp = await self._prepare(
+                "", workspace=workspace, uid=uid, limits=limits, binds=binds, env=env, give_fds=(read_fd,),
+                root=root, workdir=workdir, command_fd=read_fd,
+            )
+        except BaseException:
+            _close(write_fd)
+            raise
+        pass_fds = tuple(fd for fd in (seccomp, read_fd) if fd is not None)
+        try:
+            group = await self._cgroup(label, limits, uid, tmp, pass_fds)
+        except BaseException:
+            _close(write_fd)
+            raise
+        try:
+            proc = await _spawn(argv, pass_fds, group.procs_files() if group else [], limits)
+        except BaseException:
+            _close(write_fd)
+            await self._clean_up(uid, group, tmp)
+            raise
+        return Prestarted(proc, group, tmp, write_fd, uid=uid, workspace=workspace, label=label)
+
+    async def run_prestarted(self, pre: "Prestarted", command: str, *, timeout_s: float) -> CommandResult:
+        """Run ``command`` in a sandbox from :meth:`prestart`, in one command slot (the
+        timeout and the duration count from the hand-over)."""
+        problem = command_problem(command)
+        if problem:
+            await self.discard(pre)
+            raise ValueError(problem)
+        handed = False
+        try:
+            async with self.slot():
+                handed = True
+                started = time.monotonic()
+                sending = asyncio.ensure_future(
+                    _send_command(pre.take_fd(), command.encode("utf-8", "surrogatepass")))
+                return await self._complete(pre.proc, pre.group, pre.tmp, uid=pre.uid, workspace=pre.workspace,
+                                            timeout_s=timeout_s, label=pre.label, started=started, sending=sending)
+        finally:
+            if not handed:  # no slot came free (429) or the caller went away: it runs nothing
+                await self.discard(pre)
+
+    async def discard(self, pre: "Prestarted") -> None:
+        """End a prestarted sandbox that will not run a command (session closed)."""
+        _close(pre.take_fd())  # its shell reads EOF and runs nothing; the kill ends it anyway
+        self._kill(pre.proc, pre.group)
+        try:
+            with contextlib.suppress(ProcessLookupError):
+                await asyncio.wait_for(pre.proc.wait(), _REAP_GRACE_S)
+        finally:
+            await self._clean_up(pre.uid, pre.group, pre.tmp)
 
     async def _prepare(
         self, command: str, *, workspace: Path, uid: int, limits: Limits, binds: list[Bind],
         env: dict[str, str], give_fds: tuple[int, ...], root: ImageRoot | None = None, workdir: str = WORKSPACE,
+        command_fd: int | None = None,
     ) -> tuple[list[str], int | None, Workspace | None]:
         """The bwrap argv, the seccomp filter's fd and the command's private /tmp; on
         failure nothing is left open (``give_fds`` closed too)."""
@@ -219,6 +324,7 @@ class Jail:
                 tmp_source=str(tmp.root) if tmp is not None else None,
                 rootfs=root.rootfs if root is not None else None, workdir=workdir,
                 shell=shell_of(Path(root.rootfs)) if root is not None else "/bin/bash",
+                command_fd=command_fd,
             )
         except BaseException:
             _close(seccomp, *give_fds)
@@ -275,16 +381,26 @@ class Jail:
         return killed
 
     async def _clean_up(self, uid: int, group: CommandCgroup | None, tmp: Workspace | None) -> None:
-        if self.privileged:
-            # The uid belongs to this session alone, and its commands run one at a time:
-            # whatever still runs as it is left of this command (the pid namespace's
-            # teardown is asynchronous to bwrap's exit). Wait until it is all gone, so
-            # the next command starts with a clean process count.
-            await asyncio.to_thread(reap_uid, uid, _REAP_GRACE_S)
-        if group is not None:
-            await asyncio.to_thread(group.remove)
-        if tmp is not None:
-            await asyncio.to_thread(tmp.remove)
+        def clean() -> None:
+            if group is not None and "pids" in group.dirs:
+                # Every process of the command is in its cgroup (joined before anything
+                # of it ran; the sandbox cannot leave it): wait until the group's process
+                # count (charged until each process is released, zombies included) is 0.
+                # One small read per poll, where scanning /proc for the uid took ~4 ms.
+                _reap_group(group, _REAP_GRACE_S)
+            elif self.privileged:
+                # The uid belongs to this session alone, and its commands run one at a
+                # time: whatever still runs as it is left of this command (the pid
+                # namespace's teardown is asynchronous to bwrap's exit). Wait until it is
+                # all gone, so the next command starts with a clean process count.
+                reap_uid(uid, _REAP_GRACE_S)
+            if group is not None:
+                group.remove()
+            if tmp is not None:
+                tmp.remove()
+
+        # One thread hop for the whole clean-up (each hop costs a wake-up on a busy host).
+        await asyncio.to_thread(clean)
 
     def _private_tmp(self, limits: Limits, uid: int) -> Workspace:
         """The command's /tmp: a fresh tmpfs of ``tmp_bytes`` (mode 1777 inside)."""
@@ -403,3 +519,77 @@ def reap_uid(uid: int, timeout_s: float) -> None:
             log.error("sandbox_processes_survive", uid=uid, pids=pids[:20])
             return
         time.sleep(0.01)
+
+
+def _reap_group(group: CommandCgroup, timeout_s: float) -> None:
+    """SIGKILL what is left in the command's cgroup until none of its processes can run
+    or still counts against the session uid.
+
+    The group's process count (pids.current: charged until a process is released, zombies
+    included) may end at 1, not 0: bwrap's pid-1 in the sandbox is root's (it drops to the
+    session uid only for the command) and, once bwrap reported the exit status, an orphan
+    that the host's init reaps when it gets to it (seconds here). That 1 is harmless, and
+    it also proves the rest is gone: pid 1 of a pid namespace becomes a zombie only after
+    the kernel killed and released every other process in it. So: no live process in the
+    group, and at most that one zombie."""
+    pids = group.dirs["pids"]
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            live = (pids / "cgroup.procs").read_text().split()
+            charged = int((pids / "pids.current").read_text())
+        except (OSError, ValueError):
+            return  # the group is gone
+        if not live and charged <= 1:
+            return
+        group.kill_all()
+        if time.monotonic() > deadline:
+            log.error("sandbox_processes_survive", cgroup=str(pids), pids=live[:20], charged=charged)
+            return
+        time.sleep(0.002)
+
+
+class Prestarted:
+    """A session's next sandbox, started and waiting for its command (Jail.prestart)."""
+
+    def __init__(self, proc: asyncio.subprocess.Process, group: CommandCgroup | None, tmp: Workspace | None,
+                 command_fd: int, *, uid: int, workspace: Path, label: str) -> None:
+        self.proc, self.group, self.tmp = proc, group, tmp
+        self._fd: int | None = command_fd
+        self.uid, self.workspace, self.label = uid, workspace, label
+
+    @property
+    def alive(self) -> bool:
+        return self.proc.returncode is None and self._fd is not None
+
+    def take_fd(self) -> int | None:
+        fd, self._fd = self._fd, None
+        return fd
+
+
+async def _send_command(fd: int | None, data: bytes) -> None:
+    """Write the command, then the ``.`` the reader strips, and close the pipe. Most
+    commands fit the pipe at once; a longer one is finished in a thread (the shell reads
+    while we write). A sandbox gone meanwhile (EPIPE) is its command's result."""
+    if fd is None:
+        return
+    data += b"."
+    try:
+        os.set_blocking(fd, False)
+        try:
+            done = os.write(fd, data)
+        except BlockingIOError:
+            done = 0
+        if done < len(data):
+            os.set_blocking(fd, True)
+            await asyncio.to_thread(_write_all, fd, data[done:])
+    except BrokenPipeError:
+        pass
+    finally:
+        _close(fd)
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]

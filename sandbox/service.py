@@ -34,6 +34,9 @@ from tasks.store import TaskStore
 
 log = structlog.get_logger(__name__)
 
+# How long after a command its session's next sandbox is started (see SandboxService._prestart).
+_PRESTART_PAUSE_S = 0.1
+
 
 class CreateSession(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     task_id: str
@@ -191,7 +194,7 @@ class SandboxService:
         # Refills are a few tree creations: let them finish, then drop what they made.
         await asyncio.gather(*self._refilling.values(), return_exceptions=True)
         for session in self.pool.all():
-            await self.pool.close(session)
+            await self._close(session)
         await asyncio.to_thread(self.pool.drain_warm)
         if self.cgroups is not None:
             self.cgroups.close()
@@ -203,7 +206,7 @@ class SandboxService:
             await asyncio.sleep(period)
             for session in self.pool.idle(self.cfg.session_idle_timeout_s):
                 log.warning("session_idle_closed", session_id=session.id, task_id=session.task_id)
-                await self.pool.close(session)
+                await self._close(session)
 
     # --- handlers ---------------------------------------------------------------
 
@@ -220,6 +223,7 @@ class SandboxService:
             files = spec.files
         if spec is None or not spec.image:
             session, dropped = await asyncio.to_thread(self.pool.open, body.task_id, files)
+            self._prestart(session)
             return _json({"session_id": session.id, "dropped": dropped})
         # An image task: its root (pulled and unpacked on first use; an ImageError is a
         # 503 naming the image), held until the session closes.
@@ -230,6 +234,7 @@ class SandboxService:
         except BaseException:
             self.images.release(root)
             raise
+        self._prestart(session)
         self._refill(root, spec.workdir)
         return _json({"session_id": session.id, "dropped": dropped, "image": root.ref, "digest": root.digest})
 
@@ -269,14 +274,79 @@ class SandboxService:
         async with session.lock:
             if session.closed:
                 raise SessionClosed(f"no live session {session.id!r}")
-            result = await self.jail.run(
-                body.command, workspace=session.workspace.root, uid=session.uid, timeout_s=timeout,
-                label=f"s{session.slot}", root=session.root, workdir=session.workdir,
-            )
+            try:
+                pre = await self._take_prestarted(session)
+                if pre is not None:
+                    result = await self.jail.run_prestarted(pre, body.command, timeout_s=timeout)
+                else:
+                    result = await self.jail.run(
+                        body.command, workspace=session.workspace.root, uid=session.uid, timeout_s=timeout,
+                        label=f"s{session.slot}", root=session.root, workdir=session.workdir,
+                    )
+            finally:
+                # The next command's sandbox, after a short pause: a close that follows
+                # at once (create, one command, close) does not pay for starting one.
+                self._prestart(session, delay_s=_PRESTART_PAUSE_S)
             session.log_call(body.command, result.exit_code, result.stdout, result.stderr, result.killed,
                              result.duration_s)
         session.touch()
         return _json(result)
+
+    # --- a session's next sandbox, started ahead ---------------------------------
+
+    def _prestart(self, session: Session, delay_s: float = 0.0) -> None:
+        """Start the sandbox of the session's next command in the background
+        (runner.Jail.prestart): the next exec only hands it its command. Commands of a
+        session run one at a time, and this runs only after one ended (its uid's
+        processes reaped), so it never overlaps a command of the same uid."""
+        if not self.cfg.prestart_sandboxes or session.closed or session.next_sandbox is not None:
+            return
+
+        async def start():
+            if delay_s:
+                await asyncio.sleep(delay_s)
+            if session.closed:
+                return None
+            return await self.jail.prestart(workspace=session.workspace.root, uid=session.uid,
+                                            label=f"s{session.slot}", root=session.root, workdir=session.workdir)
+
+        session.next_sandbox = asyncio.create_task(start())
+
+    async def _take_prestarted(self, session: Session):
+        """The session's prestarted sandbox if there is a live one (waiting for one still
+        starting), else None; either way the session has none afterwards."""
+        task, session.next_sandbox = session.next_sandbox, None
+        if task is None:
+            return None
+        try:
+            pre = await task
+        except asyncio.CancelledError:
+            if task.cancelled():
+                return None
+            raise
+        except Exception as exc:
+            log.warning("sandbox_prestart_failed", session_id=session.id, error=repr(exc))
+            return None
+        if pre is not None and not pre.alive:
+            await self.jail.discard(pre)
+            return None
+        return pre
+
+    async def _drop_prestarted(self, session: Session) -> None:
+        """End the session's prestarted sandbox unused (before close or grading, which may
+        reap the session's uid)."""
+        task = session.next_sandbox
+        if task is not None and not task.done():
+            task.cancel()  # still pausing: nothing started; starting: finishes, then dropped below
+        pre = await self._take_prestarted(session)
+        if pre is not None:
+            await self.jail.discard(pre)
+
+    async def _close(self, session: Session) -> None:
+        session.closed = True  # no new command starts; a running one finishes (bounded by its timeout)
+        async with session.lock:
+            await self._drop_prestarted(session)
+            self.pool.release(session)
 
     async def read_file(self, request: web.Request) -> web.Response:
         session = self._session(request)
@@ -314,6 +384,9 @@ class SandboxService:
         async with session.lock:
             if session.closed:
                 raise SessionClosed(f"no live session {session.id!r}")
+            # Grading runs commands as the session's uid (and reaps it): no sandbox of the
+            # session may be waiting meanwhile.
+            await self._drop_prestarted(session)
             if session.reward is None or session.reward.trajectory_id != body.trajectory_id:
                 snapshot, error = None, ""
                 try:
@@ -356,7 +429,7 @@ class SandboxService:
 
     async def close_session(self, request: web.Request) -> web.Response:
         session = self.pool.get(request.match_info["id"])
-        await self.pool.close(session)
+        await self._close(session)
         return _json({"closed": True})
 
     async def health(self, request: web.Request) -> web.Response:

@@ -55,6 +55,9 @@ class Session:
         self.lock = asyncio.Lock()
         # Set once graded; a submit retried after a failed publish re-sends it.
         self.reward = None
+        # The sandbox of the session's next command, started ahead (service.py
+        # _prestart; a Task whose result is a runner.Prestarted or None).
+        self.next_sandbox: asyncio.Task | None = None
 
     def touch(self) -> None:
         self.last_used = time.monotonic()

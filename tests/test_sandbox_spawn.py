@@ -38,3 +38,30 @@ def test_a_cgroup_that_cannot_be_joined_runs_nothing(tmp_path):
     done = subprocess.run(argv, capture_output=True, text=True)
     assert done.returncode == 125 and not marker.exists()
     assert "cgroup.procs" in done.stderr
+
+
+async def test_a_prestarted_sandbox_runs_its_command_exactly_as_a_fresh_one(tmp_path):
+    """Jail.prestart: the sandbox is started before its command; the command then runs
+    with the same argv ($0), environment (SHLVL included), uid and shell parsing (a
+    trailing heredoc, trailing newlines, a long command past the pipe's buffer) as in a
+    sandbox started for it; an unused one is discarded without running anything."""
+    import os
+
+    from sandbox.config import SandboxConfig
+    from sandbox.runner import Jail
+    from sandbox.workspace import Workspace
+
+    jail = Jail(SandboxConfig(workspace_root=str(tmp_path), disk_quota="off"))
+    uid = 60999 if jail.privileged else os.geteuid()
+    ws, _ = Workspace.create(tmp_path / "ws", uid, {})
+    command = 'echo "$0 $SHLVL $(id -u)"; env | sort; ls -A /proc/self/fd | wc -l; cat <<EOF\nx\nEOF\n\n\n'
+    long = "true " + "#" * 100_000 + "\necho long"
+    fresh = await jail.run(command, workspace=ws.root, uid=uid, timeout_s=30)
+    for cmd, expected in ((command, fresh.stdout), (long, "long\n")):
+        pre = await jail.prestart(workspace=ws.root, uid=uid, label="pre")
+        result = await jail.run_prestarted(pre, cmd, timeout_s=30)
+        assert (result.exit_code, result.stdout, result.stderr) == (0, expected, "")
+    assert fresh.stdout.startswith(f"/bin/bash 1 {uid}\n")
+    pre = await jail.prestart(workspace=ws.root, uid=uid, label="pre")
+    await jail.discard(pre)
+    assert pre.proc.returncode is not None and list(ws.root.iterdir()) == []
