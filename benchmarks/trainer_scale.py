@@ -12,6 +12,11 @@ is reported next to it (informational: every rank loads the whole float32 model 
 sharding it, and the interpreter, torch and transformers take ~0.5 GB a process).
 Step time is informational: 4 ranks on 2 cores share them.
 
+After the steps, one publish from the shards (``publishable_state_sharded``, bfloat16,
+buckets of ``--bucket-mb``): each rank's peak RSS above its RSS before the publish
+(VmHWM, reset through /proc/self/clear_refs, after malloc_trim) and the bytes rank 0 keeps for the
+publisher.
+
     flock /tmp/rollway-heavy.lock .venv/bin/python benchmarks/trainer_scale.py
     .venv/bin/python benchmarks/trainer_scale.py --world-sizes 1,2 --steps 2   # smoke
 """
@@ -92,12 +97,48 @@ def rank_main(args_path: str) -> None:
         started = time.perf_counter()
         core.train_step(groups)
         times.append(time.perf_counter() - started)
-    mine = dict(counted, rank=ctx.rank, step_s=times, peak_rss=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+    peak_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    publish = _measure_publish(core, ctx.rank, spec["bucket_bytes"])
+    mine = dict(counted, rank=ctx.rank, step_s=times, peak_rss=peak_rss, publish=publish,
                 params_count=sum(p.numel() for p in core.model.parameters()))
     everyone = all_gather_objects(mine)
     if ctx.rank == 0:
         Path(spec["out"]).write_text(json.dumps(everyone))
     dist.destroy_process_group()
+
+
+def _status_bytes(field: str) -> int:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1]) * 1024
+    raise KeyError(field)
+
+
+def _measure_publish(core, rank: int, bucket_bytes: int) -> dict:
+    """One publish from the shards (``publishable_state_sharded``, bfloat16): the peak
+    RSS above the RSS before it (Linux resets the high-water mark VmHWM on writing 5 to
+    /proc/self/clear_refs), and the bytes rank 0 keeps (what it hands the publisher)."""
+    import ctypes
+    import gc
+
+    import torch.distributed as dist
+
+    from trainer.sharded_publish import publishable_state_sharded
+
+    gc.collect()
+    # Hand freed heap pages back first, else the publish reuses pages already resident
+    # and the RSS does not see it (glibc's malloc_trim releases free pages of every arena).
+    ctypes.CDLL("libc.so.6").malloc_trim(0)
+    dist.barrier()
+    before = _status_bytes("VmRSS")
+    Path("/proc/self/clear_refs").write_text("5")
+    started = time.perf_counter()
+    state = publishable_state_sharded(core.model, "bfloat16", rank, bucket_bytes=bucket_bytes)
+    seconds = time.perf_counter() - started
+    peak = _status_bytes("VmHWM")
+    kept = _bytes(state) if state is not None else 0
+    del state
+    return {"extra_peak": peak - before, "kept": kept, "seconds": seconds}
 
 
 def run_world(world_size: int, spec: dict, workdir: Path) -> list[dict]:
@@ -123,6 +164,7 @@ def main() -> None:
     parser.add_argument("--prompt-tokens", type=int, default=64)
     parser.add_argument("--gen-tokens", type=int, default=64)
     parser.add_argument("--micro-batch-tokens", type=int, default=1024)
+    parser.add_argument("--bucket-mb", type=float, default=8.0, help="publish gather bucket (publish dtype)")
     parser.add_argument("--json", help="also write the rows here")
     args = parser.parse_args()
     if args.rank_main:
@@ -139,7 +181,7 @@ def main() -> None:
         path, groups = vocab_case(args, str(model_dir))
         (workdir / "groups.pkl").write_bytes(pickle.dumps(groups))
         spec = dict(model=path, groups=str(workdir / "groups.pkl"), steps=args.steps,
-                    micro_batch_tokens=args.micro_batch_tokens)
+                    micro_batch_tokens=args.micro_batch_tokens, bucket_bytes=int(args.bucket_mb * 1e6))
         results = {ws: run_world(ws, spec, workdir) for ws in world_sizes}
 
     def state_bytes(r: dict) -> int:
@@ -166,6 +208,18 @@ def main() -> None:
         print(f"| {ws} | {row['params_mb']:.1f} | {row['grads_mb']:.1f} | {row['optimizer_mb']:.1f} "
               f"| {row['total_mb']:.1f} | {row['memory_ratio']:.3f} | {row['peak_rss_mb']:.0f} "
               f"| {row['step_s']:.2f} | {row['step_ratio']:.2f} |")
+    print()
+    print(f"publish (bfloat16, buckets of {args.bucket_mb:g} MB): peak RSS above the RSS before it")
+    print("| world size | rank 0 extra peak MB | rank 0 keeps MB | other ranks' extra peak MB (max) | seconds |")
+    print("|---|---|---|---|---|")
+    for ws, row in zip(world_sizes, rows):
+        ranks = sorted(results[ws], key=lambda r: r["rank"])
+        lead, others = ranks[0]["publish"], [r["publish"] for r in ranks[1:]]
+        row.update(publish_rank0_extra_peak_mb=lead["extra_peak"] / 1e6, publish_rank0_kept_mb=lead["kept"] / 1e6,
+                   publish_others_extra_peak_mb=max((o["extra_peak"] for o in others), default=0) / 1e6,
+                   publish_s=lead["seconds"])
+        print(f"| {ws} | {row['publish_rank0_extra_peak_mb']:.1f} | {row['publish_rank0_kept_mb']:.1f} "
+              f"| {row['publish_others_extra_peak_mb']:.1f} | {row['publish_s']:.2f} |")
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=2))
 
