@@ -60,8 +60,6 @@ def _world_size_flag(args: argparse.Namespace) -> int | None:
 
 
 def run(args: argparse.Namespace) -> int:
-    import sys
-
     from rollway.commands import load_config_or_exit
 
     world_size = _world_size_flag(args)
