@@ -147,6 +147,8 @@ class SandboxService:
         self.pool = SessionPool(root, capacity=cfg.max_sessions, uid_base=cfg.uid_base, quota=self.quota,
                                 images=self.images, warm_per_image=cfg.images.warm_sessions_per_image)
         self._refilling: dict[tuple[str, str], asyncio.Task] = {}
+        self.pool.drop_sandbox = self._drop_from_thread
+        self._loop: asyncio.AbstractEventLoop | None = None
         self.grader = Grader(cfg, reward_cfg, store, self.jail, publisher, quota=self.quota, images=self.images)
         self._reaper: asyncio.Task | None = None
         request_limit = max(cfg.max_snapshot_bytes, 2 * cfg.max_file_bytes_api) + 1024 * 1024
@@ -184,6 +186,7 @@ class SandboxService:
                  privileged=self.jail.privileged, seconds=result.duration_s)
 
     async def _on_startup(self, app: web.Application) -> None:
+        self._loop = asyncio.get_running_loop()
         self._reaper = asyncio.create_task(self._reap_idle())
 
     async def _on_cleanup(self, app: web.Application) -> None:
@@ -246,8 +249,14 @@ class SandboxService:
 
         async def refill() -> None:
             try:
-                while await asyncio.to_thread(self.pool.prepare_warm, root, workdir):
-                    pass
+                while (warm := await asyncio.to_thread(self.pool.make_warm, root, workdir)) is not None:
+                    # Its first command's sandbox too, offered with the tree (set before
+                    # add_warm: a session may take the tree at once).
+                    if self.cfg.prestart_sandboxes:
+                        warm.next_sandbox = asyncio.create_task(self.jail.prestart(
+                            workspace=warm.workspace.root, uid=warm.uid, label=f"s{warm.slot}", root=root,
+                            workdir=workdir))
+                    self.pool.add_warm(warm, workdir)
             except Exception as exc:
                 log.warning("warm_session_failed", image=root.ref, error=repr(exc))
             finally:
@@ -341,6 +350,20 @@ class SandboxService:
         pre = await self._take_prestarted(session)
         if pre is not None:
             await self.jail.discard(pre)
+
+    def _drop_from_thread(self, task: asyncio.Task) -> None:
+        """A warm tree's prestarted sandbox ended from a worker thread (the pool drops a
+        warm tree there); waits until it is gone."""
+        async def drop() -> None:
+            try:
+                pre = await task
+            except BaseException:
+                return
+            if pre is not None:
+                await self.jail.discard(pre)
+
+        if self._loop is not None:
+            asyncio.run_coroutine_threadsafe(drop(), self._loop).result()
 
     async def _close(self, session: Session) -> None:
         session.closed = True  # no new command starts; a running one finishes (bounded by its timeout)

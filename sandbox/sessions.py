@@ -6,6 +6,7 @@ import asyncio
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 
 import structlog
@@ -74,6 +75,8 @@ class _Warm:
 
     def __init__(self, slot: int, uid: int, workspace: Workspace, root: ImageRoot) -> None:
         self.slot, self.uid, self.workspace, self.root = slot, uid, workspace, root
+        # Its first command's sandbox, started ahead by the service (a Task, or None).
+        self.next_sandbox: asyncio.Task | None = None
 
 
 class SessionPool:
@@ -95,6 +98,9 @@ class SessionPool:
         self._free = list(range(capacity))
         self._sessions: dict[str, Session] = {}
         self._warm: dict[tuple[str, str], list[_Warm]] = {}
+        # Ends a warm tree's prestarted sandbox (set by the service; called from worker
+        # threads, returns once the sandbox and its uid's processes are gone).
+        self.drop_sandbox: Callable[[asyncio.Task], None] | None = None
         # Slots and warm trees change in worker threads (open/prepare run off the loop).
         self._lock = threading.Lock()
 
@@ -124,6 +130,8 @@ class SessionPool:
             return self._free.pop(0), None
 
     def _drop_warm(self, warm: _Warm) -> None:
+        if warm.next_sandbox is not None and self.drop_sandbox is not None:
+            self.drop_sandbox(warm.next_sandbox)  # before the slot (its uid) is free again
         warm.workspace.remove()
         if self.images is not None:
             self.images.release(warm.root)
@@ -133,10 +141,18 @@ class SessionPool:
     def prepare_warm(self, root: ImageRoot, workdir: str) -> bool:
         """Make one more warm tree of ``root`` if below ``warm_per_image`` and a slot is
         free; returns whether it did (the service calls it until False)."""
+        warm = self.make_warm(root, workdir)
+        if warm is not None:
+            self.add_warm(warm, workdir)
+        return warm is not None
+
+    def make_warm(self, root: ImageRoot, workdir: str) -> _Warm | None:
+        """A warm tree of ``root`` (slot taken, image held), not yet offered to sessions
+        (:meth:`add_warm`), or None when there are enough or no slot is free."""
         key = (root.digest, workdir)
         with self._lock:
             if len(self._warm.get(key, ())) >= self.warm_per_image or not self._free or self.images is None:
-                return False
+                return None
             slot = self._free.pop(0)
         uid = self.uid_base + slot
         try:
@@ -147,9 +163,11 @@ class SessionPool:
                 self._free.append(slot)
             raise
         self.images.hold(root)
+        return _Warm(slot, uid, workspace, root)
+
+    def add_warm(self, warm: _Warm, workdir: str) -> None:
         with self._lock:
-            self._warm.setdefault(key, []).append(_Warm(slot, uid, workspace, root))
-        return True
+            self._warm.setdefault((warm.root.digest, workdir), []).append(warm)
 
     def drain_warm(self) -> None:
         with self._lock:
@@ -184,6 +202,8 @@ class SessionPool:
         if warm is not None and self.images is not None:
             self.images.release(warm.root)  # the caller's hold is the session's now
         session = Session(session_id, task_id, slot, uid, workspace, root, workdir)
+        if warm is not None:
+            session.next_sandbox = warm.next_sandbox
         self._sessions[session_id] = session
         log.info("session_opened", session_id=session_id, task_id=task_id, uid=uid, files=len(files),
                  image=root.ref if root else "")
