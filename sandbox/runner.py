@@ -441,16 +441,28 @@ async def _spawn(argv: list[str], pass_fds: tuple[int, ...], procs_files: list[s
     """Start bwrap in its own session, inside the cgroup (joined before anything of the
     command runs, so nothing it forks starts outside), under the rlimits; our copies of
     ``pass_fds`` are closed once the child has its own."""
+    starting = asyncio.ensure_future(asyncio.create_subprocess_exec(
+        *spawn_argv(argv, procs_files, limits),
+        stdin=asyncio.subprocess.DEVNULL,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+        start_new_session=True,
+        close_fds=True,
+        pass_fds=pass_fds,
+    ))
     try:
-        return await asyncio.create_subprocess_exec(
-            *spawn_argv(argv, procs_files, limits),
-            stdin=asyncio.subprocess.DEVNULL,
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.PIPE,
-            start_new_session=True,
-            close_fds=True,
-            pass_fds=pass_fds,
-        )
+        return await asyncio.shield(starting)
+    except asyncio.CancelledError:
+        # Cancelled mid-start (a session closed while its next sandbox started):
+        # asyncio's own undo of a half-made subprocess kills only its direct child and
+        # then waits for both pipes to close, which the sandbox's processes hold open,
+        # so it would wait forever (the 2026-12-02 CI hang). Let the start finish and
+        # end what it started; the caller's clean-up then ends the rest of its cgroup.
+        with contextlib.suppress(Exception):
+            proc = await starting
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)  # its own session (start_new_session)
+        raise
     finally:
         # The child has its copies now (or never will): ours would keep a socket
         # peer from seeing EOF when the other end exits.

@@ -346,7 +346,7 @@ class SandboxService:
         reap the session's uid)."""
         task = session.next_sandbox
         if task is not None and not task.done():
-            task.cancel()  # still pausing: nothing started; starting: finishes, then dropped below
+            task.cancel()  # still pausing: nothing started; starting: the start ends what it made (runner._spawn)
         pre = await self._take_prestarted(session)
         if pre is not None:
             await self.jail.discard(pre)

@@ -65,3 +65,40 @@ async def test_a_prestarted_sandbox_runs_its_command_exactly_as_a_fresh_one(tmp_
     pre = await jail.prestart(workspace=ws.root, uid=uid, label="pre")
     await jail.discard(pre)
     assert pre.proc.returncode is not None and list(ws.root.iterdir()) == []
+
+
+
+async def test_sessions_closed_while_their_sandbox_starts_end_and_leave_nothing(tmp_path):
+    """A session closed (or graded) while its next sandbox is being started cancels the
+    start inside asyncio's subprocess creation, whose own undo kills only bwrap's outer
+    process and then waits for output pipes the sandbox still holds: the service hung for
+    good (CI, 2026-12-02: every grading fixture timed out). Many sessions opened and
+    closed at once, on a busy loop, must all close, leave no process of their uids and
+    keep the service answering."""
+    import asyncio
+
+    from sandbox.client import SandboxClient
+    from sandbox.config import SandboxConfig
+    from sandbox.runner import uid_pids
+    from tasks.store import TaskStore
+    from tests.sandbox_helpers import live_sandbox
+
+    sessions = 12
+    cfg = SandboxConfig(max_sessions=sessions, max_concurrent_commands=2, workspace_root=str(tmp_path / "ws"),
+                        tasks_dir=str(tmp_path / "tasks"))
+    (tmp_path / "tasks").mkdir()
+    async with live_sandbox(cfg, store=TaskStore(tmp_path / "tasks")) as live, SandboxClient(live.url) as client:
+        for round_ in range(3):
+            async def open_and_close(i: int) -> int:
+                sid = await client.create_session(f"t{round_}-{i}", {"a.py": "x = 1\n"})
+                uid = live.service.pool.get(sid).uid
+                await asyncio.sleep(0.01 * (i % 4))
+                await client.close_session(sid)
+                return uid
+
+            # A hang is the failure; the bound is far above any machine's time for this.
+            uids = await asyncio.wait_for(asyncio.gather(*(open_and_close(i) for i in range(sessions))), 120)
+            assert {uid: uid_pids(uid) for uid in uids} == {uid: [] for uid in uids}
+        sid = await client.create_session("after", {"a.py": "x = 1\n"})
+        result = await client.exec(sid, "cat a.py")
+        assert (result.exit_code, result.stdout) == (0, "x = 1\n")
