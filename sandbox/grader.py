@@ -226,16 +226,16 @@ class Grader:
             # failure: the service answers 503, never a reward).
             root = await self.images.acquire(spec.image) if spec.image else None
             try:
+                # The agent's final tree over the image (both modes): its deletions and links too.
+                changes = image_changes.tree_changes(snapshot, tree) if tree is not None else None
                 if spec.grading == "in-env":
                     plan = make_plan(grading_inenv.pytest_args(spec, args), grading_inenv.layout(spec), configs)
-                    # The agent's final tree over the image: its deletions and links too.
-                    changes = image_changes.tree_changes(snapshot, tree) if tree is not None else None
                     output = await grading_inenv.run(self.jail, self.cfg, self._limits(), spec, code, plan, base,
                                                      uid=uid, root=root, changes=changes)
                 else:
                     plan = make_plan(grading_bridged.pytest_args(spec, args), grading_bridged.layout(spec), configs)
                     output = await grading_bridged.run(self.jail, self.cfg, self._limits(), spec, code, plan, base,
-                                                       uid=uid, cpu=self._bridge_cpu(), root=root)
+                                                       uid=uid, cpu=self._bridge_cpu(), root=root, changes=changes)
             finally:
                 if root is not None:
                     self.images.release(root)

@@ -18,7 +18,7 @@ import fcntl
 import json
 import os
 import shlex
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 from sandbox.cheating import HARNESS_MODULES
 from sandbox.config import SandboxConfig
@@ -28,6 +28,7 @@ from sandbox.grading_common import (
     write_ro,
 )
 from sandbox import image_workspace
+from sandbox.image_changes import TreeChanges
 from sandbox.images import ImageRoot
 from sandbox.isolation import WORKSPACE, Bind, Limits
 from sandbox.runner import Jail
@@ -77,15 +78,23 @@ def pytest_args(spec: TaskSpec, args: list[str]) -> list[str]:
 
 
 async def run(jail: Jail, cfg: SandboxConfig, limits: Limits, spec: TaskSpec, code: dict[str, bytes],
-              plan: HiddenPlan, base: Path, *, uid: int, cpu: int | None, root: ImageRoot | None = None) -> RunOutput:
+              plan: HiddenPlan, base: Path, *, uid: int, cpu: int | None, root: ImageRoot | None = None,
+              changes: TreeChanges | None = None) -> RunOutput:
     """``root``: the task's image (both sandboxes run on it, the repository at
-    ``spec.workdir``); None: the host root, the repository at /workspace."""
+    ``spec.workdir``); None: the host root, the repository at /workspace. ``changes``:
+    the agent's removals and links against the image, redone on the solution's fresh
+    tree of it (as in-env grading does), so a file the agent deleted stays deleted."""
     solution_uid = uid + cfg.grading_solution_uid_offset
     workdir = spec.workdir if root is not None else WORKSPACE
     on_root = {"root": root, "workdir": workdir} if root is not None else {}
     # The solution's sandbox: its workspace copy and the serving script. No test file.
     if root is not None:
-        ws, _ = image_workspace.create(base / "ws", solution_uid, code, None, root, workdir)
+        removed, links = (changes.removed, changes.links) if changes is not None else ((), {})
+        # A link at or above a file of the tree cannot be made (the file wins, as in-env).
+        above = {str(parent) for path in code for parent in PurePosixPath(path).parents}
+        links = {p: t for p, t in links.items() if p not in code and p not in above}
+        ws, _ = image_workspace.create(base / "ws", solution_uid, code, None, root, workdir, removed=removed,
+                                       links=links)
     else:
         ws, _ = Workspace.create(base / "ws", solution_uid, code)
     sol_dir = _grader_dir(base / "sol", "bridge_solution.py")

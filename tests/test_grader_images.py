@@ -29,6 +29,16 @@ pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = load_swe_jsonl(ROOT / "tasks" / "images" / "examples.jsonl")
 BRIDGED = msgspec.structs.replace(EXAMPLES[0], task_id=EXAMPLES[0].task_id + "-bridged", grading="bridged")
+# Bridged grading of a solution that deletes a file of the image's repository (README.md):
+# the solution's sandbox must hold the agent's tree, so the file is gone there too. The
+# hidden test asks the solution's process (through the bridge) whether it sees the file.
+BRIDGED_DELETE = msgspec.structs.replace(
+    BRIDGED, task_id=EXAMPLES[0].task_id + "-bridged-delete",
+    hidden_tests={**BRIDGED.hidden_tests, "tests/test_gone.py": (
+        "from probe import readme_gone\n\n\ndef test_readme_is_gone():\n    assert readme_gone() is True\n")},
+    test_command=BRIDGED.test_command + " hidden_tests/tests/test_gone.py::test_readme_is_gone")
+PROBE = ("import os\n\n\ndef readme_gone():\n"
+         "    return not os.path.lexists(os.path.join(os.path.dirname(os.path.abspath(__file__)), 'README.md'))\n")
 # The same instance as SWE-Gym ships it: no ``files``, the repository (with its own
 # tests/conftest.py fixture) only in the image; its test patch edits a file there.
 REPO_IN_IMAGE = parse_row({**{k: v for k, v in rows()[0].items() if k != "files"},
@@ -39,12 +49,15 @@ GOLD = {REPO_IN_IMAGE.task_id: dict(EXAMPLE_DEFS[0].fixed)}
 # config loads), its setup.cfg a link, nested .git/.hg; the gold patch deletes a file.
 QUIRKS_TASK = parse_row(quirks_row("quirks-1"), task_set="examples")
 GOLD[QUIRKS_TASK.task_id] = {"quirks/core.py": "def double(x):\n    return x * 2\n"}
+GOLD[BRIDGED_DELETE.task_id] = {**EXAMPLES[0].solution, "probe.py": PROBE}
 # Shell run in the session after the gold files are written ("gold" jobs), and the
 # agent's view of the nested version-control entries, kept for a test.
-AFTER_GOLD = {QUIRKS_TASK.task_id: "rm quirks/legacy.py"}
+AFTER_GOLD = {QUIRKS_TASK.task_id: "rm quirks/legacy.py && ls -a vendor/thing vendor/other .",
+              BRIDGED_DELETE.task_id: "rm README.md"}
 ESCAPE = (QUIRKS_TASK.task_id, "escape")  # the gold patch plus a link it added to a host path
 VCS_SEEN: dict[str, str] = {}
 JOBS = ([(s.task_id, gold) for s in EXAMPLES for gold in (True, False)] + [(BRIDGED.task_id, True)]
+        + [(BRIDGED_DELETE.task_id, True)]
         + [(REPO_IN_IMAGE.task_id, gold) for gold in (True, False)]
         + [(QUIRKS_TASK.task_id, gold) for gold in (True, False)] + [ESCAPE])
 
@@ -53,7 +66,7 @@ JOBS = ([(s.task_id, gold) for s in EXAMPLES for gold in (True, False)] + [(BRID
 async def graded(tmp_path_factory) -> dict[tuple[str, bool], Reward]:
     images = await asyncio.to_thread(example_images)
     store = TaskStore(ROOT / "tasks" / "demo")
-    for spec in [*EXAMPLES, BRIDGED, REPO_IN_IMAGE, QUIRKS_TASK]:
+    for spec in [*EXAMPLES, BRIDGED, BRIDGED_DELETE, REPO_IN_IMAGE, QUIRKS_TASK]:
         store.add(spec)
     cfg = SandboxConfig(
         max_sessions=len(JOBS), max_concurrent_commands=4, command_queue_timeout_s=600.0,
@@ -69,9 +82,10 @@ async def graded(tmp_path_factory) -> dict[tuple[str, bool], Reward]:
                 await client.write_file(sid, path, content)
             if gold and task_id in AFTER_GOLD:
                 command = AFTER_GOLD[task_id] + (" && ln -s /etc/passwd added_link" if gold == "escape" else "")
-                ran = await client.exec(sid, command + " && ls -a vendor/thing vendor/other .")
+                ran = await client.exec(sid, command)
                 assert ran.exit_code == 0, ran
-                VCS_SEEN[str(gold)] = ran.stdout
+                if task_id == QUIRKS_TASK.task_id:
+                    VCS_SEEN[str(gold)] = ran.stdout
             return await client.submit(sid, trajectory_id=f"{task_id}-{gold}")
 
         rewards = await asyncio.gather(*(grade(*job) for job in JOBS))
@@ -101,6 +115,14 @@ def test_untouched_repository_is_not_paid_in_the_image(graded, task_id):
 def test_bridged_grading_runs_on_the_image_too(graded):
     reward = graded[(BRIDGED.task_id, True)]
     assert (reward.score, reward.reward, reward.cheated, reward.reason) == (1.0, 1.0, False, ""), reward.reason
+
+
+def test_bridged_grading_redoes_the_agents_deletions_over_the_image(graded):
+    """Before: the solution's sandbox was a fresh tree of the image with the agent's files
+    written over it, so README.md (deleted by the agent) was back: 2 of 3 passed."""
+    reward = graded[(BRIDGED_DELETE.task_id, True)]
+    assert (reward.score, reward.cheated, reward.reason) == (1.0, False, ""), reward.reason
+    assert reward.tests_passed == reward.tests_total == 3
 
 
 def test_a_repository_only_in_its_image_is_graded_against_the_image(graded):
