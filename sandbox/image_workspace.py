@@ -18,7 +18,10 @@ changes, under the session's disk quota:
 
 Version-control entries at any depth (``.git``, a submodule's or a vendored copy's
 ``.git`` file or folder, ``.hg``...) are hidden (an overlay whiteout, or removed from the
-copy): no history for the agent to mine, as for host workspaces.
+copy): no history for the agent to mine, as for host workspaces. Both modes show the
+session a working tree only: the image's device nodes, FIFOs and sockets under the
+workdir are hidden (whiteouts) or removed, and its setuid/setgid files lose those bits
+(a metadata-only copy-up in the overlay; the image is never changed).
 Everything is reached without following the image's links on the host
 (:func:`sandbox.image_unpack.resolve_in_root`, ``lchown``).
 """
@@ -87,6 +90,8 @@ class LowerFacts(msgspec.Struct, frozen=True):
     vcs: tuple[str, ...]  # version-control entries at any depth, relative (not entered)
     bytes: int  # what a copy of the rest takes on a tmpfs (files rounded up to pages)
     inodes: int
+    special: tuple[str, ...] = ()  # device nodes, FIFOs, sockets (no working tree holds them)
+    setid: tuple[str, ...] = ()  # regular files with the setuid or setgid bit
 
 
 _FACTS: collections.OrderedDict[tuple[str, str], LowerFacts] = collections.OrderedDict()
@@ -103,19 +108,27 @@ def lower_facts(root: ImageRoot, workdir: str, lower: Path) -> LowerFacts:
             _FACTS.move_to_end(key)
             return _FACTS[key]
     vcs: list[str] = []
+    special: list[str] = []
+    setid: list[str] = []
     size = inodes = 0
     for folder, dirs, names in os.walk(lower, followlinks=False):
         rel = os.path.relpath(folder, lower)
         for name in sorted(dirs + names):
+            path = name if rel == "." else f"{rel}/{name}"
             if name in VCS_DIRS:
-                vcs.append(name if rel == "." else f"{rel}/{name}")
+                vcs.append(path)
                 continue
             inodes += 1
             st = os.lstat(os.path.join(folder, name))
             if stat.S_ISREG(st.st_mode) or stat.S_ISLNK(st.st_mode):
                 size += -(-st.st_size // _PAGE) * _PAGE
+            if stat.S_ISCHR(st.st_mode) or stat.S_ISBLK(st.st_mode) or stat.S_ISFIFO(st.st_mode) \
+                    or stat.S_ISSOCK(st.st_mode):
+                special.append(path)
+            elif stat.S_ISREG(st.st_mode) and st.st_mode & (stat.S_ISUID | stat.S_ISGID):
+                setid.append(path)
         dirs[:] = [d for d in dirs if d not in VCS_DIRS]
-    facts = LowerFacts(vcs=tuple(vcs), bytes=size, inodes=inodes)
+    facts = LowerFacts(vcs=tuple(vcs), bytes=size, inodes=inodes, special=tuple(special), setid=tuple(setid))
     with _FACTS_LOCK:
         _FACTS[key] = facts
         while len(_FACTS) > 64:
@@ -145,11 +158,13 @@ def create(base: Path, uid: int, files: dict[str, str | bytes], quota: disk.Quot
             tree.mkdir(mode=0o755)
         else:
             facts = lower_facts(root, workdir, lower)
-            tree, mode = _overlay(base, area, lower, mounts, facts.vcs)
+            tree, mode = _overlay(base, area, lower, mounts, facts.vcs + facts.special)
             if mode != "overlay":
                 _copy(area, tree, lower, mode, facts, quota)
                 mode = "copy"
         _chown_tree(tree, uid)
+        if mode == "overlay":
+            _clear_setid(tree, facts.setid)
         ws = ImageWorkspace(tree, uid, base=base, mounts=mounts, mode=mode)
     except BaseException:
         for path in mounts:
@@ -210,7 +225,8 @@ def _prune_emptied(ws: Workspace, removed: tuple[str, ...]) -> None:
 
 def _overlay(base: Path, area: Path, lower: Path, mounts: list[Path], vcs: tuple[str, ...]) -> tuple[Path, str]:
     """Mount the overlay: (the merged tree, ``overlay``); or, refused, (where the copy
-    goes, why it was refused)."""
+    goes, why it was refused). ``vcs``: the image's entries the session must not see
+    (version-control entries, device nodes, FIFOs, sockets), each hidden by a whiteout."""
     if os.geteuid() != 0:
         # Mounting (and the whiteout device nodes below) needs root: a rootless service
         # copies. Not tried and refused, as mknod would fail first on an image with .git.
@@ -292,6 +308,19 @@ def _drop_special(tree: Path) -> list[str]:
                 os.chmod(path, stat.S_IMODE(st.st_mode) & ~(stat.S_ISUID | stat.S_ISGID))
                 dropped.append(os.path.relpath(path, tree) + " (setuid/setgid)")
     return dropped
+
+
+def _clear_setid(tree: Path, paths: tuple[str, ...]) -> None:
+    """The overlay's view of the image's setuid/setgid files without those bits (a
+    metadata-only copy-up; the image is untouched), as in a copy. The overlay is
+    nosuid anyway: this keeps what the session sees the same in both modes."""
+    for rel in paths:
+        path = tree / rel
+        st = os.lstat(path)
+        if stat.S_ISREG(st.st_mode):
+            os.chmod(path, stat.S_IMODE(st.st_mode) & ~(stat.S_ISUID | stat.S_ISGID))
+    if paths:
+        log.warning("image_workspace_special_files_dropped", count=len(paths), paths=list(paths[:20]))
 
 
 def _chown_tree(tree: Path, uid: int) -> None:

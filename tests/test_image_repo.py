@@ -248,3 +248,31 @@ def test_a_copied_tree_is_a_working_tree_only_and_not_charged_to_the_quota(tmp_p
         ws.remove()
     with pytest.raises(ImageError, match="workdir / is the image's whole root"):
         image_workspace.create(tmp_path / "ws2", 61999, {}, quota, root, "/")
+
+
+@pytest.mark.parametrize("mode", ["overlay", "copy"])
+def test_a_session_tree_shows_no_device_node_fifo_or_setuid_bit_in_either_mode(tmp_path, mode, monkeypatch):
+    """Before: an overlay session (root) saw the image's device node, FIFO and setuid file
+    as the image has them (inert under nodev/nosuid, but not what a copy shows)."""
+    from sandbox import image_workspace
+
+    if mode == "copy":
+        monkeypatch.setattr(image_workspace, "_libc", type("Refuse", (), {"mount": lambda *a: -1})())
+    root = _fake_root(tmp_path)
+    os.makedirs(Path(root.rootfs) / "testbed/sub")
+    os.mknod(Path(root.rootfs) / "testbed/sub/tty", stat.S_IFCHR | 0o666, os.makedev(5, 0))
+    os.chmod(Path(root.rootfs) / "testbed/a.py", 0o2744)  # setgid without group-exec: chown keeps it
+    ws, _ = image_workspace.create(tmp_path / "ws", 61999, {}, None, root, "/testbed")
+    try:
+        assert ws.mode == mode
+        for gone in ("null", "pipe", "sub/tty"):
+            assert not os.path.lexists(ws.root / gone), gone
+        assert (ws.root / "sub").is_dir()
+        assert stat.S_IMODE((ws.root / "run.sh").stat().st_mode) == 0o755
+        assert stat.S_IMODE((ws.root / "a.py").stat().st_mode) == 0o744
+        assert (ws.root / "run.sh").read_bytes() == b"#!/bin/sh\n"
+    finally:
+        ws.remove()
+    # The image itself is unchanged.
+    assert stat.S_IMODE(os.lstat(Path(root.rootfs) / "testbed/run.sh").st_mode) == 0o4755
+    assert stat.S_ISCHR(os.lstat(Path(root.rootfs) / "testbed/null").st_mode)
