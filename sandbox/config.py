@@ -84,7 +84,8 @@ class SandboxConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     # More host paths bound read-only at the same place inside every sandbox.
     extra_ro_binds: list[str] = []
     workspace_root: str = ""  # empty = system temp dir
-    # Largest file GET/PUT through the API, and the largest workspace the grader takes.
+    # Largest file GET/PUT through the API, and the largest workspace the grader takes
+    # (counting the session's own files: an image task's untouched image files are not).
     max_file_bytes_api: int = 4 * 1024 * 1024
     max_snapshot_bytes: int = 64 * 1024 * 1024
     max_snapshot_files: int = 20000

@@ -55,11 +55,39 @@ _MS_REMOUNT = 0x20
 class ImageWorkspace(Workspace):
     """A workspace whose ``root`` is an overlay (or a copy) of an image's directory."""
 
-    def __init__(self, root: Path, uid: int, *, base: Path, mounts: list[Path], mode: str) -> None:
+    def __init__(self, root: Path, uid: int, *, base: Path, mounts: list[Path], mode: str,
+                 lower: Path | None = None) -> None:
         super().__init__(root, uid, mounted=False)
         self.base = base
         self.mounts = mounts  # unmounted in this order (overlay first, then its tmpfs)
         self.mode = mode
+        self.lower = lower  # the image's directory the tree was made from (read-only)
+
+    def base_file(self, rel: str) -> bytes | None:
+        """The image's regular file at ``rel`` under the workdir, reached without following
+        any link (the image's links lead into the image's root, not the host's): the
+        snapshot's limits do not count the image's untouched files."""
+        if self.lower is None:
+            return None
+        *dirs, name = rel.split("/")
+        try:
+            dfd = os.open(self.lower, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except OSError:
+            return None
+        try:
+            for part in dirs:
+                sub = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dfd)
+                os.close(dfd)
+                dfd = sub
+            fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK, dir_fd=dfd)
+        except OSError:
+            os.close(dfd)
+            return None
+        os.close(dfd)
+        with os.fdopen(fd, "rb") as f:
+            if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+                return None
+            return f.read()
 
     def remove(self) -> None:
         for path in self.mounts:
@@ -165,7 +193,7 @@ def create(base: Path, uid: int, files: dict[str, str | bytes], quota: disk.Quot
         _chown_tree(tree, uid)
         if mode == "overlay":
             _clear_setid(tree, facts.setid)
-        ws = ImageWorkspace(tree, uid, base=base, mounts=mounts, mode=mode)
+        ws = ImageWorkspace(tree, uid, base=base, mounts=mounts, mode=mode, lower=lower)
     except BaseException:
         for path in mounts:
             disk.unmount(path)

@@ -214,12 +214,29 @@ class Workspace:
     def snapshot(self, *, max_bytes: int, max_files: int) -> Snapshot:
         """Every regular file (VCS metadata excluded) without following links.
 
-        Raises WorkspaceError when the workspace is over the limits."""
+        Raises WorkspaceError when the workspace is over the limits. The limits count
+        the session's own files only: a file identical to the base tree's at the same
+        path (an image's untouched file, :meth:`base_file`) is in the snapshot but not
+        counted, so a repository of many files is not refused for its own size."""
         snap = Snapshot(files={})
-        self._walk(os.open(self.root, _DIR_FLAGS), "", snap, max_bytes, max_files)
+        self._walk(os.open(self.root, _DIR_FLAGS), "", snap, max_bytes, max_files, [0, 0])
         return snap
 
-    def _walk(self, dfd: int, prefix: str, snap: Snapshot, max_bytes: int, max_files: int) -> None:
+    def base_file(self, rel: str) -> bytes | None:
+        """The base tree's regular file at ``rel`` (None: no base tree, or no regular file
+        there). A plain workspace has no base: every file is the session's."""
+        return None
+
+    def _count(self, rel: str, size: int, counted: list[int], max_bytes: int, max_files: int) -> None:
+        counted[0] += 1
+        counted[1] += size
+        if counted[0] > max_files:
+            raise WorkspaceError(f"workspace has more than {max_files} files")
+        if counted[1] > max_bytes:
+            raise WorkspaceError(f"workspace holds more than {max_bytes} bytes")
+
+    def _walk(self, dfd: int, prefix: str, snap: Snapshot, max_bytes: int, max_files: int,
+              counted: list[int]) -> None:
         try:
             for entry in sorted(os.scandir(dfd), key=lambda e: e.name):
                 rel = f"{prefix}{entry.name}"
@@ -236,16 +253,19 @@ class Workspace:
                     except OSError:
                         snap.skipped.append(rel + "/")
                         continue
-                    self._walk(sub, rel + "/", snap, max_bytes, max_files)
+                    self._walk(sub, rel + "/", snap, max_bytes, max_files, counted)
                 elif stat.S_ISREG(st.st_mode):
-                    if len(snap.files) >= max_files:
-                        raise WorkspaceError(f"workspace has more than {max_files} files")
+                    base = self.base_file(rel)
+                    if base is None or len(base) != st.st_size:
+                        # Not the base's file: counted before it is read.
+                        self._count(rel, st.st_size, counted, max_bytes, max_files)
                     snap.total_bytes += st.st_size
-                    if snap.total_bytes > max_bytes:
-                        raise WorkspaceError(f"workspace holds more than {max_bytes} bytes")
                     fd = os.open(entry.name, os.O_RDONLY | _FILE_FLAGS, dir_fd=dfd)
                     with os.fdopen(fd, "rb") as f:
-                        snap.files[rel] = WorkspaceFile(rel, f.read(max_bytes), st.st_mode & 0o755)
+                        data = f.read(max_bytes if base is None else max(max_bytes, len(base)))
+                    if base is not None and len(base) == st.st_size and data != base:
+                        self._count(rel, st.st_size, counted, max_bytes, max_files)
+                    snap.files[rel] = WorkspaceFile(rel, data, st.st_mode & 0o755)
                 else:
                     snap.skipped.append(rel)
         finally:

@@ -276,3 +276,38 @@ def test_a_session_tree_shows_no_device_node_fifo_or_setuid_bit_in_either_mode(t
     # The image itself is unchanged.
     assert stat.S_IMODE(os.lstat(Path(root.rootfs) / "testbed/run.sh").st_mode) == 0o4755
     assert stat.S_ISCHR(os.lstat(Path(root.rootfs) / "testbed/null").st_mode)
+
+
+@pytest.mark.parametrize("mode", ["overlay", "copy"])
+def test_snapshot_limits_count_the_sessions_changes_not_the_images_files(tmp_path, mode, monkeypatch):
+    """Before: every file of the image's tree counted against max_snapshot_files /
+    max_snapshot_bytes, so a session on a real repository (thousands of files) was
+    refused at submit however little it changed."""
+    from sandbox import image_workspace
+    from sandbox.workspace import WorkspaceError
+
+    if mode == "copy":
+        monkeypatch.setattr(image_workspace, "_libc", type("Refuse", (), {"mount": lambda *a: -1})())
+    root = _fake_root(tmp_path)
+    for i in range(300):  # the image's repository: 300 files more than the limit below
+        (Path(root.rootfs) / f"testbed/pkg/m{i:03d}.py").parent.mkdir(exist_ok=True)
+        (Path(root.rootfs) / f"testbed/pkg/m{i:03d}.py").write_bytes(b"V = %d\n" % i)
+    limits = {"max_files": 10, "max_bytes": 64 * 1024}  # big.py alone is 1 MiB
+    ws, _ = image_workspace.create(tmp_path / "ws", 61999, {}, None, root, "/testbed")
+    try:
+        assert ws.mode == mode
+        ws.write("pkg/m000.py", b"V = 9\n")  # same size, other bytes: the agent's
+        ws.write("a.py", b"A = 2\nB = 3\n")
+        for i in range(8):
+            ws.write(f"new{i}.py", b"N = 1\n")
+        snap = ws.snapshot(**limits)  # 10 files of the session's, exactly the limit
+        assert len(snap.files) == 300 + 7 + 8 and snap.files["big.py"].data == BIG_MODULE
+        assert snap.files["pkg/m000.py"].data == b"V = 9\n" and snap.files["pkg/m001.py"].data == b"V = 1\n"
+        ws.write("new8.py", b"N = 1\n")
+        with pytest.raises(WorkspaceError, match="more than 10 files"):
+            ws.snapshot(**limits)
+        ws.write("huge.bin", b"x" * 70 * 1024)
+        with pytest.raises(WorkspaceError, match="more than 65536 bytes"):
+            ws.snapshot(max_files=100, max_bytes=64 * 1024)
+    finally:
+        ws.remove()
