@@ -43,7 +43,7 @@ from sandbox.grading_common import (
 )
 from sandbox import image_workspace
 from sandbox.image_changes import TreeChanges
-from sandbox.image_repo import image_tree
+from sandbox.image_repo import image_file_bytes, image_tree
 from sandbox.images import ImageRoot
 from sandbox.isolation import WORKSPACE, Bind, Limits
 from sandbox.runner import Jail
@@ -150,6 +150,23 @@ def tree(spec: TaskSpec, code: dict[str, bytes], plan: HiddenPlan, *, base_confi
     return files, notes, links
 
 
+def image_configs(root: ImageRoot, spec: TaskSpec, plan: HiddenPlan) -> dict[str, bytes]:
+    """An image task's own test configuration as bytes: the image's configs (links
+    followed inside the image) and the plugin modules they, the task's files or the
+    hidden tests load, read from the image where the task's text has none (a latin-1
+    or otherwise non-UTF-8 plugin module is no part of the text, yet must be restored
+    byte-exact like any plugin)."""
+    configs = dict(image_tree(root, spec.workdir).configs)
+    known = {**configs, **{clean_relpath(p): t.encode() for p, t in spec.files.items()}}
+    for module in sorted(_plugin_modules({**known, **plan.tests})):
+        for candidate in (module.replace(".", "/") + ".py", module.replace(".", "/") + "/__init__.py"):
+            if candidate not in known:
+                data = image_file_bytes(root, f"{spec.workdir.rstrip('/')}/{candidate}")
+                if data is not None:
+                    configs[candidate] = data
+    return configs
+
+
 def _plugin_modules(files: dict[str, bytes]) -> set[str]:
     """Modules loaded as pytest plugins by the given conftests, test files and configs."""
     names: set[str] = set()
@@ -185,7 +202,7 @@ async def run(jail: Jail, cfg: SandboxConfig, limits: Limits, spec: TaskSpec, co
     agent's removals and links (``changes``) redone on it and the run's files over it);
     None: the host root, the tree at /workspace."""
     workdir = spec.workdir if root is not None else WORKSPACE
-    configs = (await asyncio.to_thread(image_tree, root, spec.workdir)).configs if root is not None else None
+    configs = await asyncio.to_thread(image_configs, root, spec, plan) if root is not None else None
     files, notes, links = tree(spec, code, plan, base_configs=configs, changes=changes)
     served = {path: files[path] for path in plan.tests if _served(path)}
     files.update({path: PLACEHOLDER for path in served})

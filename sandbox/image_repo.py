@@ -140,6 +140,12 @@ def _sha256(path: Path) -> str:
     return h.hexdigest()
 
 
+def image_file_bytes(root: ImageRoot, path: str) -> bytes | None:
+    """The image's regular file at ``path`` (absolute in the image; links followed
+    inside the image root, never on the host), None if none or over MAX_FILE_BYTES."""
+    return _config_bytes(root, path)
+
+
 def _config_bytes(root: ImageRoot, path: str) -> bytes | None:
     found = resolve_in_root(Path(root.rootfs), path)
     if found is None:

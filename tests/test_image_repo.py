@@ -311,3 +311,32 @@ def test_snapshot_limits_count_the_sessions_changes_not_the_images_files(tmp_pat
             ws.snapshot(max_files=100, max_bytes=64 * 1024)
     finally:
         ws.remove()
+
+
+def test_in_env_grading_restores_an_images_non_utf8_plugin_module_byte_exact(tmp_path):
+    """The image's setup.cfg loads ``-p plug``; plug.py is latin-1, so the task's text
+    cannot hold it. Before: only plugins in the task's text were restored, so an agent's
+    edit of plug.py (a fixture made to lie) stayed in the run."""
+    from sandbox import grading_inenv
+    from sandbox.grading_common import make_plan, solution_files
+    from sandbox.image_changes import tree_changes
+
+    root = _fake_root(tmp_path)
+    plug = b"# -*- coding: latin-1 -*-\n# \xa9 Jos\xe9\nimport pytest\n\n\n@pytest.fixture\ndef factor():\n    return 2\n"
+    (Path(root.rootfs) / "testbed/plug.py").write_bytes(plug)
+    spec = msgspec.structs.replace(parse_row(_without_files(ROWS[0])), files=read_image_repo(root, "/testbed"),
+                                   image_repo_row="")
+    assert "plug.py" not in spec.files
+    plan = make_plan(["tests/test_q.py::test_q"], {"tests/test_q.py": "def test_q():\n    pass\n"}, {})
+    configs = grading_inenv.image_configs(root, spec, plan)
+    assert configs["plug.py"] == plug and configs["setup.cfg"] == SHARED_CFG
+    edited = _session_snapshot(plug_dot_py=b"import pytest\n\n\n@pytest.fixture\ndef factor():\n    return 3\n")
+    from sandbox.image_repo import read_image_tree
+    files, notes, _ = grading_inenv.tree(spec, solution_files(edited), plan, base_configs=configs,
+                                         changes=tree_changes(edited, read_image_tree(root, "/testbed")))
+    assert files["plug.py"] == plug
+    assert notes == ["plug.py (changed, restored)"]
+    deleted = _session_snapshot()
+    files, notes, _ = grading_inenv.tree(spec, solution_files(deleted), plan, base_configs=configs,
+                                         changes=tree_changes(deleted, read_image_tree(root, "/testbed")))
+    assert files["plug.py"] == plug and notes == ["plug.py (deleted, restored)"]
