@@ -187,13 +187,13 @@ class Grader:
         finally:
             self.images.release(root)
 
-    async def over_image(self, spec: TaskSpec, files: dict[str, bytes]) -> Snapshot:
-        """An image task's session snapshot with ``files`` written over the image and
-        nothing else done (``rollway tasks check`` grades without sessions)."""
+    async def over_image(self, spec: TaskSpec, files: dict[str, bytes], *, removed: tuple[str, ...] = ()) -> Snapshot:
+        """An image task's session snapshot with ``files`` written over the image and the
+        image's ``removed`` paths deleted (``rollway tasks check`` grades without sessions)."""
         root = await self.images.acquire(spec.image)
         try:
             tree = await asyncio.to_thread(image_tree, root, spec.workdir)
-            return await asyncio.to_thread(image_changes.over_image, root, spec.workdir, tree, files)
+            return await asyncio.to_thread(image_changes.over_image, root, spec.workdir, tree, files, removed)
         finally:
             self.images.release(root)
 

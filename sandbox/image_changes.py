@@ -75,13 +75,16 @@ def config_texts(tree: ImageTree | None) -> dict[str, str]:
     return {p: d.decode("utf-8", "replace") for p, d in tree.configs.items()} if tree is not None else {}
 
 
-def over_image(root: ImageRoot, workdir: str, tree: ImageTree, files: dict[str, bytes]) -> Snapshot:
+def over_image(root: ImageRoot, workdir: str, tree: ImageTree, files: dict[str, bytes],
+               removed: tuple[str, ...] = ()) -> Snapshot:
     """The snapshot of a session of the image with ``files`` written over its tree and
-    nothing else done (the image's own files and links as they are)."""
+    the image's files and links at ``removed`` deleted (a gold patch's deletions), and
+    nothing else done (the image's other files and links as they are)."""
     top = image_dir(root, workdir)
-    snap = Snapshot(files={}, symlinks={p: t for p, t in tree.symlinks.items() if p not in files})
+    gone = set(removed)
+    snap = Snapshot(files={}, symlinks={p: t for p, t in tree.symlinks.items() if p not in files and p not in gone})
     for path in tree.files:
-        if path not in files and top is not None:
+        if path not in files and path not in gone and top is not None:
             fd = os.open(top / path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
             with os.fdopen(fd, "rb") as f:
                 snap.files[path] = WorkspaceFile(path, f.read())

@@ -49,6 +49,8 @@ def materialize(spec: TaskSpec, root: Path, *, with_solution: bool) -> None:
     files = dict(spec.files)
     if with_solution:
         files.update(spec.solution)
+        for rel in spec.solution_deletes:
+            files.pop(rel, None)
     for rel, text in files.items():
         _write(root, rel, text)
     for rel, text in spec.hidden_tests.items():
@@ -155,13 +157,17 @@ class TaskHygiene(msgspec.Struct, kw_only=True):
         return out
 
 
-def solutions_to_grade(spec: TaskSpec, only: list[str] | None = None) -> list[tuple[str, str, dict[str, str]]]:
-    """(name, must, workspace files) for the reference, the untouched repo and the battery."""
+def solutions_to_grade(spec: TaskSpec, only: list[str] | None = None,
+                       ) -> list[tuple[str, str, dict[str, str], tuple[str, ...]]]:
+    """(name, must, workspace files, repository paths deleted) for the reference (its
+    gold patch's deletions applied), the untouched repo and the battery."""
     from tasks.adversaries import battery
 
-    jobs = [("reference", "pass", {**spec.files, **spec.solution}), ("untouched", "fail", dict(spec.files))]
+    deleted = tuple(spec.solution_deletes)
+    reference = {p: t for p, t in {**spec.files, **spec.solution}.items() if p not in deleted}
+    jobs = [("reference", "pass", reference, deleted), ("untouched", "fail", dict(spec.files), ())]
     for adversary in battery(spec):
-        jobs.append((adversary.name, "known-pass" if adversary.expected_pass else "fail", adversary.files))
+        jobs.append((adversary.name, "known-pass" if adversary.expected_pass else "fail", adversary.files, ()))
     return [j for j in jobs if only is None or j[0] in only]
 
 
@@ -191,10 +197,12 @@ async def check_hygiene(specs: list[TaskSpec], cfg: "SandboxConfig", *, only: li
             for slot in range(service.cfg.max_sessions):
                 uids.put_nowait(service.cfg.uid_base + slot)
 
-            async def grade(spec: TaskSpec, name: str, must: str, files: dict[str, str]) -> Graded:
+            async def grade(spec: TaskSpec, name: str, must: str, files: dict[str, str],
+                            deleted: tuple[str, ...]) -> Graded:
                 snapshot = Snapshot(files={p: WorkspaceFile(p, t.encode()) for p, t in files.items()})
                 if spec.image:  # as a session of the image holds it (its links and binaries too)
-                    snapshot = await service.grader.over_image(spec, {p: t.encode() for p, t in files.items()})
+                    snapshot = await service.grader.over_image(spec, {p: t.encode() for p, t in files.items()},
+                                                               removed=deleted)
                 uid = await uids.get()
                 try:
                     verdict = await service.grader.verdict(spec, snapshot, [], uid=uid)

@@ -30,6 +30,9 @@ class TaskSpec(msgspec.Struct, kw_only=True):
     files: dict[str, str]
     hidden_tests: dict[str, str]
     solution: dict[str, str] = {}
+    # Paths of the repository the reference solution deletes (a gold patch's ``+++
+    # /dev/null``): ``solution`` can only add or overwrite files. Grader-side only.
+    solution_deletes: list[str] = []
     # Run by the grader inside the fresh sandbox, from the workspace root.
     test_command: str = "python -m pytest -q -p no:cacheprovider hidden_tests"
     difficulty: str = "easy"  # trivial | easy | medium | hard

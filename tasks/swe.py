@@ -209,12 +209,14 @@ def parse_row(data: Any, *, source: str = "<jsonl>", line: int = 1, task_set: st
         )
 
     with_tests, touched = _with_tests(row, files)
+    solution, deletes = _solution(row, files)
     return TaskSpec(
         task_id=task_id,
         instruction=instruction,
         files=files,
         hidden_tests=_hidden_tests(row, with_tests, touched, fail_to_pass, pass_to_pass),
-        solution=_solution(row, files),
+        solution=solution,
+        solution_deletes=deletes,
         difficulty=_difficulty(row),
         test_command=_test_command(row, fail_to_pass + pass_to_pass),
         language="python",
@@ -275,13 +277,14 @@ def _hidden_tests(row: _Row, with_tests: dict[str, str], touched: list[str],
     return hidden
 
 
-def _solution(row: _Row, files: dict[str, str]) -> dict[str, str]:
-    """The files the gold patch changes (checked to apply), or ``solution_files``."""
+def _solution(row: _Row, files: dict[str, str]) -> tuple[dict[str, str], list[str]]:
+    """The files the gold patch changes (checked to apply) and the files it deletes, or
+    ``solution_files`` (which delete nothing)."""
     gold, solution_files = _patch_or_files(row, "patch", "solution_files")
     if gold:
         fixed = _patched(row, "patch", files, gold)
-        return {p: t for p, t in fixed.items() if files.get(p) != t}
-    return solution_files or {}
+        return {p: t for p, t in fixed.items() if files.get(p) != t}, sorted(p for p in files if p not in fixed)
+    return solution_files or {}, []
 
 
 def _patch_or_files(row: _Row, patch_field: str, files_field: str) -> tuple[str | None, dict[str, str] | None]:
