@@ -121,7 +121,10 @@ class Jail:
         """One command slot. The grader holds one for its two cooperating sandboxes (tests
         and solution), so two gradings can never deadlock each holding half of theirs."""
         try:
-            await asyncio.wait_for(self._slots.acquire(), self.cfg.command_queue_timeout_s)
+            # Not wait_for: on 3.11 it returns a slot that came free as it was cancelled and
+            # drops the cancel, so a cancelled command (closed session, shutdown) ran anyway.
+            async with asyncio.timeout(self.cfg.command_queue_timeout_s):
+                await self._slots.acquire()
         except TimeoutError:
             raise Busy(
                 f"all {self.cfg.max_concurrent_commands} command slots stayed busy for "
@@ -181,9 +184,9 @@ class Jail:
         if self.cgroups is None:
             return None
         try:
-            return await asyncio.to_thread(
+            return await _made_or_undone(asyncio.to_thread(
                 self.cgroups.create, label, max_processes=limits.max_processes, memory_bytes=limits.memory_bytes
-            )
+            ), lambda group: group.remove())
         except BaseException:
             _close(*pass_fds)
             await self._clean_up(uid, None, tmp)
@@ -317,7 +320,8 @@ class Jail:
         tmp = None
         try:
             if self.privileged and self.cfg.disk_quota != "off":
-                tmp = await asyncio.to_thread(self._private_tmp, limits, uid)
+                tmp = await _made_or_undone(asyncio.to_thread(self._private_tmp, limits, uid),
+                                            lambda made: made.remove())
             argv = bwrap_argv(
                 command, workspace=str(workspace), uid=uid, limits=limits, binds=binds,
                 privileged=self.privileged, env=env, seccomp_fd=seccomp,
@@ -399,8 +403,10 @@ class Jail:
             if tmp is not None:
                 tmp.remove()
 
-        # One thread hop for the whole clean-up (each hop costs a wake-up on a busy host).
-        await asyncio.to_thread(clean)
+        # One thread hop for the whole clean-up (each hop costs a wake-up on a busy host),
+        # done even when the caller is cancelled meanwhile (a cancelled wait for a thread
+        # that has not started yet would drop it, leaving the cgroup and /tmp behind).
+        await _made_or_undone(asyncio.to_thread(clean), lambda _: None)
 
     def _private_tmp(self, limits: Limits, uid: int) -> Workspace:
         """The command's /tmp: a fresh tmpfs of ``tmp_bytes`` (mode 1777 inside)."""
@@ -441,32 +447,51 @@ async def _spawn(argv: list[str], pass_fds: tuple[int, ...], procs_files: list[s
     """Start bwrap in its own session, inside the cgroup (joined before anything of the
     command runs, so nothing it forks starts outside), under the rlimits; our copies of
     ``pass_fds`` are closed once the child has its own."""
-    starting = asyncio.ensure_future(asyncio.create_subprocess_exec(
-        *spawn_argv(argv, procs_files, limits),
-        stdin=asyncio.subprocess.DEVNULL,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-        start_new_session=True,
-        close_fds=True,
-        pass_fds=pass_fds,
-    ))
     try:
-        return await asyncio.shield(starting)
-    except asyncio.CancelledError:
-        # Cancelled mid-start (a session closed while its next sandbox started):
-        # asyncio's own undo of a half-made subprocess kills only its direct child and
-        # then waits for both pipes to close, which the sandbox's processes hold open,
-        # so it would wait forever (the 2026-12-02 CI hang). Let the start finish and
-        # end what it started; the caller's clean-up then ends the rest of its cgroup.
-        with contextlib.suppress(Exception):
-            proc = await starting
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGKILL)  # its own session (start_new_session)
-        raise
+        # Cancelled mid-start (a session closed while its next sandbox started): asyncio's
+        # own undo of a half-made subprocess kills only its direct child and then waits for
+        # both pipes to close, which the sandbox's processes hold open, so it would wait
+        # forever (the 2026-12-02 CI hang). So the start always finishes; a cancelled one
+        # kills what it started (its own session), and the caller's clean-up ends the rest
+        # of its cgroup.
+        return await _made_or_undone(asyncio.create_subprocess_exec(
+            *spawn_argv(argv, procs_files, limits),
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+            start_new_session=True,
+            close_fds=True,
+            pass_fds=pass_fds,
+        ), _kill_session)
     finally:
         # The child has its copies now (or never will): ours would keep a socket
         # peer from seeing EOF when the other end exits.
         _close(*pass_fds)
+
+
+async def _made_or_undone(making, undo):
+    """Await ``making`` (a start: a subprocess, a cgroup or /tmp made in a thread) to its
+    end even when the caller is cancelled meanwhile, any number of times: cancelling the
+    await itself would leave what the start makes with no one to end it (a thread's
+    cgroup or tmpfs) or hang (a subprocess, see _spawn). If the caller was cancelled,
+    ``undo`` ends what was made and the cancel goes on."""
+    made = asyncio.ensure_future(making)
+    cancelled = False
+    while not made.done():
+        try:
+            await asyncio.wait({made})
+        except asyncio.CancelledError:
+            cancelled = True
+    if not cancelled:
+        return made.result()
+    if not made.cancelled() and made.exception() is None:
+        undo(made.result())
+    raise asyncio.CancelledError
+
+
+def _kill_session(proc: asyncio.subprocess.Process) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)  # bwrap leads its own session (start_new_session)
 
 
 async def _limits_hit(killed: str, exit_code: int, group: CommandCgroup | None, workspace: Path,
