@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import ast
 import copy
+import fnmatch
 import math
 import random
 import re
@@ -42,7 +43,7 @@ from pathlib import PurePosixPath
 
 import msgspec
 
-from sandbox.test_selection import ExpectedTest
+from sandbox.test_selection import ExpectedTest, pattern_form
 
 _VOCABULARY = ("case", "again", "basic", "more", "other", "edge", "values", "mixed", "extra", "simple",
                "small", "large", "empty", "single", "many", "result", "check", "works", "order", "input")
@@ -91,9 +92,12 @@ class _Candidate:
 
 
 def plan(tests: dict[str, str], selected: list[ExpectedTest], rng: random.Random, *,
-         mutants: int = 2, twins: int = 1) -> CanaryPlan:
+         mutants: int = 2, twins: int = 1, function_patterns: list[str] | tuple[str, ...] = ("test",)) -> CanaryPlan:
     """Canaries for one grading: ``tests`` = {path in the run: source} of the hidden
-    test files; ``selected`` = the tests the run selects (only those are copied)."""
+    test files; ``selected`` = the tests the run selects (only those are copied);
+    ``function_patterns``: the run's ``python_functions`` (a canary's name is made to
+    match the pattern its original matches, so the run collects it as it does the
+    original; an original matching none is a unittest method: ``test`` prefix)."""
     trees: dict[str, ast.Module] = {}
     candidates: list[_Candidate] = []
     for test in selected:
@@ -106,7 +110,8 @@ def plan(tests: dict[str, str], selected: list[ExpectedTest], rng: random.Random
             except (SyntaxError, ValueError):
                 continue
         func = _find(tree, test)
-        if func is not None and _copyable(func) and func.body[0].lineno != func.lineno:
+        if func is not None and _copyable(func) and func.body[0].lineno != func.lineno \
+                and name_form(test.name, function_patterns) is not None:
             candidates.append(_Candidate(test, func, _cost(func)))
     rng.shuffle(candidates)
     candidates.sort(key=lambda c: c.cost)  # stable: random among equal costs
@@ -118,7 +123,7 @@ def plan(tests: dict[str, str], selected: list[ExpectedTest], rng: random.Random
 
     def add(cand: _Candidate, func: ast.FunctionDef, must: str, kind: str) -> None:
         test = cand.test
-        name = _fresh_name(rng, used_names[test.path], trees[test.path])
+        name = _fresh_name(rng, used_names[test.path], trees[test.path], name_form(test.name, function_patterns))
         func.name = name
         source = ast.unparse(ast.fix_missing_locations(func))
         after, indent = _place(trees[test.path], tests[test.path], cand.func, test.cls, rng)
@@ -152,9 +157,10 @@ def plan(tests: dict[str, str], selected: list[ExpectedTest], rng: random.Random
     if not any(c.must == "fail" for c in canaries) and selected:
         # Nothing to mutate: framework canaries in the first selected file that exists.
         path = next((t.path for t in selected if t.path in trees and not t.params), None)
-        if path is not None:
+        form = next((f for p in function_patterns if (f := pattern_form(p)) is not None), None)
+        if path is not None and form is not None:
             for must in ("pass", "fail"):
-                name = _fresh_name(rng, used_names[path], trees[path])
+                name = _fresh_name(rng, used_names[path], trees[path], form)
                 a, b = sorted(rng.sample(range(2, 99), 2))
                 expected = [a, b] if must == "pass" else [b, a]
                 body = trees[path].body
@@ -503,18 +509,38 @@ def _names(tree: ast.Module) -> set[str]:
     return names
 
 
-def _fresh_name(rng: random.Random, used: set[str], tree: ast.Module) -> str:
-    """``test_`` + two or three words from the module's own test names (and a small
-    vocabulary where it has fewer than five): unique in the module, different in every
-    grading."""
-    words = sorted({w for n in used if n.startswith("test") for w in re.split(r"_+", n.removeprefix("test"))
+def name_form(original: str, function_patterns: list[str] | tuple[str, ...]) -> tuple[str, str] | None:
+    """The (prefix, suffix) a canary copied from the test ``original`` is named with: of
+    the first pattern that collects ``original`` and can name a canary; ``("test", "")``
+    for an original no pattern collects (a unittest method: unittest's own ``test``
+    prefix collects it); None: the original is collected by a glob no canary can take."""
+    matched = False
+    for pattern in function_patterns:
+        form = pattern_form(pattern)
+        if original.startswith(pattern) or (any(c in pattern for c in "*?[") and fnmatch.fnmatch(original, pattern)):
+            matched = True
+            if form is not None:
+                return form
+    return None if matched else ("test", "")
+
+
+def _fresh_name(rng: random.Random, used: set[str], tree: ast.Module,
+                form: tuple[str, str] | None = ("test", "")) -> str:
+    """``test_`` (the ``form``'s prefix, and its suffix) around two or three words from
+    the module's own test names (and a small vocabulary where it has fewer than five):
+    unique in the module, different in every grading."""
+    prefix, suffix = form or ("test", "")
+    stem = prefix.rstrip("_") or "test"
+    words = sorted({w for n in used if n.startswith(stem) for w in re.split(r"_+", n.removeprefix(stem))
                     if w.isidentifier() and len(w) > 2 and w.lower() not in _STOP_WORDS})
     # The module's own words where it has enough (a name made of a fixed vocabulary would
     # stand out); the vocabulary only fills in for modules with few test names.
     pool = words if len(words) >= 5 else words + list(_VOCABULARY)
     while True:
         parts = rng.sample(pool, k=min(len(pool), rng.choice((2, 2, 3))))
-        name = "test_" + "_".join(parts).lower()
+        body = "_".join(parts).lower()
+        name = (prefix if prefix.endswith("_") or not prefix else prefix + "_") + body
+        name += suffix if suffix.startswith("_") or not suffix else "_" + suffix
         if name not in used and name.isidentifier():
             used.add(name)
             return name

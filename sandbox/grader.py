@@ -221,7 +221,7 @@ class Grader:
                     return Verdict(score=0.0, reason=reason)
                 return await self._run_plain(spec, snapshot, base, uid=uid)
             code = solution_files(snapshot)
-            configs = root_configs({**image_changes.config_texts(tree), **spec.files})
+            known = {**image_changes.config_texts(tree), **spec.files}
             # An image task grades on its image (an ImageError is the infrastructure's
             # failure: the service answers 503, never a reward).
             root = await self.images.acquire(spec.image) if spec.image else None
@@ -229,11 +229,13 @@ class Grader:
                 # The agent's final tree over the image (both modes): its deletions and links too.
                 changes = image_changes.tree_changes(snapshot, tree) if tree is not None else None
                 if spec.grading == "in-env":
-                    plan = make_plan(grading_inenv.pytest_args(spec, args), grading_inenv.layout(spec), configs)
+                    run_args = grading_inenv.pytest_args(spec, args)
+                    plan = make_plan(run_args, grading_inenv.layout(spec), run_configs(known, run_args))
                     output = await grading_inenv.run(self.jail, self.cfg, self._limits(), spec, code, plan, base,
                                                      uid=uid, root=root, changes=changes)
                 else:
-                    plan = make_plan(grading_bridged.pytest_args(spec, args), grading_bridged.layout(spec), configs)
+                    run_args = grading_bridged.pytest_args(spec, args)
+                    plan = make_plan(run_args, grading_bridged.layout(spec), run_configs(known, run_args))
                     output = await grading_bridged.run(self.jail, self.cfg, self._limits(), spec, code, plan, base,
                                                        uid=uid, cpu=self._bridge_cpu(), root=root, changes=changes)
             finally:
@@ -348,6 +350,14 @@ class Grader:
         if discarded:
             reason = (reason + discarded) if reason else discarded.removeprefix("; ")
         return Verdict(score=score, tests_passed=outcomes.passed, tests_total=outcomes.total, reason=reason)
+
+
+def run_configs(files: dict[str, str], args: list[str]) -> dict[str, str]:
+    """The pytest config a run reads, for test selection and canary naming: the inifile
+    pytest picks for these arguments in the task's tree (at any depth, any kind: in-env
+    pins it with ``-c``), else the task's root config files."""
+    inifile = grading_inenv.task_inifile(files, args)
+    return {inifile: files[inifile]} if inifile is not None else root_configs(files)
 
 
 def _tail(result: CommandResult, width: int = 300) -> str:

@@ -60,7 +60,7 @@ def make_plan(args: list[str], tests: dict[str, str], config_files: dict[str, st
     found: list[Canary] = []
     extra: list[str] = []
     if canaries and selection.canaries_allowed:
-        planned = plan_canaries(tests, selection.expected, rng)
+        planned = plan_canaries(tests, selection.expected, rng, function_patterns=selection.function_patterns)
         files.update(planned.files)
         found = planned.canaries
         if selection.by_node_id:

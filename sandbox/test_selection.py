@@ -16,6 +16,7 @@ from __future__ import annotations
 import ast
 import configparser
 import re
+import shlex
 import tomllib
 from pathlib import PurePosixPath
 
@@ -51,7 +52,9 @@ class Selection(msgspec.Struct, kw_only=True):
     expected: list[ExpectedTest]
     by_node_id: bool  # the command names node ids: canaries must be named too
     stops_early: bool  # -x / --maxfail: tests after a failure may be missing
-    canaries_allowed: bool  # default collection rules apply to the files given
+    canaries_allowed: bool  # canaries can be named so that the run collects them
+    # python_functions as the run applies it (canaries are named to match it).
+    function_patterns: list[str] = msgspec.field(default_factory=lambda: ["test"])
 
 
 def options_and_paths(args: list[str]) -> tuple[list[str], list[str]]:
@@ -76,7 +79,8 @@ def select(args: list[str], test_files: dict[str, str], config_files: dict[str, 
     options, paths = options_and_paths(args)
     stops = any(o in _STOPS or (o.startswith("-x") and not o.startswith("--")) for o in options)
     filtered = any(o in _FILTERS for o in options)
-    custom = _custom_collection(config_files)
+    rules = collection_rules(config_files, args)
+    custom = rules != DEFAULT_RULES
     expected: list[ExpectedTest] = []
     by_node_id = False
     for arg in paths:
@@ -95,8 +99,25 @@ def select(args: list[str], test_files: dict[str, str], config_files: dict[str, 
             inside = file == path or path in ("", ".") or file.startswith(path.rstrip("/") + "/")
             if inside and (file == path or _default_test_file(file)):
                 expected += static_tests(file, test_files[file])
+    # Canaries copy tests named by node id (or found by the default rules) into their own
+    # files and classes, collected there; under custom rules their names follow the
+    # run's python_functions (sandbox/canaries.py name_form), so they are collected too.
+    functions = rules["python_functions"] if rules is not None else []
+    nameable = rules is not None and (not custom or (by_node_id and any(pattern_form(p) for p in functions)))
     return Selection(expected=expected, by_node_id=by_node_id, stops_early=stops,
-                     canaries_allowed=not custom and not filtered)
+                     canaries_allowed=nameable and not filtered, function_patterns=functions or ["test"])
+
+
+def pattern_form(pattern: str) -> tuple[str, str] | None:
+    """(prefix, suffix) of the names a python_functions pattern collects that a canary
+    can take: a prefix (pytest: a name starting with it), or a glob with one ``*`` and no
+    other glob character. None: another glob (no canary is named after it)."""
+    if not any(c in pattern for c in "*?["):
+        return (pattern, "") if pattern else None
+    if pattern.count("*") == 1 and not any(c in pattern for c in "?["):
+        prefix, suffix = pattern.split("*")
+        return prefix, suffix
+    return None
 
 
 def _norm(path: str) -> str:
@@ -156,28 +177,82 @@ def _disabled(tree: ast.Module, name: str) -> bool:
     return False
 
 
-def _custom_collection(config_files: dict[str, str]) -> bool:
-    """The task's own config changes which files, classes or functions are tests."""
-    for name, text in config_files.items():
-        if name == "pyproject.toml":
-            try:
-                section = tomllib.loads(text).get("tool", {}).get("pytest", {}).get("ini_options", {})
-            except tomllib.TOMLDecodeError:
-                section = {} if not any(k in text for k in _COLLECTION_KEYS) else {"?": 1}
-            if any(k in section for k in _COLLECTION_KEYS) or "?" in section:
-                return True
-            continue
-        parser = configparser.RawConfigParser()
+DEFAULT_RULES = {"python_files": ["test_*.py", "*_test.py"], "python_classes": ["Test"], "python_functions": ["test"]}
+
+
+def _config_options(name: str, text: str) -> dict[str, object] | None:
+    """The pytest options of one config file ({} when it has none), as pytest reads
+    them: ``[pytest]`` (pytest.ini, tox.ini), ``[tool:pytest]`` (setup.cfg),
+    ``[tool.pytest.ini_options]`` or native ``[tool.pytest]`` (pyproject.toml),
+    ``[pytest]`` (pytest.toml). None: the file cannot be read as its kind."""
+    base = PurePosixPath(name).name
+    if base.endswith(".toml"):
         try:
-            parser.read_string(text)
-        except configparser.Error:
+            data = tomllib.loads(text)
+        except tomllib.TOMLDecodeError:
+            return None
+        if base == "pyproject.toml":
+            tool = data.get("tool", {}).get("pytest", {})
+            return {**{k: v for k, v in tool.items() if k != "ini_options"}, **tool.get("ini_options", {})}
+        return dict(data.get("pytest", {}))
+    parser = configparser.RawConfigParser()
+    try:
+        parser.read_string(text)
+    except configparser.Error:
+        return None
+    section = "tool:pytest" if base == "setup.cfg" else "pytest"
+    return dict(parser.items(section)) if parser.has_section(section) else {}
+
+
+def _overrides(args: list[str]) -> dict[str, str]:
+    """``-o key=value`` / ``--override-ini`` options (the last one of a key wins)."""
+    out: dict[str, str] = {}
+    for i, arg in enumerate(args):
+        value = None
+        if arg in ("-o", "--override-ini") and i + 1 < len(args):
+            value = args[i + 1]
+        elif arg.startswith("--override-ini="):
+            value = arg.split("=", 1)[1]
+        elif arg.startswith("-o") and len(arg) > 2:
+            value = arg[2:]
+        if value and "=" in value:
+            key, _, val = value.partition("=")
+            out[key.strip()] = val
+    return out
+
+
+def collection_rules(config_files: dict[str, str], args: list[str]) -> dict[str, list[str]] | None:
+    """``python_files``/``python_classes``/``python_functions`` as the run applies them:
+    the config (``config_files``: the one pytest reads, or the task's root configs), its
+    ``addopts`` overrides, then the command's. None: they cannot be known (a config that
+    does not parse but names one of them, or two configs that disagree)."""
+    found: list[dict[str, object]] = []
+    for name, text in config_files.items():
+        options = _config_options(name, text)
+        if options is None:
             if any(k in text for k in _COLLECTION_KEYS):
-                return True
+                return None
             continue
-        for section in ("pytest", "tool:pytest"):
-            if parser.has_section(section) and any(parser.has_option(section, k) for k in _COLLECTION_KEYS):
-                return True
-    return False
+        if options:
+            found.append(options)
+    rules: dict[str, list[str]] = {k: list(v) for k, v in DEFAULT_RULES.items()}
+    seen: dict[str, list[str]] = {}
+    for options in found:
+        addopts = options.get("addopts", "")
+        addopts = shlex.split(addopts) if isinstance(addopts, str) else [str(a) for a in addopts]
+        values: dict[str, object] = {**options, **_overrides(addopts)}
+        for key in _COLLECTION_KEYS:
+            if key in values:
+                value = values[key]
+                patterns = value.split() if isinstance(value, str) else [str(v) for v in value]
+                if key in seen and seen[key] != patterns:
+                    return None
+                seen[key] = patterns
+    rules.update(seen)
+    for key, value in _overrides(args).items():
+        if key in _COLLECTION_KEYS:
+            rules[key] = value.split()
+    return rules
 
 
 def matches(expected: ExpectedTest, nodeid: str) -> bool:
