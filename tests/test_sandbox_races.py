@@ -98,3 +98,128 @@ async def test_sandbox_starts_and_commands_cancelled_anywhere_end_and_leave_noth
         ws.remove()
         if jail.cgroups is not None:
             jail.cgroups.close()
+
+
+START = "X = 'start'\n"
+TASK_FILES = {"f.py": START}
+HIDDEN = {"test_hidden.py": "from f import X\n\n\ndef test_h():\n    assert X != 'start'\n"}
+
+
+def _task_store(root: Path):
+    from tasks.spec import TaskSpec
+    from tasks.store import TaskStore
+    from tests.sandbox_helpers import write_task_dir
+
+    write_task_dir(root, TaskSpec(task_id="race", instruction="edit f.py", files=TASK_FILES,
+                                  hidden_tests=HIDDEN,
+                                  test_command="python -m pytest -q"))
+    return TaskStore(root)
+
+
+async def _gone(client, sid: str) -> None:
+    """The session is closed or closing (its lock held by the idle reaper): raise the 404."""
+    from sandbox.client import SandboxError
+
+    while True:
+        try:
+            await client.exec(sid, "true")
+        except SandboxError as exc:
+            if exc.status == 404:
+                raise
+            assert exc.status == 409, exc
+            await asyncio.sleep(0.01)
+        else:
+            raise AssertionError(f"session {sid} answered both calls 409/404 but is still open")
+
+
+async def _life(client, live, rng, i: int, seen: dict) -> None:
+    """One session's life: execs (the next one finds its sandbox prestarted, starting or
+    still in its pause), writes read back by the next exec, two execs at once, two
+    submits at once, a close, an exec after it: pauses cross the 0.1 s prestart pause,
+    and the idle reaper may close the session at any point. Every answer is one of the
+    exact outcomes allowed; anything else fails."""
+    from sandbox.client import SandboxError
+
+    sid = await client.create_session("race")
+    seen["uids"].add(live.service.pool.get(sid).uid)
+    content = START
+    try:
+        for step in range(rng.randint(2, 6)):
+            await asyncio.sleep(rng.choice([0, 0, 0.005, 0.02, 0.05, 0.09, 0.1, 0.11, 0.15]))
+            op = rng.choice(["exec", "exec", "write", "two_execs", "submit", "close"])
+            if op == "write":
+                content = f"X = '{i}-{step}'\n"
+                await client.write_file(sid, "f.py", content)
+            elif op == "exec":
+                result = await client.exec(sid, "cat f.py; id -u")
+                assert (result.exit_code, result.stdout) == (0, f"{content}{live.service.pool.get(sid).uid}\n")
+            elif op == "two_execs":
+                both = await asyncio.gather(client.exec(sid, "cat f.py"), client.exec(sid, "cat f.py"),
+                                            return_exceptions=True)
+                errors = [r for r in both if isinstance(r, SandboxError)]
+                assert all(r.status in (404, 409) for r in errors), both
+                assert all((r.exit_code, r.stdout) == (0, content) for r in both if r not in errors), both
+                if len(errors) == 2:
+                    await _gone(client, sid)  # the reaper held (409) or closed (404) it
+            elif op == "submit":
+                both = await asyncio.gather(*(client.submit(sid, trajectory_id=f"tr{i}") for _ in range(2)),
+                                            return_exceptions=True)
+                errors = [r for r in both if isinstance(r, SandboxError)]
+                assert all(r.status in (404, 409) for r in errors), both
+                if len(errors) == 2:
+                    await _gone(client, sid)
+                (reward,) = [r for r in both if r not in errors]
+                assert reward.score == (1.0 if content != START else 0.0), (content, reward.reason)
+                break
+            else:
+                await client.close_session(sid)
+                break
+        else:
+            return  # left open: the reaper or the shutdown closes it
+        with pytest.raises(SandboxError) as after:
+            await client.exec(sid, "true")
+        assert after.value.status == 404
+        seen["ended"] += 1
+    except SandboxError as exc:
+        assert exc.status == 404, exc  # the idle reaper closed it meanwhile
+        seen["reaped"] += 1
+
+
+@pytest.mark.parametrize("seed", [1, 2])
+async def test_sessions_raced_by_exec_write_submit_close_reaper_and_shutdown_leave_nothing(tmp_path, seed):
+    """The service with prestarted sandboxes under every ordering of a session's calls
+    and of the idle reaper (it closes whatever idles 0.05 s: sessions in the prestart
+    pause or mid-prestart), then shut down while sessions are mid-call and prestarts mid-
+    start: each call gets an exact answer, nothing hangs, and afterwards no process of a
+    session uid, no cgroup, no /tmp or workspace mount and no fd of the service is left."""
+    import random
+
+    from sandbox.client import SandboxClient
+    from tests.sandbox_helpers import live_sandbox
+
+    rng = random.Random(seed)
+    (tmp_path / "tasks").mkdir()
+    store = _task_store(tmp_path / "tasks")
+    ws_root = tmp_path / "ws"
+    cfg = SandboxConfig(max_sessions=10, max_concurrent_commands=2, workspace_root=str(ws_root),
+                        tasks_dir=str(tmp_path / "tasks"), session_idle_timeout_s=0.05)
+    fds = sorted(os.listdir("/proc/self/fd"))
+    seen = {"uids": set(), "ended": 0, "reaped": 0}
+    async with live_sandbox(cfg, store=store) as live:
+        service = live.service
+        async with SandboxClient(live.url, busy_retries=0, publish_rewards=False) as client:
+            lives = [_life(client, live, random.Random(rng.random()), i, seen) for i in range(10)]
+            await asyncio.wait_for(asyncio.gather(*lives), 120)
+            assert seen["ended"] + seen["reaped"] > 0
+            # Shutdown amid calls: sessions mid-command, in the prestart pause, mid-prestart.
+            sids = [await client.create_session("race") for _ in range(6)]
+            seen["uids"] |= {service.pool.get(s).uid for s in sids}
+            calls = [asyncio.ensure_future(client.exec(s, "cat f.py")) for s in sids]
+            await asyncio.sleep(rng.choice([0.0, 0.05, 0.1, 0.12]))
+        groups = dict.fromkeys(service.cgroups.parents.values()) if service.cgroups is not None else {}
+    await asyncio.gather(*calls, return_exceptions=True)
+    assert {uid: uid_pids(uid) for uid in seen["uids"]} == {uid: [] for uid in seen["uids"]}
+    assert [p for p in groups if p.exists()] == []
+    assert sorted(p.name for p in ws_root.iterdir()) == []
+    assert [m for m in Path("/proc/self/mounts").read_text().splitlines() if str(tmp_path) in m] == []
+    assert sorted(os.listdir("/proc/self/fd")) == fds
