@@ -8,7 +8,9 @@ large, 429 no session slot / no command slot, 502 the reward could not be publis
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
+import functools
 import os
 import tempfile
 from pathlib import Path
@@ -148,6 +150,11 @@ class SandboxService:
                                 images=self.images, warm_per_image=cfg.images.warm_sessions_per_image)
         self._refilling: dict[tuple[str, str], asyncio.Task] = {}
         self.pool.drop_sandbox = self._drop_from_thread
+        # Pool calls that may drop a warm tree wait in their thread for the loop to end its
+        # sandbox, whose clean-up needs a thread of the default executor: in threads of
+        # their own, so as many opens at once as that executor has threads cannot take
+        # every thread and wait for one (the whole service hung).
+        self._pool_threads = concurrent.futures.ThreadPoolExecutor(thread_name_prefix="rollway-pool")
         self._loop: asyncio.AbstractEventLoop | None = None
         self.grader = Grader(cfg, reward_cfg, store, self.jail, publisher, quota=self.quota, images=self.images)
         self._reaper: asyncio.Task | None = None
@@ -198,7 +205,8 @@ class SandboxService:
         await asyncio.gather(*self._refilling.values(), return_exceptions=True)
         for session in self.pool.all():
             await self._close(session)
-        await asyncio.to_thread(self.pool.drain_warm)
+        await self._in_pool_thread(self.pool.drain_warm)
+        self._pool_threads.shutdown(wait=False)
         if self.cgroups is not None:
             self.cgroups.close()
         self.uid_claim.release()
@@ -225,14 +233,14 @@ class SandboxService:
         if files is None:
             files = spec.files
         if spec is None or not spec.image:
-            session, dropped = await asyncio.to_thread(self.pool.open, body.task_id, files)
+            session, dropped = await self._in_pool_thread(self.pool.open, body.task_id, files)
             self._prestart(session)
             return _json({"session_id": session.id, "dropped": dropped})
         # An image task: its root (pulled and unpacked on first use; an ImageError is a
         # 503 naming the image), held until the session closes.
         root = await self.images.acquire(spec.image)
         try:
-            session, dropped = await asyncio.to_thread(
+            session, dropped = await self._in_pool_thread(
                 self.pool.open, body.task_id, files, root=root, workdir=spec.workdir)
         except BaseException:
             self.images.release(root)
@@ -350,6 +358,10 @@ class SandboxService:
         pre = await self._take_prestarted(session)
         if pre is not None:
             await self.jail.discard(pre)
+
+    async def _in_pool_thread(self, fn, *args, **kwargs):
+        return await asyncio.get_running_loop().run_in_executor(self._pool_threads,
+                                                                functools.partial(fn, *args, **kwargs))
 
     def _drop_from_thread(self, task: asyncio.Task) -> None:
         """A warm tree's prestarted sandbox ended from a worker thread (the pool drops a

@@ -223,3 +223,47 @@ async def test_sessions_raced_by_exec_write_submit_close_reaper_and_shutdown_lea
     assert sorted(p.name for p in ws_root.iterdir()) == []
     assert [m for m in Path("/proc/self/mounts").read_text().splitlines() if str(tmp_path) in m] == []
     assert sorted(os.listdir("/proc/self/fd")) == fds
+
+
+async def test_warm_trees_dropped_by_as_many_opens_as_threads_do_not_deadlock_the_service(tmp_path):
+    """The pool drops a warm image tree (pool full) inside session open, which runs in a
+    worker thread and waits there until the service's loop has ended the tree's
+    prestarted sandbox; ending it takes a worker thread too (its clean-up). With as many
+    opens at once as the default executor has threads, every thread waited for a drop
+    that waited for a thread: the whole service hung. Each open must get its session."""
+    import json
+    import shutil
+    from concurrent.futures import ThreadPoolExecutor
+
+    from sandbox.client import SandboxClient
+    from sandbox.config import ImageConfig
+    from tasks.spec import TaskSpec
+    from tasks.store import TaskStore
+    from tests.image_helpers import REPO, example_images
+    from tests.sandbox_helpers import live_sandbox, write_task_dir
+    from tests.waiting import wait_until_async
+
+    examples = REPO / "tasks/images/examples.jsonl"
+    threads = ThreadPoolExecutor()._max_workers  # what asyncio's default executor gets here
+    images = example_images()
+    tasks = tmp_path / "tasks"
+    tasks.mkdir()
+    shutil.copy(examples, tasks / "examples.jsonl")
+    write_task_dir(tasks, TaskSpec(task_id="blank", instruction="-", files={"a.txt": "a\n"},
+                                   hidden_tests={"test_x.py": ""}))
+    image_task = json.loads(examples.read_text().splitlines()[0])["instance_id"]
+    cfg = SandboxConfig(max_sessions=threads + 1, workspace_root=str(tmp_path / "ws"), tasks_dir=str(tasks),
+                        images=ImageConfig(cache_dir=images.cache_dir, warm_sessions_per_image=threads))
+    async with live_sandbox(cfg, store=TaskStore(tasks)) as live, SandboxClient(live.url) as client:
+        pool = live.service.pool
+        first = await client.create_session(image_task)
+        await wait_until_async(lambda: pool.warm == threads, 60, f"{threads} warm trees")
+        sids = await asyncio.wait_for(asyncio.gather(*(client.create_session("blank") for _ in range(threads))),
+                                      HANG_S)
+        results = await asyncio.gather(*(client.exec(s, "cat a.txt") for s in sids))
+        assert [(r.exit_code, r.stdout) for r in results] == [(0, "a\n")] * threads and pool.warm == 0
+        uids = {pool.get(s).uid for s in [first, *sids]}
+        for sid in [first, *sids]:
+            await client.close_session(sid)
+    assert {uid: uid_pids(uid) for uid in uids} == {uid: [] for uid in uids}
+    assert list((tmp_path / "ws").iterdir()) == []
