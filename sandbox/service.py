@@ -338,7 +338,11 @@ class SandboxService:
         try:
             pre = await task
         except asyncio.CancelledError:
-            if task.cancelled():
+            # The start was cancelled (by _drop_prestarted): no sandbox. Unless the caller
+            # was cancelled too (awaiting a task forwards the cancel to it): then the cancel
+            # goes on; swallowed, the shutdown's cancel of the idle reaper was lost and the
+            # shutdown waited for the reaper for good.
+            if task.cancelled() and not asyncio.current_task().cancelling():
                 return None
             raise
         except Exception as exc:

@@ -267,3 +267,39 @@ async def test_warm_trees_dropped_by_as_many_opens_as_threads_do_not_deadlock_th
             await client.close_session(sid)
     assert {uid: uid_pids(uid) for uid in uids} == {uid: [] for uid in uids}
     assert list((tmp_path / "ws").iterdir()) == []
+
+
+async def test_a_close_cancelled_while_it_ends_a_starting_sandbox_ends_cancelled(tmp_path):
+    """A close (the idle reaper's, a shutdown's) waits for the session's next sandbox to
+    finish starting and then ends it. Cancelled there, it must end cancelled: it returned
+    as if nothing happened, so the reaper that shutdown cancels went on closing and
+    sleeping, and shutdown (which awaits the reaper) waited for it for good. A later close
+    (the shutdown's, the reaper's next round) closes the session, leaving nothing."""
+    from sandbox.client import SandboxClient
+    from tests.sandbox_helpers import live_sandbox
+
+    (tmp_path / "tasks").mkdir()
+    cfg = SandboxConfig(max_sessions=2, workspace_root=str(tmp_path / "ws"), tasks_dir=str(tmp_path / "tasks"))
+    outcomes = []
+    async with live_sandbox(cfg, store=_task_store(tmp_path / "tasks")) as live, SandboxClient(live.url) as client:
+        service = live.service
+        parent = service.cgroups.parents["pids"] if service.cgroups is not None else None
+        for turns in range(6):
+            sid = await client.create_session("race")
+            session = service.pool.get(sid)
+            await client.exec(sid, "true")
+            # Mid-start: its cgroup is there (or, without cgroups, a few turns after the pause).
+            while parent is not None and not any(p.name.startswith(f"s{session.slot}-") for p in parent.iterdir()):
+                await asyncio.sleep(0.001)
+            for _ in range(turns):
+                await asyncio.sleep(0)
+            closing = asyncio.ensure_future(service._close(session))
+            await asyncio.sleep(0)
+            closing.cancel()
+            done, _ = await asyncio.wait({closing}, timeout=HANG_S)
+            assert done
+            outcomes.append(closing.cancelled())
+            await service._close(session)  # what the shutdown (or the reaper's next round) does
+            uid = session.uid
+    assert outcomes == [True] * 6
+    assert uid_pids(uid) == [] and list((tmp_path / "ws").iterdir()) == []
