@@ -303,3 +303,44 @@ async def test_a_close_cancelled_while_it_ends_a_starting_sandbox_ends_cancelled
             uid = session.uid
     assert outcomes == [True] * 6
     assert uid_pids(uid) == [] and list((tmp_path / "ws").iterdir()) == []
+
+
+async def test_a_shutdown_while_warm_trees_and_their_sandboxes_start_leaves_nothing(tmp_path):
+    """An image session opened, its warm trees being made and their first sandboxes
+    started in the background, and the service shut down at once or a little later (mid
+    tree, mid start, done): shutdown ends, and no tree, mount, cgroup or uid process is left.
+    The image session also sees a file written after its next sandbox was started."""
+    import json
+    import shutil
+
+    from sandbox.client import SandboxClient
+    from sandbox.config import ImageConfig
+    from tasks.store import TaskStore
+    from tests.image_helpers import REPO, example_images
+    from tests.sandbox_helpers import live_sandbox
+
+    images = example_images()
+    examples = REPO / "tasks/images/examples.jsonl"
+    tasks = tmp_path / "tasks"
+    tasks.mkdir()
+    shutil.copy(examples, tasks / "examples.jsonl")
+    image_task = json.loads(examples.read_text().splitlines()[0])["instance_id"]
+    for n, delay in enumerate([0.0, 0.01, 0.03, 0.06, 0.1]):
+        ws = tmp_path / f"ws{n}"
+        cfg = SandboxConfig(max_sessions=4, workspace_root=str(ws), tasks_dir=str(tasks),
+                            images=ImageConfig(cache_dir=images.cache_dir, warm_sessions_per_image=3))
+        async with live_sandbox(cfg, store=TaskStore(tasks)) as live, SandboxClient(live.url) as client:
+            service = live.service
+            sid = await client.create_session(image_task)
+            session = service.pool.get(sid)
+            uids = {service.cfg.uid_base + i for i in range(cfg.max_sessions)}
+            groups = list(dict.fromkeys(service.cgroups.parents.values())) if service.cgroups is not None else []
+            if n == 0:
+                await session.next_sandbox  # started before the file below was written
+                await client.write_file(sid, "later.txt", "later\n")
+                seen = await client.exec(sid, "cat later.txt")
+                assert (seen.exit_code, seen.stdout) == (0, "later\n")
+            await asyncio.sleep(delay)
+        assert {uid: uid_pids(uid) for uid in uids} == {uid: [] for uid in uids}, delay
+        assert [g for g in groups if g.exists()] == [] and list(ws.iterdir()) == [], delay
+        assert [m for m in Path("/proc/self/mounts").read_text().splitlines() if str(ws) in m] == [], delay
