@@ -344,3 +344,41 @@ async def test_a_shutdown_while_warm_trees_and_their_sandboxes_start_leaves_noth
         assert {uid: uid_pids(uid) for uid in uids} == {uid: [] for uid in uids}, delay
         assert [g for g in groups if g.exists()] == [] and list(ws.iterdir()) == [], delay
         assert [m for m in Path("/proc/self/mounts").read_text().splitlines() if str(ws) in m] == [], delay
+
+
+async def test_an_exec_refused_for_want_of_a_slot_ends_its_started_sandbox_and_the_session_goes_on(tmp_path):
+    """All command slots busy past command_queue_timeout_s: the exec is refused (429) and
+    the sandbox started for it is ended unused, before its uid runs anything else; the
+    session's next exec runs, sees the workspace as it is then, and nothing is left."""
+    from sandbox.client import SandboxBusy, SandboxClient
+    from tests.sandbox_helpers import live_sandbox
+
+    (tmp_path / "tasks").mkdir()
+    cfg = SandboxConfig(max_sessions=2, max_concurrent_commands=1, command_queue_timeout_s=0.2,
+                        workspace_root=str(tmp_path / "ws"), tasks_dir=str(tmp_path / "tasks"))
+    async with live_sandbox(cfg, store=_task_store(tmp_path / "tasks")) as live, \
+            SandboxClient(live.url, busy_retries=0) as client:
+        service = live.service
+        busy, refused = await client.create_session("race"), await client.create_session("race")
+        pre = await service.pool.get(refused).next_sandbox  # started
+        hog = asyncio.ensure_future(client.exec(busy, "touch started; sleep 1"))
+        await asyncio.wait_for(_until(lambda: (tmp_path / "ws").glob("*/started")), HANG_S)
+        with pytest.raises(SandboxBusy):
+            await client.exec(refused, "echo ran > ran.txt")
+        uid = service.pool.get(refused).uid
+        # Ended, with its cgroup, and it ran nothing.
+        assert pre.proc.returncode is not None and not pre.alive
+        assert pre.group is None or not any(d.exists() for d in pre.group.dirs.values())
+        assert not any((tmp_path / "ws").glob("*/ran.txt"))
+        assert (await hog).exit_code == 0
+        await client.write_file(refused, "f.py", "X = 2\n")
+        after = await client.exec(refused, "cat f.py; ls")
+        assert (after.exit_code, after.stdout) == (0, "X = 2\nf.py\n")
+        for sid in (busy, refused):
+            await client.close_session(sid)
+    assert uid_pids(uid) == [] and list((tmp_path / "ws").iterdir()) == []
+
+
+async def _until(found) -> None:
+    while not any(found()):
+        await asyncio.sleep(0.01)
