@@ -149,6 +149,8 @@ class SandboxService:
         self.pool = SessionPool(root, capacity=cfg.max_sessions, uid_base=cfg.uid_base, quota=self.quota,
                                 images=self.images, warm_per_image=cfg.images.warm_sessions_per_image)
         self._refilling: dict[tuple[str, str], asyncio.Task] = {}
+        # Next-sandbox starts still in their pause (_prestart's delay_s).
+        self._pausing: set[asyncio.Task] = set()
         self.pool.drop_sandbox = self._drop_from_thread
         # Pool calls that may drop a warm tree wait in their thread for the loop to end its
         # sandbox, whose clean-up needs a thread of the default executor: in threads of
@@ -321,7 +323,12 @@ class SandboxService:
 
         async def start():
             if delay_s:
-                await asyncio.sleep(delay_s)
+                me = asyncio.current_task()
+                self._pausing.add(me)
+                try:
+                    await asyncio.sleep(delay_s)
+                finally:
+                    self._pausing.discard(me)
             if session.closed:
                 return None
             return await self.jail.prestart(workspace=session.workspace.root, uid=session.uid,
@@ -335,6 +342,10 @@ class SandboxService:
         task, session.next_sandbox = session.next_sandbox, None
         if task is None:
             return None
+        if task in self._pausing:
+            # Still in its pause: the command starts a sandbox of its own at once instead
+            # of waiting the pause out and then the start (back-to-back execs paid both).
+            task.cancel()
         try:
             pre = await task
         except asyncio.CancelledError:

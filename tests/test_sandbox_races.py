@@ -382,3 +382,29 @@ async def test_an_exec_refused_for_want_of_a_slot_ends_its_started_sandbox_and_t
 async def _until(found) -> None:
     while not any(found()):
         await asyncio.sleep(0.01)
+
+
+async def test_an_exec_during_the_prestart_pause_starts_its_own_sandbox_without_waiting_the_pause(tmp_path, monkeypatch):
+    """The next sandbox is started a pause after each command (so a close right after does
+    not pay for one). An exec within that pause waited the pause out and then the start:
+    back-to-back execs took 149 ms at p50 against 47 ms without prestarting. It must run
+    at once in a sandbox of its own (the pause is made long here so the exec is surely
+    inside it), and a later exec still finds one started ahead."""
+    import sandbox.service
+    from sandbox.client import SandboxClient
+    from tests.sandbox_helpers import live_sandbox
+
+    # Far longer than any exec's round trip, short enough that a regression fails in it.
+    monkeypatch.setattr(sandbox.service, "_PRESTART_PAUSE_S", 20.0)
+    (tmp_path / "tasks").mkdir()
+    cfg = SandboxConfig(max_sessions=2, workspace_root=str(tmp_path / "ws"), tasks_dir=str(tmp_path / "tasks"))
+    async with live_sandbox(cfg, store=_task_store(tmp_path / "tasks")) as live, SandboxClient(live.url) as client:
+        sid = await client.create_session("race")
+        session = live.service.pool.get(sid)
+        first = await client.exec(sid, "cat f.py")
+        pausing = session.next_sandbox
+        second = await client.exec(sid, "cat f.py")
+        assert [(r.exit_code, r.stdout) for r in (first, second)] == [(0, START)] * 2
+        assert pausing.cancelled() and session.next_sandbox is not pausing
+        await client.close_session(sid)
+    assert list((tmp_path / "ws").iterdir()) == []
