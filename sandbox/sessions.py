@@ -234,7 +234,9 @@ class SessionPool:
 
     def idle(self, older_than_s: float) -> list[Session]:
         now = time.monotonic()
-        return [s for s in self._sessions.values() if now - s.last_used > older_than_s and not s.lock.locked()]
+        # A copy first (one C call, atomic under the GIL): open adds sessions in worker
+        # threads, and iterating the live dict then raised, which killed the idle reaper.
+        return [s for s in list(self._sessions.values()) if now - s.last_used > older_than_s and not s.lock.locked()]
 
     def all(self) -> list[Session]:
         return list(self._sessions.values())

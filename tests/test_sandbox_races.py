@@ -408,3 +408,34 @@ async def test_an_exec_during_the_prestart_pause_starts_its_own_sandbox_without_
         assert pausing.cancelled() and session.next_sandbox is not pausing
         await client.close_session(sid)
     assert list((tmp_path / "ws").iterdir()) == []
+
+
+def test_the_idle_list_is_safe_while_sessions_open_in_worker_threads(tmp_path):
+    """The service opens sessions in worker threads while its idle reaper lists idle
+    sessions on the loop. Listing iterated the live dict, so an open landing mid-list
+    raised 'dictionary changed size during iteration', which ended the reaper task for
+    good (no session was ever reaped again). A tiny thread switch interval makes the
+    interleaving happen within a few hundred opens."""
+    import sys
+    import threading
+
+    from sandbox.sessions import SessionPool
+
+    pool = SessionPool(tmp_path, capacity=300, uid_base=62000)
+    errors: list[Exception] = []
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    try:
+        opener = threading.Thread(target=lambda: [pool.open("t", {}) for _ in range(300)])
+        opener.start()
+        while opener.is_alive():
+            try:
+                pool.idle(-1.0)
+            except RuntimeError as exc:
+                errors.append(exc)
+        opener.join()
+    finally:
+        sys.setswitchinterval(interval)
+        for session in pool.all():
+            session.workspace.remove()
+    assert errors == [] and len(pool.idle(-1.0)) == 300
