@@ -28,6 +28,27 @@ connection = bridge.connect(config["fd"], "tests", cpu=config.get("cpu"), pin_af
 sys.meta_path.append(
     bridge.SolutionFinder(connection, set(config["modules"]), config["workspace"], config["sources"])
 )
+
+
+class _LocalModules:
+    """First on ``sys.meta_path``: the repository's pytest plugin modules the grader laid
+    in this sandbox from the task's own tree (``local_modules``: name -> file) load here,
+    never from the solution (whose copy is the agent's), even inside a package of the
+    workspace whose other modules are the solution's."""
+
+    def __init__(self, files: dict) -> None:
+        self.files = files
+
+    def find_spec(self, fullname, path=None, target=None):
+        if fullname not in self.files:
+            return None
+        import importlib.util
+
+        return importlib.util.spec_from_file_location(fullname, self.files[fullname])
+
+
+if config.get("local_modules"):
+    sys.meta_path.insert(0, _LocalModules(config["local_modules"]))
 import pytest  # noqa: E402
 
 

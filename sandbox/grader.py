@@ -234,7 +234,7 @@ class Grader:
                     output = await grading_inenv.run(self.jail, self.cfg, self._limits(), spec, code, plan, base,
                                                      uid=uid, root=root, changes=changes)
                 else:
-                    run_args = grading_bridged.pytest_args(spec, args)
+                    run_args = grading_bridged.pytest_args(spec, args, tree.configs if tree is not None else ())
                     plan = make_plan(run_args, grading_bridged.layout(spec), run_configs(known, run_args))
                     output = await grading_bridged.run(self.jail, self.cfg, self._limits(), spec, code, plan, base,
                                                        uid=uid, cpu=self._bridge_cpu(), root=root, changes=changes)

@@ -2,7 +2,8 @@
 (two pipes) between them (:mod:`sandbox.bridge`).
 
 The *tests' sandbox* holds the hidden tests (from the grader's task store, read-only,
-this grading's canaries appended), the task's own unchanged pytest configuration, the
+this grading's canaries appended), the task's own unchanged pytest configuration (an
+image task's from its image, byte-exact, the plugin modules it loads run from those bytes), the
 grader's plugin (``/grader-plugin``) and the JUnit report folder ``/grader-out``; it runs
 pytest and never imports solution code: the workspace's modules are proxies of modules
 living in the *solution's sandbox*, which holds a copy of the snapshot (``*.pyc``
@@ -18,6 +19,7 @@ import fcntl
 import json
 import os
 import shlex
+from collections.abc import Iterable
 from pathlib import Path, PurePosixPath
 
 from sandbox.cheating import HARNESS_MODULES
@@ -27,7 +29,7 @@ from sandbox.grading_common import (
     with_bytecode,
     write_ro,
 )
-from sandbox import image_workspace
+from sandbox import grading_inenv, image_workspace
 from sandbox.image_changes import TreeChanges
 from sandbox.images import ImageRoot
 from sandbox.isolation import WORKSPACE, Bind, Limits
@@ -37,6 +39,8 @@ from tasks.spec import TaskSpec
 
 SOURCES_DIR = "/solution-src"
 GRADER_DIR = "/grader"
+# Under GRADER_DIR in the tests' sandbox: an image task's own pytest plugin modules.
+PLUGIN_COPIES = "repo-plugins"
 # A folder both sandboxes see, writable by both uids: pytest's temporary folders are made
 # there (bridge_tests.py), so a tmp_path a test hands the solution opens on both sides.
 SCRATCH_DIR = "/grader-scratch"
@@ -69,8 +73,10 @@ def layout(spec: TaskSpec) -> dict[str, str]:
     return {f"{HIDDEN_TESTS_DIR}/{clean_relpath(rel)}": text for rel, text in spec.hidden_tests.items()}
 
 
-def pytest_args(spec: TaskSpec, args: list[str]) -> list[str]:
-    if not any(Path(p).name == "conftest.py" for p in spec.files):
+def pytest_args(spec: TaskSpec, args: list[str], image_configs: Iterable[str] = ()) -> list[str]:
+    """``image_configs``: the paths of an image task's own test configuration (its image's
+    conftests count as the repository's)."""
+    if not any(Path(p).name == "conftest.py" for p in [*spec.files, *image_configs]):
         # The repository has no conftest of its own: load none but the hidden tests'.
         workdir = spec.workdir if spec.image else WORKSPACE
         args = args + [f"--confcutdir={workdir}/{HIDDEN_TESTS_DIR}"]
@@ -103,20 +109,46 @@ async def run(jail: Jail, cfg: SandboxConfig, limits: Limits, spec: TaskSpec, co
     # no importable solution code.
     tests_ws = base / "tests"
     tests_ws.mkdir(mode=0o755)
-    for rel, text in spec.files.items():
-        if is_test_config(rel):
-            write_ro(tests_ws / clean_relpath(rel), text.encode())
+    own = {clean_relpath(rel): text.encode() for rel, text in spec.files.items() if is_test_config(rel)}
+    plugins: dict[str, bytes] = {}
+    if root is not None:
+        # The image's own test configuration, byte-exact from the image (what the task's
+        # text cannot hold: a latin-1 conftest, a linked setup.cfg, the plugin modules
+        # they load), as in-env grading restores it; the task's text wins where it has
+        # the file, as there. Never the agent's versions: the solution's tree is not read.
+        image_own = await asyncio.to_thread(grading_inenv.image_configs, root, spec, plan)
+        plugins = grading_inenv.plugin_files(
+            {**image_own, **{clean_relpath(p): t.encode() for p, t in spec.files.items()}}, plan.tests)
+        own = {p: d for p, d in {**image_own, **own}.items() if p not in plugins}
+    for rel, data in own.items():
+        write_ro(tests_ws / rel, data)
     (tests_ws / HIDDEN_TESTS_DIR).mkdir(mode=0o755)
     hidden = base / "hidden"
     prefix = HIDDEN_TESTS_DIR + "/"
     for path, data in plan.tests.items():
         write_ro(hidden / path.removeprefix(prefix), data)
+    # A conftest of the repository's tree on a hidden test's path (its folder or above,
+    # not the root's, which applies as it is) that the hidden tests lack (one only in the
+    # image): beside them too, as the task's own are (tasks/swe.py).
+    folders = {PurePosixPath(p.removeprefix(prefix)).parent for p in plan.tests}
+    for rel, data in own.items():
+        at = PurePosixPath(rel)
+        if (at.name == "conftest.py" and str(at.parent) != "." and prefix + rel not in plan.tests
+                and any(f == at.parent or at.parent in f.parents for f in folders)):
+            write_ro(hidden / rel, data)
     hidden.mkdir(mode=0o755, exist_ok=True)
     sources = base / "src"
     sources.mkdir(mode=0o755)
     for rel, data in code.items():
         write_ro(sources / rel, data)
     tests_dir = _grader_dir(base / "run", "bridge_tests.py")
+    # The plugin modules those configs load run in the tests' process from the image's
+    # bytes (the bridge would import the solution's copy: the agent's), laid under the
+    # grader's folder: a package folder in the tests' workspace would be a namespace
+    # package hiding the solution's where the workdir is on sys.path (a root conftest).
+    for rel, data in plugins.items():
+        write_ro(tests_dir / PLUGIN_COPIES / rel, data)
+    local_modules = {_module_name(p): f"{GRADER_DIR}/{PLUGIN_COPIES}/{p}" for p in plugins}
     plugin = plugin_dir(base, plan)
     out = Workspace.create(base / "out", uid, {})[0]
     scratch = base / "scratch"
@@ -124,7 +156,8 @@ async def run(jail: Jail, cfg: SandboxConfig, limits: Limits, spec: TaskSpec, co
     os.chmod(scratch, 0o1777)
     sol_fds, tests_fds = _pipes()
     config = {"workspace": workdir, "sources": SOURCES_DIR, "modules": sorted(top_level_modules(code)),
-              "cpu": cpu, "pin_after": cfg.grading_bridge_pin_after, "scratch": SCRATCH_DIR}
+              "cpu": cpu, "pin_after": cfg.grading_bridge_pin_after, "scratch": SCRATCH_DIR,
+              "local_modules": local_modules}
     # The host's interpreter starts with -S and the entry script runs site itself, less the
     # editable install of rollway (sandbox/bridge/sitepath.py); an image's Python as it is.
     python = "python -P" if root is not None else "python -P -S"
@@ -166,6 +199,11 @@ async def run(jail: Jail, cfg: SandboxConfig, limits: Limits, spec: TaskSpec, co
                 solution_result = None
     return RunOutput(result=result, report=_read(out, REPORT_FILE), collected=_read(out, plan.collected_file),
                      solution=solution_result)
+
+
+def _module_name(path: str) -> str:
+    """``pkg/plugin.py`` -> ``pkg.plugin``; ``pkg/sub/__init__.py`` -> ``pkg.sub``."""
+    return path.removesuffix(".py").removesuffix("/__init__").replace("/", ".")
 
 
 def _pipes() -> tuple[tuple[int, int], tuple[int, int]]:

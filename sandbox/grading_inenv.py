@@ -111,10 +111,7 @@ def tree(spec: TaskSpec, code: dict[str, bytes], plan: HiddenPlan, *, base_confi
     for path, data in original.items():
         if PurePosixPath(path).name in CONFIG_NAMES:
             protected[path] = data
-    for module in _plugin_modules({**original, **plan.tests}):
-        for candidate in (module.replace(".", "/") + ".py", module.replace(".", "/") + "/__init__.py"):
-            if candidate in original:
-                protected[candidate] = original[candidate]
+    protected.update(plugin_files(original, plan.tests))
     for path in sorted(files):
         name = PurePosixPath(path).name
         if name in CONFIG_NAMES and path not in protected:
@@ -165,6 +162,17 @@ def image_configs(root: ImageRoot, spec: TaskSpec, plan: HiddenPlan) -> dict[str
                 if data is not None:
                     configs[candidate] = data
     return configs
+
+
+def plugin_files(original: dict[str, bytes], tests: dict[str, bytes]) -> dict[str, bytes]:
+    """The files of ``original`` (the task's tree) that are plugin modules loaded by its
+    conftests and configs or by the hidden tests (``pytest_plugins``, ``-p``)."""
+    found = {}
+    for module in _plugin_modules({**original, **tests}):
+        for candidate in (module.replace(".", "/") + ".py", module.replace(".", "/") + "/__init__.py"):
+            if candidate in original:
+                found[candidate] = original[candidate]
+    return found
 
 
 def _plugin_modules(files: dict[str, bytes]) -> set[str]:
