@@ -8,8 +8,9 @@ batches with ``ShardedTrainCore`` (launched by torch.distributed.run, gloo, one 
 rank). Memory is counted, not sampled: at the optimizer step of the last step, the bytes
 of each rank's local parameter shards, local gradient shards and optimizer state shards
 (each distinct storage's ``nbytes()`` once, so padding FSDP2 adds is counted). Peak RSS of each rank
-is reported next to it (informational: every rank loads the whole float32 model before
-sharding it, and the interpreter, torch and transformers take ~0.5 GB a process).
+is reported next to it (informational: each rank reads only its rows of the checkpoint,
+meta-device init, trainer/sharded_init.py; the interpreter, torch and transformers take
+~0.5-1 GB a process, which dominates at this model size).
 Step time is informational: 4 ranks on 2 cores share them.
 
 After the steps, one publish from the shards (``publishable_state_sharded``, bfloat16,

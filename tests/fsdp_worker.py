@@ -10,6 +10,8 @@ Rank 0 writes what the test checks to ``out`` (torch.save). Scenarios:
 * ``resume``: restore the newest DCP checkpoint, then train the remaining steps.
 * ``muon``: ``ShardedMuon`` on a tiny MoE's sharded parameters against the unsharded
   optimizer on the same gradients.
+* ``setup_memory``: each rank's peak RSS while ``ShardedTrainCore`` is built, above its
+  RSS just before (meta-device init: about its shard, not the whole model).
 """
 
 from __future__ import annotations
@@ -182,6 +184,45 @@ def muon(args: dict) -> dict:
             "experts": [n for n, _ in expert_params], "placements": placements, "local_shapes": local_shapes}
 
 
+def _status_bytes(field: str) -> int:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1]) * 1024
+    raise KeyError(field)
+
+
+def setup_memory(args: dict) -> dict:
+    """Peak RSS above the RSS before, over building the core (Linux resets the
+    high-water mark VmHWM when 5 is written to /proc/self/clear_refs)."""
+    import ctypes
+    import gc
+
+    import torch.distributed as dist
+    import transformers  # noqa: F401  imported before the baseline: not the model's memory
+    from transformers import AutoModelForCausalLM  # noqa: F401
+
+    from trainer.distributed import all_gather_objects, init_distributed
+    from trainer.sharded_core import ShardedTrainCore
+    from trainer.sharded_init import build_on_meta
+
+    ctx = init_distributed("cpu")
+    build_on_meta(args["model_path"])  # the model classes' lazy imports, before the baseline
+    gc.collect()
+    ctypes.CDLL("libc.so.6").malloc_trim(0)
+    dist.barrier()
+    before = _status_bytes("VmRSS")
+    Path("/proc/self/clear_refs").write_text("5")
+    core = ShardedTrainCore(_cfg(args), ctx)
+    extra = _status_bytes("VmHWM") - before
+    local = sum(p.to_local().numel() * 4 for p in core.model.parameters())
+    mine = {"rank": ctx.rank, "extra_peak": extra, "local_param_bytes": local,
+            "full_param_bytes": sum(p.numel() * 4 for p in core.model.parameters()),
+            "meta_init": getattr(core, "meta_init", False)}
+    everyone = all_gather_objects(mine)
+    dist.barrier()
+    return {"ranks": everyone}
+
+
 def main() -> None:
     import torch
     import torch.distributed as dist
@@ -189,7 +230,7 @@ def main() -> None:
     scenario, args_path = sys.argv[1], sys.argv[2]
     args = json.loads(Path(args_path).read_text())
     torch.set_num_threads(1)
-    out = {"train": train, "resume": resume, "muon": muon}[scenario](args)
+    out = {"train": train, "resume": resume, "muon": muon, "setup_memory": setup_memory}[scenario](args)
     if dist.get_rank() == 0:
         torch.save(out, args["out"])
     dist.destroy_process_group()

@@ -42,19 +42,21 @@ class ShardedTrainCore(TrainCore):
     def __init__(self, cfg: TrainerConfig, ctx: DistContext, model_path: str | None = None) -> None:
         import torch
 
-        from trainer.model import load_policy, make_deterministic
+        from trainer.model import make_deterministic
         from trainer.precision import SelectedLogits
         from trainer.routing import RoutingReplay
+        from trainer.sharded_init import materialize_shards, meta_policy
         from trainer.sharded_optim import ShardedHybridOptimizer
 
         make_deterministic(cfg.seed, cfg.num_threads)
         self.cfg = cfg
         self.ctx = ctx
         self.device = ctx.device
-        # Every rank loads the full float32 model, then keeps its shards (fully_shard
-        # frees the rest). For models larger than one host's memory: meta-device init
-        # plus a DCP load; not needed at the sizes this runs today.
-        self.model = load_policy(model_path or cfg.model_path, self.device)
+        # Meta-device init (trainer/sharded_init.py): the parameters are built on the
+        # meta device, sharded, then each rank reads only its rows of the checkpoint, so
+        # no rank ever holds the whole float32 model.
+        path = model_path or cfg.model_path
+        self.model, index = meta_policy(path, self.device)
         self.step = 0
         self._routing = RoutingReplay(self.model, cfg.replay_routing)
         self._logits = SelectedLogits(self.model)
@@ -64,6 +66,9 @@ class ShardedTrainCore(TrainCore):
         # The casting to the forward dtype is FSDP2's (MixedPrecisionPolicy), not
         # functional_call's: policy_logits is called with replay_dtype=None.
         shard_policy(self._logits, self.model, ctx.mesh, self._forward_dtype)
+        self.meta_init = index is not None
+        if self.meta_init:
+            materialize_shards(self.model, path, self.device, index)
         self.optimizer = ShardedHybridOptimizer(self.model, cfg)
         log.info("sharded trainer core ready", rank=ctx.rank, world_size=ctx.world_size, device=str(self.device),
                  muon_params=len(self.optimizer.muon_names), muon_expert_params=len(self.optimizer.expert_names),
