@@ -295,7 +295,7 @@ def test_a_rank_builds_the_sharded_trainer_without_holding_the_whole_model(tmp_p
     """Meta-device init (trainer/sharded_init.py): each of 2 ranks reads only its rows of
     the checkpoint, so its peak RSS over the setup is about its half of the float32
     model, not the whole model (before: every rank loaded the whole model first). The
-    model (Qwen2, 46M float32 parameters, 185 MB) is large enough that the interpreter's
+    model (Qwen2, 45M float32 parameters, 181 MB) is large enough that the interpreter's
     own noise (a few MB) cannot hide a whole model."""
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
