@@ -43,6 +43,7 @@ from pathlib import PurePosixPath
 
 import msgspec
 
+from sandbox import pyast
 from sandbox.test_selection import ExpectedTest, pattern_form
 
 _VOCABULARY = ("case", "again", "basic", "more", "other", "edge", "values", "mixed", "extra", "simple",
@@ -106,7 +107,7 @@ def plan(tests: dict[str, str], selected: list[ExpectedTest], rng: random.Random
         tree = trees.get(test.path)
         if tree is None:
             try:
-                tree = trees[test.path] = ast.parse(tests[test.path])
+                tree = trees[test.path] = pyast.parse(tests[test.path])
             except (SyntaxError, ValueError):
                 continue
         func = _find(tree, test)
@@ -329,7 +330,7 @@ def _other_value(value: object, rng: random.Random) -> object:
 
 
 def _expr(value: object) -> ast.expr:
-    return ast.parse(repr(value), mode="eval").body
+    return pyast.parse(repr(value), mode="eval").body
 
 
 def _mutated(func: ast.FunctionDef, index: int, rng: random.Random) -> ast.FunctionDef:

@@ -36,6 +36,7 @@ import configparser
 import tomllib
 from pathlib import PurePosixPath
 
+from sandbox import pyast
 from sandbox.workspace import Snapshot
 
 PYTEST_INI_NAMES = frozenset({"pytest.ini", ".pytest.ini"})
@@ -141,7 +142,7 @@ def _is_test_module(path: str) -> bool:
 
 def _python_findings(path: str, data: bytes, *, in_env: bool = False) -> list[str]:
     try:
-        tree = ast.parse(data, filename=path)
+        tree = pyast.parse(data, filename=path)
     except (SyntaxError, ValueError):
         return []  # does not even import: the hidden tests fail on their own
     out: list[str] = []

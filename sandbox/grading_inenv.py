@@ -37,6 +37,7 @@ import shlex
 import tomllib
 from pathlib import Path, PurePosixPath
 
+from sandbox import pyast
 from sandbox.config import SandboxConfig
 from sandbox.grading_common import (
     HIDDEN_TESTS_DIR, PLUGIN_DIR, REPORT_DIR, REPORT_FILE, HiddenPlan, RunOutput, plugin_dir, write_ro,
@@ -182,7 +183,7 @@ def _plugin_modules(files: dict[str, bytes]) -> set[str]:
         name = PurePosixPath(path).name
         if name.endswith(".py"):
             try:
-                tree_ = ast.parse(data)
+                tree_ = pyast.parse(data)
             except (SyntaxError, ValueError):
                 continue
             for stmt in tree_.body:

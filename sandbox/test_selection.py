@@ -22,6 +22,8 @@ from pathlib import PurePosixPath
 
 import msgspec
 
+from sandbox import pyast
+
 # pytest options that take a separate value (the value is not a path).
 _VALUE_OPTIONS = frozenset({
     "-k", "-m", "-p", "-o", "-c", "-W", "-r", "--deselect", "--ignore", "--ignore-glob", "--rootdir",
@@ -134,7 +136,7 @@ def static_tests(path: str, source: str) -> list[ExpectedTest]:
     """Module-level ``def test*`` functions and ``test*`` methods of module-level
     ``Test*`` classes without ``__init__`` (pytest's default rules)."""
     try:
-        tree = ast.parse(source)
+        tree = pyast.parse(source)
     except (SyntaxError, ValueError):
         return []  # a collection error: reported as such
     out: list[ExpectedTest] = []

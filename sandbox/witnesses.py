@@ -21,6 +21,7 @@ import random
 
 import msgspec
 
+from sandbox import pyast
 from sandbox.canaries import own_nodes
 from sandbox.test_selection import path_matches
 
@@ -44,7 +45,7 @@ def instrument(files: dict[str, str], call: str, rng: random.Random) -> Instrume
     sites: list[Site] = []
     for path, source in files.items():
         try:
-            tree = ast.parse(source)
+            tree = pyast.parse(source)
         except (SyntaxError, ValueError):
             out[path] = source
             continue

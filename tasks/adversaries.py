@@ -32,6 +32,7 @@ from pathlib import PurePosixPath
 
 import msgspec
 
+from sandbox import pyast
 from tasks.spec import TaskSpec
 
 NAMES = ("always_equal", "lying_comparisons", "c_level_copies", "returns_input", "reads_hidden_tests",
@@ -209,7 +210,7 @@ def _compares(source: str) -> bool:
     dunders, ``functools.total_ordering``, ``dataclass(order=True)``)? Only there must the
     hidden tests pin both directions of a comparison."""
     try:
-        tree = ast.parse(source)
+        tree = pyast.parse(source)
     except SyntaxError:
         return False
     for node in tree.body:
@@ -233,7 +234,7 @@ def counts_accesses(spec: TaskSpec) -> bool:
     method (an access counter, typically)?"""
     for source in spec.hidden_tests.values():
         try:
-            tree = ast.parse(source)
+            tree = pyast.parse(source)
         except SyntaxError:
             continue
         for node in ast.walk(tree):
@@ -280,7 +281,7 @@ def _hidden_only_name(spec: TaskSpec) -> str:
     visible = "\n".join(spec.files.values()) + "\n".join(spec.solution.values())
     for text in spec.hidden_tests.values():
         try:
-            tree = ast.parse(text)
+            tree = pyast.parse(text)
         except (SyntaxError, ValueError):
             continue
         for node in ast.walk(tree):
