@@ -32,7 +32,10 @@ class ImageConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     # (${XDG_RUNTIME_DIR}/containers/auth.json, then ~/.docker/config.json).
     auth_file: str = ""
     # Sessions kept ready per image (created ahead, while earlier ones run); 0 = off.
-    warm_sessions_per_image: int = 0
+    # On by default: a GRPO group opens G sessions of one image, and a warm tree with its
+    # first sandbox started makes a session start 0.08x `docker run --rm` against 0.12-0.14x
+    # cold (docs/environments.md). Warm trees count against max_sessions and give way.
+    warm_sessions_per_image: int = 2
 
     def __post_init__(self) -> None:
         if self.max_cache_bytes <= 0:
