@@ -40,7 +40,10 @@ def configure_logging(
             structlog.processors.JSONRenderer(sort_keys=False),
         ],
         wrapper_class=structlog.make_filtering_bound_logger(numeric),
-        logger_factory=structlog.PrintLoggerFactory(file=out),
+        # One write per line (WriteLogger writes message + newline at once; print writes
+        # them apart): torchrun's ranks run unbuffered (-u) into one log, where two ranks'
+        # lines written apart were glued together ("}{") and lost to a JSON reader.
+        logger_factory=structlog.WriteLoggerFactory(file=out),
         cache_logger_on_first_use=False,
     )
     # Library logs (aiokafka, aiohttp, vllm) go through the same renderer.
