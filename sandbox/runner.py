@@ -619,14 +619,27 @@ async def _send_command(fd: int | None, data: bytes) -> None:
             done = 0
         if done < len(data):
             os.set_blocking(fd, True)
-            await asyncio.to_thread(_write_all, fd, data[done:])
+    except BrokenPipeError:  # the sandbox is gone: its command's result says so
+        _close(fd)
+        return
+    except BaseException:
+        _close(fd)
+        raise
+    if done == len(data):
+        _close(fd)
+        return
+    # From here the thread owns the fd and closes it: a cancel of this coroutine does not
+    # stop a thread, and closing the fd under its blocking write would let the fd number
+    # be reused and the rest of the command be written into whatever file gets it.
+    await asyncio.to_thread(_write_all_and_close, fd, data[done:])
+
+
+def _write_all_and_close(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    try:
+        while view:
+            view = view[os.write(fd, view):]
     except BrokenPipeError:
         pass
     finally:
         _close(fd)
-
-
-def _write_all(fd: int, data: bytes) -> None:
-    view = memoryview(data)
-    while view:
-        view = view[os.write(fd, view):]

@@ -439,3 +439,31 @@ def test_the_idle_list_is_safe_while_sessions_open_in_worker_threads(tmp_path):
         for session in pool.all():
             session.workspace.remove()
     assert errors == [] and len(pool.idle(-1.0)) == 300
+
+
+async def test_a_long_command_cancelled_mid_hand_over_never_writes_into_a_reused_fd(tmp_path):
+    """A command over the pipe's size is finished by a thread. Cancelling the hand-over
+    (the exec's caller went away) must not close the fd under that thread: the number
+    would be reused by the next open and the rest of the command written into it."""
+    from sandbox.runner import _send_command
+
+    command = b"x" * (1 << 20)  # far over a pipe's 64 KiB
+    read_end, write_end = os.pipe()
+    sending = asyncio.ensure_future(_send_command(write_end, command))
+    await asyncio.sleep(0.2)  # the thread is blocked in write: nobody reads yet
+    assert not sending.done()
+    sending.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await sending
+    victim = tmp_path / "victim"
+    fd = os.open(victim, os.O_WRONLY | os.O_CREAT)  # takes a freed fd number, if any
+    try:
+        received = bytearray()
+        while chunk := await asyncio.to_thread(os.read, read_end, 1 << 16):  # EOF once the thread closed it
+            received += chunk
+    finally:
+        os.close(fd)
+        os.close(read_end)
+    assert fd != write_end
+    assert victim.read_bytes() == b""
+    assert bytes(received) == command + b"."
