@@ -31,11 +31,20 @@ class ImageConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     # one; Docker's ~/.docker/config.json has the same format); empty = skopeo's default
     # (${XDG_RUNTIME_DIR}/containers/auth.json, then ~/.docker/config.json).
     auth_file: str = ""
-    # Sessions kept ready per image (created ahead, while earlier ones run); 0 = off.
-    # On by default: a GRPO group opens G sessions of one image, and a warm tree with its
-    # first sandbox started makes a session start 0.08x `docker run --rm` against 0.12-0.14x
-    # cold (docs/environments.md). Warm trees count against max_sessions and give way.
+    # Sessions kept ready per image in use (created ahead, while earlier ones run); 0 = off
+    # (no warm trees at all). A warm tree with its first sandbox started makes a session
+    # start 0.08x `docker run --rm` against 0.12-0.14x cold (docs/environments.md). Warm
+    # trees count against max_sessions and give way to real sessions when the pool is full.
     warm_sessions_per_image: int = 2
+    # A GRPO group opens G sessions of one image at once, and a floor of 2 warm trees left
+    # G - 2 of them cold. With this on, the pool keeps as many trees of an image ready as
+    # sessions of it were open together recently (opened within warm_group_window_s of
+    # each other and live at once), never fewer than warm_sessions_per_image, bounded by
+    # the free slots of max_sessions; the trees above the floor go warm_demand_ttl_s after
+    # the last such group of the image.
+    warm_follow_demand: bool = True
+    warm_group_window_s: float = 2.0
+    warm_demand_ttl_s: float = 300.0
 
     def __post_init__(self) -> None:
         if self.max_cache_bytes <= 0:
@@ -44,6 +53,9 @@ class ImageConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
             raise ValueError(f"sandbox.images.max_concurrent_unpacks must be positive, got {self.max_concurrent_unpacks}")
         if self.warm_sessions_per_image < 0:
             raise ValueError("sandbox.images.warm_sessions_per_image must be 0 (off) or positive")
+        if self.warm_group_window_s <= 0 or self.warm_demand_ttl_s <= 0:
+            raise ValueError("sandbox.images.warm_group_window_s and warm_demand_ttl_s must be positive, got "
+                             f"{self.warm_group_window_s} and {self.warm_demand_ttl_s}")
 
 
 class SandboxConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):

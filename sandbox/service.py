@@ -147,7 +147,10 @@ class SandboxService:
         self.quota = quota_from_config(cfg)
         self.images = ImageStore(cfg.images)
         self.pool = SessionPool(root, capacity=cfg.max_sessions, uid_base=cfg.uid_base, quota=self.quota,
-                                images=self.images, warm_per_image=cfg.images.warm_sessions_per_image)
+                                images=self.images, warm_per_image=cfg.images.warm_sessions_per_image,
+                                follow_demand=cfg.images.warm_follow_demand,
+                                group_window_s=cfg.images.warm_group_window_s,
+                                demand_ttl_s=cfg.images.warm_demand_ttl_s)
         self._refilling: dict[tuple[str, str], asyncio.Task] = {}
         # Next-sandbox starts still in their pause (_prestart's delay_s).
         self._pausing: set[asyncio.Task] = set()
@@ -160,6 +163,8 @@ class SandboxService:
         self._loop: asyncio.AbstractEventLoop | None = None
         self.grader = Grader(cfg, reward_cfg, store, self.jail, publisher, quota=self.quota, images=self.images)
         self._reaper: asyncio.Task | None = None
+        self._trimmer: asyncio.Task | None = None
+        self._stopping = asyncio.Event()
         request_limit = max(cfg.max_snapshot_bytes, 2 * cfg.max_file_bytes_api) + 1024 * 1024
         self.app = web.Application(middlewares=[*bearer_auth(cfg), _errors], client_max_size=request_limit)
         self.app.add_routes([
@@ -197,12 +202,17 @@ class SandboxService:
     async def _on_startup(self, app: web.Application) -> None:
         self._loop = asyncio.get_running_loop()
         self._reaper = asyncio.create_task(self._reap_idle())
+        if self.pool.follow_demand and self.pool.warm_per_image > 0:
+            self._trimmer = asyncio.create_task(self._trim_warm())
 
     async def _on_cleanup(self, app: web.Application) -> None:
         if self._reaper is not None:
             self._reaper.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._reaper
+        self._stopping.set()
+        if self._trimmer is not None:
+            await self._trimmer  # ends between trims: a trim in its thread is never left running
         # Refills are a few tree creations: let them finish, then drop what they made.
         await asyncio.gather(*self._refilling.values(), return_exceptions=True)
         for session in self.pool.all():
@@ -212,6 +222,20 @@ class SandboxService:
         if self.cgroups is not None:
             self.cgroups.close()
         self.uid_claim.release()
+
+    async def _trim_warm(self) -> None:
+        """Drop the warm trees an image's groups no longer need (SessionPool.trim_warm),
+        a few times per sandbox.images.warm_demand_ttl_s (at least once a second: a trim
+        is a scan of a few lists when there is nothing to drop)."""
+        while not self._stopping.is_set():
+            period = max(0.05, min(1.0, self.pool.demand_ttl_s / 4))
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._stopping.wait(), period)
+                return
+            try:
+                await self._in_pool_thread(self.pool.trim_warm)
+            except Exception as exc:  # one failed drop must not end trimming
+                log.warning("warm_trim_failed", error=repr(exc))
 
     async def _reap_idle(self) -> None:
         period = max(1.0, min(60.0, self.cfg.session_idle_timeout_s / 4))

@@ -49,6 +49,7 @@ class Session:
         self.root = root
         self.workdir = workdir
         self.created = self.last_used = time.monotonic()
+        self.warm = False  # opened on a tree made ahead (SessionPool warm sessions)
         self.calls: list[ToolCall] = []
         self.closed = False
         # Commands, submit and close take it: one thing at a time per session, and the
@@ -79,22 +80,46 @@ class _Warm:
         self.next_sandbox: asyncio.Task | None = None
 
 
+class _Demand:
+    """The largest group of one image's sessions open together lately, and when it was
+    last that large."""
+
+    __slots__ = ("peak", "at")
+
+    def __init__(self) -> None:
+        self.peak = 0
+        self.at = 0.0
+
+
 class SessionPool:
     """At most ``capacity`` sessions; session slot ``i`` runs as uid ``uid_base + i``.
 
     Warm sessions (``warm_per_image``): for an image in use, that many slots keep a tree
     over the image made ahead (:meth:`prepare_warm`, run by the service in the background
     while earlier sessions work), so the next session of the image only writes its task
-    files. Warm slots give way to real sessions when the pool is otherwise full."""
+    files. Warm slots give way to real sessions when the pool is otherwise full.
+
+    Following demand (``follow_demand``): a GRPO group opens G sessions of one image at
+    once, so the pool counts, at each open, the image's live sessions opened within
+    ``group_window_s`` (the group so far) and keeps that many trees of the image ready
+    (:meth:`warm_target`: never fewer than ``warm_per_image``, at most ``capacity``; free
+    slots bound it further) until ``demand_ttl_s`` after the last group that large;
+    :meth:`trim_warm` then drops the trees above the floor. Sessions opened one after
+    another count as groups of one."""
 
     def __init__(self, root: Path, *, capacity: int, uid_base: int, quota: Quota | None = None,
-                 images: ImageStore | None = None, warm_per_image: int = 0) -> None:
+                 images: ImageStore | None = None, warm_per_image: int = 0, follow_demand: bool = False,
+                 group_window_s: float = 2.0, demand_ttl_s: float = 120.0) -> None:
         self.root = root
         self.quota = quota
         self.images = images
         self.capacity = capacity
         self.uid_base = uid_base
         self.warm_per_image = warm_per_image
+        self.follow_demand = follow_demand
+        self.group_window_s = group_window_s
+        self.demand_ttl_s = demand_ttl_s
+        self._demand: dict[tuple[str, str], _Demand] = {}
         self._free = list(range(capacity))
         self._sessions: dict[str, Session] = {}
         self._warm: dict[tuple[str, str], list[_Warm]] = {}
@@ -111,18 +136,64 @@ class SessionPool:
     def warm(self) -> int:
         return sum(len(v) for v in self._warm.values())
 
+    def warm_target(self, key: tuple[str, str], now: float | None = None) -> int:
+        """How many trees of ``key`` (image digest, workdir) to keep ready now."""
+        if self.warm_per_image <= 0:
+            return 0
+        target = self.warm_per_image
+        demand = self._demand.get(key)
+        if demand is not None and (time.monotonic() if now is None else now) - demand.at <= self.demand_ttl_s:
+            target = max(target, demand.peak)
+        return min(target, self.capacity)
+
+    def _note_open(self, key: tuple[str, str], now: float) -> None:
+        """Record the group an open of ``key`` belongs to (caller holds ``_lock``, the new
+        session already in ``_sessions``)."""
+        if not self.follow_demand:
+            return
+        # A copy first (one C call, atomic under the GIL): release pops from the loop's thread.
+        together = sum(1 for s in list(self._sessions.values())
+                       if s.root is not None and (s.root.digest, s.workdir) == key
+                       and now - s.created <= self.group_window_s)
+        demand = self._demand.setdefault(key, _Demand())
+        if now - demand.at > self.demand_ttl_s:
+            demand.peak = 0  # the last large group is too old: start over from this one
+        if together >= demand.peak:
+            demand.peak, demand.at = together, now
+
+    def trim_warm(self, now: float | None = None) -> int:
+        """Drop the warm trees above each image's target (its groups stopped coming
+        ``demand_ttl_s`` ago), oldest first; returns how many. The service calls it
+        periodically (from a pool thread: dropping a tree ends its sandbox)."""
+        now = time.monotonic() if now is None else now
+        surplus: list[_Warm] = []
+        with self._lock:
+            for key, trees in self._warm.items():
+                extra = len(trees) - self.warm_target(key, now)
+                if extra > 0:
+                    surplus += trees[:extra]
+                    del trees[:extra]
+            for key in [k for k, d in self._demand.items() if now - d.at > self.demand_ttl_s]:
+                del self._demand[key]
+        for warm in surplus:
+            self._drop_warm(warm)
+        if surplus:
+            log.info("warm_sessions_trimmed", dropped=len(surplus), warm=self.warm)
+        return len(surplus)
+
     def _take_slot(self, key: tuple[str, str] | None) -> tuple[int, _Warm | None]:
         """A warm tree for ``key`` with its slot, else a free slot (a warm one of another
         image is dropped when no slot is free)."""
         with self._lock:
             if key is not None and self._warm.get(key):
-                warm = self._warm[key].pop()
+                # The oldest: its sandbox has had the longest to start.
+                warm = self._warm[key].pop(0)
                 return warm.slot, warm
             if not self._free:
                 spare = next((k for k, v in self._warm.items() if v), None)
                 if spare is None:
                     raise PoolFull(f"all {self.capacity} sessions are in use; close one or retry later")
-                dropped = self._warm[spare].pop()
+                dropped = self._warm[spare].pop(0)  # the oldest: started, so ended without a wait
             else:
                 return self._free.pop(0), None
         self._drop_warm(dropped)
@@ -139,7 +210,7 @@ class SessionPool:
             self._free.append(warm.slot)
 
     def prepare_warm(self, root: ImageRoot, workdir: str) -> bool:
-        """Make one more warm tree of ``root`` if below ``warm_per_image`` and a slot is
+        """Make one more warm tree of ``root`` if below its target and a slot is
         free; returns whether it did (the service calls it until False)."""
         warm = self.make_warm(root, workdir)
         if warm is not None:
@@ -151,7 +222,7 @@ class SessionPool:
         (:meth:`add_warm`), or None when there are enough or no slot is free."""
         key = (root.digest, workdir)
         with self._lock:
-            if len(self._warm.get(key, ())) >= self.warm_per_image or not self._free or self.images is None:
+            if len(self._warm.get(key, ())) >= self.warm_target(key) or not self._free or self.images is None:
                 return None
             slot = self._free.pop(0)
         uid = self.uid_base + slot
@@ -204,9 +275,13 @@ class SessionPool:
         session = Session(session_id, task_id, slot, uid, workspace, root, workdir)
         if warm is not None:
             session.next_sandbox = warm.next_sandbox
-        self._sessions[session_id] = session
+            session.warm = True
+        with self._lock:
+            self._sessions[session_id] = session
+            if root is not None:
+                self._note_open((root.digest, workdir), session.created)
         log.info("session_opened", session_id=session_id, task_id=task_id, uid=uid, files=len(files),
-                 image=root.ref if root else "")
+                 image=root.ref if root else "", warm=session.warm)
         return session, dropped
 
     def get(self, session_id: str) -> Session:
