@@ -233,7 +233,8 @@ async def harness_episode(http, chat, url: str, scfg, tag: str, index: int, sent
             "history_rewrites": done["history_rewrites"]}
 
 
-async def harness_worker(url: str, model: str, turns: int, tokens_per_turn: int, client_kind: str) -> None:
+async def harness_worker(url: str, model: str, turns: int, tokens_per_turn: int, client_kind: str,
+                         extra_body: bool = False) -> None:
     """The harness process: for each line ``TAG N`` on stdin, run N episodes at once and
     answer what they generated on stdout (a harness runs in its own process, so its
     client's CPU time is not taken from the engine's interpreter). ``client_kind``:
@@ -256,7 +257,12 @@ async def harness_worker(url: str, model: str, turns: int, tokens_per_turn: int,
     async with aiohttp.ClientSession() as http:
 
         async def chat_openai(messages: list[dict], episode: str, seq: str) -> tuple[dict, int]:
-            r = await client.chat.completions.create(model=model, messages=messages, max_tokens=tokens_per_turn,
+            # extra_body: the SDK walks the typed arguments against its TypedDict unions
+            # (async_maybe_transform, ~0.3 ms a message here) and merges extra_body after
+            # that walk: the same JSON body without the walk.
+            typed, extra = ([], {"messages": messages}) if extra_body else (messages, None)
+            r = await client.chat.completions.create(model=model, messages=typed, max_tokens=tokens_per_turn,
+                                                     extra_body=extra,
                                                      extra_headers={"X-Rollway-Episode": episode, SEQ_HEADER: seq})
             return r.choices[0].message.model_dump(exclude_none=True), r.usage.completion_tokens
 
@@ -286,6 +292,26 @@ async def harness_worker(url: str, model: str, turns: int, tokens_per_turn: int,
             print(json.dumps(out), flush=True)
 
 
+def _cpus(spec: str) -> set[int]:
+    """``0``, ``0,1`` or ``0-1`` as a set of CPU numbers."""
+    out: set[int] = set()
+    for part in spec.split(","):
+        lo, _, hi = part.partition("-")
+        out.update(range(int(lo), int(hi or lo) + 1))
+    return out
+
+
+def _thread_affinity() -> str:
+    """The distinct CPU sets of this process's threads (vLLM may bind its own)."""
+    sets = Counter()
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            sets[",".join(map(str, sorted(os.sched_getaffinity(int(tid)))))] += 1
+        except OSError:
+            continue
+    return "; ".join(f"{k}: {n} threads" for k, n in sets.items())
+
+
 async def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--episodes", type=int, default=8, help="episodes at once per row")
@@ -306,13 +332,24 @@ async def main() -> None:
     ap.add_argument("--harness-processes", type=int, default=1,
                     help="harness processes the endpoint rows' episodes are spread over (1: all in one asyncio "
                          "process; --episodes: one process per episode, as mini-swe-agent runs)")
+    ap.add_argument("--extra-body", action="store_true",
+                    help="the openai client passes the messages through extra_body (messages=[] typed): the SDK's "
+                         "client-side request transform is skipped, the body sent is the same")
+    ap.add_argument("--harness-cpus", metavar="LIST", default="",
+                    help="pin the harness processes to these CPUs (taskset -c LIST), e.g. 1")
+    ap.add_argument("--sampler-cpus", metavar="LIST", default="",
+                    help="pin the sampler's process (engine, loop, server; set before any thread starts) to these "
+                         "CPUs, e.g. 0")
     ap.add_argument("--harness", metavar="URL", help=argparse.SUPPRESS)  # the harness process
     args = ap.parse_args()
     if args.switch_interval_ms is not None and not args.harness:
         sys.setswitchinterval(args.switch_interval_ms / 1000.0)
     if args.harness:
-        await harness_worker(args.harness, "rollway-tiny", args.turns, args.tokens_per_turn, args.client)
+        await harness_worker(args.harness, "rollway-tiny", args.turns, args.tokens_per_turn, args.client,
+                             args.extra_body)
         return
+    if args.sampler_cpus:
+        os.sched_setaffinity(0, _cpus(args.sampler_cpus))  # this thread; threads started later inherit it
 
     from bus import EventProducer, ensure_topics
     from bus.config import KafkaConfig
@@ -348,9 +385,11 @@ async def main() -> None:
                 hits = PrefixHits(engine, args.step_ms / 1000.0)
                 gaps.track_server(server.app)
                 async with serve(server) as url:
+                    pin = ["taskset", "-c", args.harness_cpus] if args.harness_cpus else []
                     harnesses = [await asyncio.create_subprocess_exec(
-                        sys.executable, __file__, "--harness", url, "--turns", str(args.turns),
+                        *pin, sys.executable, __file__, "--harness", url, "--turns", str(args.turns),
                         "--tokens-per-turn", str(args.tokens_per_turn), "--client", args.client,
+                        *(["--extra-body"] if args.extra_body else []),
                         stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE)
                         for _ in range(max(1, min(args.harness_processes, args.episodes)))]
 
@@ -409,6 +448,10 @@ async def main() -> None:
                     for proc in harnesses:
                         proc.stdin.close()
                         await proc.wait()
+                    affinity = _thread_affinity()
+                    import torch
+
+                    torch_threads = torch.get_num_threads()
         finally:
             await engine.close()
     loop_rates = [x[4] for x in rows if x[1] == "loop"]
@@ -417,7 +460,9 @@ async def main() -> None:
     print(f"# {cpu_name()}, load {load_average()}, format {chat_format.name}, {args.episodes} episodes at once, "
           f"<= {args.turns} turns x {args.tokens_per_turn} tokens, top_p 0.95, {args.repeat} repeats, "
           f"harness client {args.client}, GIL switch interval {sys.getswitchinterval() * 1e3:g} ms, "
-          f"engine step >= {args.step_ms:g} ms, {args.harness_processes} harness process(es)")
+          f"engine step >= {args.step_ms:g} ms, {args.harness_processes} harness process(es), "
+          f"messages in extra_body: {args.extra_body}, harness CPUs {args.harness_cpus or 'any'}, sampler CPUs "
+          f"{args.sampler_cpus or 'any'} (its threads' affinity at the end: {affinity}), torch threads {torch_threads}")
     print_aligned(["repeat", "path", "tokens", "seconds", "tokens/s"],
                   [(r, p, t, f"{s:.2f}", f"{v:.1f}") for r, p, t, s, v in rows])
     print()
