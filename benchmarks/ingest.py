@@ -26,8 +26,9 @@ the same records (issue #29).
    * ``aiokafka``: a plain ``AIOKafkaConsumer``, ``getmany`` until every record is
      read, nothing done with them (the Python client's floor);
    * ``trainer intake``: what the trainer does per record, training off:
-     ``EventConsumer.getmany`` (decode into events), ``Assembler.add`` (the trainer's
-     one check of each chunk, ``check_chunk``; trajectories and groups put together),
+     ``EventConsumer.getmany`` (decode into events), ``Assembler.add_many`` (the
+     trainer's one check of each chunk, over the whole batch: ``trainer.batch_check``;
+     trajectories and groups put together),
      batches taken and marked trained as soon as groups are ready;
    * ``trainer intake, assembly before #29``: the same, with the chunk check and
      assembly as they were before issue #29's intake work
@@ -306,16 +307,25 @@ def assembly(baseline: bool):
     (``benchmarks/trajectory_baseline.py``; the benchmark's "before" rows only)."""
     import trainer.assembler as assembler_module
 
-    saved = assembler_module.check_chunk, assembler_module.assemble
+    saved = assembler_module.check_chunk, assembler_module.assemble, assembler_module.check_chunks
     if baseline:
         from benchmarks import trajectory_baseline
 
-        assembler_module.check_chunk, assembler_module.assemble = (trajectory_baseline.check_chunk,
-                                                                   trajectory_baseline.assemble)
+        def one_by_one(chunks):  # (before #29 there was no batch check: each chunk on its own)
+            out = []
+            for c in chunks:
+                try:
+                    out.append(trajectory_baseline.check_chunk(c))
+                except ValueError as exc:
+                    out.append(exc)
+            return out
+
+        assembler_module.check_chunk, assembler_module.assemble, assembler_module.check_chunks = (
+            trajectory_baseline.check_chunk, trajectory_baseline.assemble, one_by_one)
     try:
         yield
     finally:
-        assembler_module.check_chunk, assembler_module.assemble = saved
+        assembler_module.check_chunk, assembler_module.assemble, assembler_module.check_chunks = saved
 
 
 def intake_in_process(payloads: list[tuple[bytes, list]], group_size: int, baseline: bool) -> tuple[float, int]:
@@ -331,9 +341,11 @@ def intake_in_process(payloads: list[tuple[bytes, list]], group_size: int, basel
         trained = 0
         t0 = time.process_time()
         for start in range(0, len(payloads), 500):
+            envs = []
             for offset, (value, headers) in enumerate(payloads[start:start + 500], start):
                 headers = tuple(headers)  # as EventConsumer hands them over
-                assembler.add(Envelope(codec.decode(value, headers), "trajectories", 0, offset, 0, None, headers))
+                envs.append(Envelope(codec.decode(value, headers), "trajectories", 0, offset, 0, None, headers))
+            assembler.add_many(envs)
             while (batch := assembler.take_batch(0, 0)) is not None:
                 assembler.mark_trained(batch)
                 trained += len(batch)
@@ -377,8 +389,7 @@ async def _consume_trainer(cfg: KafkaConfig, records: int, group_size: int) -> t
             envs = await consumer.getmany(timeout_ms=1000)
             if first is None and envs:
                 first = time.perf_counter(), len(envs)  # (this batch's own work counts after it)
-            for env in envs:
-                assembler.add(env)
+            assembler.add_many(envs)  # (as trainer.service does with each getmany batch)
             seen += len(envs)
             while (batch := assembler.take_batch(0, 0)) is not None:
                 assembler.mark_trained(batch)

@@ -65,12 +65,13 @@ from __future__ import annotations
 
 from collections import Counter, OrderedDict
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Iterable
+from typing import TYPE_CHECKING, Any, Iterable, Sequence
 
 import structlog
 
 from schemas import GroupDrop, Reward, TrajectoryChunk
 from trainer.config import TrainerConfig
+from trainer.batch_check import check_chunks
 from trainer.loss import has_reward_variance
 from trainer.trajectory import CheckedChunk, Group, InvalidTrajectory, Trajectory, assemble, check_chunk, chunks_complete
 
@@ -178,6 +179,24 @@ class Assembler:
 
     # -- input ----------------------------------------------------------------------------
     def add(self, env: Envelope) -> None:
+        self._add(env, None)
+
+    def add_many(self, envs: Sequence[Envelope]) -> None:
+        """:meth:`add` each of ``envs``, in order, with their chunks checked as one
+        batch (``trainer.batch_check.check_chunks``: the same verdict for each chunk as
+        its own check, a bad one refused with the same error), so a ``getmany`` batch
+        pays the check's numpy calls once, not per chunk."""
+        chunks = [env.event for env in envs if isinstance(env.event, TrajectoryChunk)]
+        if len(chunks) < 2:
+            for env in envs:
+                self._add(env, None)
+            return
+        verdicts = iter(check_chunks(chunks))
+        for env in envs:
+            self._add(env, next(verdicts) if isinstance(env.event, TrajectoryChunk) else None)
+
+    def _add(self, env: Envelope, verdict: CheckedChunk | ValueError | None) -> None:
+        """``add``; ``verdict``: a chunk's check, already done (None: check it here)."""
         event = env.event
         if not isinstance(event, (TrajectoryChunk, Reward)):
             self.counters["ignored_events"] += 1
@@ -215,7 +234,12 @@ class Assembler:
             pending = self.partial[tid] = _Pending(group=key)
         if isinstance(event, TrajectoryChunk):
             try:
-                checked = check_chunk(event)  # the one check; its arrays are kept
+                if verdict is None:
+                    checked = check_chunk(event)  # the one check; its arrays are kept
+                elif isinstance(verdict, ValueError):
+                    raise verdict
+                else:
+                    checked = verdict
             except ValueError as exc:
                 self._invalidate(tid, env, f"chunk {event.chunk_index}: {exc}")
                 return

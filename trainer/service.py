@@ -271,8 +271,7 @@ class Trainer:
         while not consumer.stopping and not self._stop.is_set():
             self._check_sole_writer(producer)
             envs = await consumer.getmany(timeout_ms=200)
-            for env in envs:
-                assembler.add(env)
+            assembler.add_many(envs)  # the batch's chunks checked at once (trainer.batch_check)
             if envs:
                 idle_since = time.monotonic()
             await self._settle(consumer, assembler)

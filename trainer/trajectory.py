@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import cached_property
+from itertools import accumulate
 from operator import attrgetter
 from typing import Sequence
 
@@ -24,6 +25,7 @@ from schemas import ChunkArrays, RecordRef, Reward, TrajectoryChunk, TrajectoryK
 
 
 GREEDY_TEMPERATURE = 1e-5  # below this a sampler decodes greedily (vLLM's convention)
+_INT32 = np.dtype("<i4")  # the wire's int32 (schemas.arrays)
 
 # A chunk's identity fields as one tuple (C attribute reads: assemble compares every chunk's).
 _identity = attrgetter(*TrajectoryKey.__struct_fields__)
@@ -36,15 +38,26 @@ class InvalidTrajectory(ValueError):
 class CheckedChunk(msgspec.Struct, frozen=True, gc=False):
     """A chunk whose arrays agree (:meth:`TrajectoryChunk.arrays`), decoded once, with
     the weight versions the assembler's staleness rules read. (A frozen Struct: one per
-    chunk read, cheaper to build than a frozen dataclass; it holds no cycles.)"""
+    chunk read, cheaper to build than a frozen dataclass; it holds no cycles.)
+
+    ``arrays`` is None for a chunk of the usual layout checked in a batch
+    (``trainer.batch_check``: one version span, no routes, every field present): its
+    bytes are checked and the assembly reads them joined per segment, without
+    per-chunk views (:func:`chunk_arrays` makes them when something wants them)."""
 
     chunk: TrajectoryChunk
-    arrays: ChunkArrays
+    arrays: ChunkArrays | None
     # Versions of the generated tokens (None: none generated here) and the newest
     # version loaded while any token of it was recorded (None: no tokens).
     oldest_generated: int | None
     newest_generated: int | None
     newest_loaded: int | None
+
+
+def chunk_arrays(checked: CheckedChunk) -> ChunkArrays:
+    """A checked chunk's arrays (views over its bytes), made now where the batch check
+    left them out."""
+    return checked.arrays if checked.arrays is not None else checked.chunk.arrays()
 
 
 def check_chunk(chunk: TrajectoryChunk) -> CheckedChunk:
@@ -233,47 +246,123 @@ def assemble(
 
 def _segment(chunks: list[CheckedChunk], tid: str) -> Segment:
     """The segment of ``chunks`` (in order): one concatenation per array, the CSR
-    offsets shifted while they are joined (no per-chunk ``np.diff``), the chunks'
-    temperatures expanded by one ``np.repeat``."""
-    parts = [c.arrays for c in chunks]
+    offsets shifted while they are joined (a fixed handful of numpy calls, not a few per
+    chunk), one temperature filled where the chunks share it (else expanded by one
+    ``np.repeat``). Chunks checked in a batch (no array views, ``CheckedChunk.arrays``
+    None) are joined from their bytes (:func:`_segment_of_bytes`): the same arrays."""
+    if all(c.arrays is None for c in chunks):
+        return _segment_of_bytes(chunks, tid)
+    parts = [chunk_arrays(c) for c in chunks]
     tokens = np.concatenate([a.token_ids for a in parts], dtype=np.int64)
     mask = np.concatenate([a.loss_mask for a in parts]).astype(bool)
     behaviour = np.concatenate([a.logprobs for a in parts], dtype=np.float32)
-    kept_offsets = np.zeros(tokens.size + 1, dtype=np.int64)
-    at, base = 1, 0
-    for a in parts:
-        off = a.kept_offsets  # checked: starts at 0, ends at kept_ids.size
-        n = off.size - 1
-        np.add(off[1:], base, out=kept_offsets[at:at + n], dtype=np.int64)
-        at += n
-        base += a.kept_ids.size
-    lengths = kept_offsets[1:] - kept_offsets[:-1]
+    kept_offsets = _joined_offsets(np.concatenate([a.kept_offsets for a in parts], dtype=np.int64),
+                                   [a.kept_offsets.size for a in parts], [a.kept_ids.size for a in parts])
     kept_ids = np.concatenate([a.kept_ids for a in parts])
     capped = np.concatenate([a.kept_capped for a in parts]).astype(bool)
     kept_size = np.concatenate([a.kept_sizes for a in parts], dtype=np.int64)
     versions = np.concatenate([a.versions for a in parts], dtype=np.int64)
-    temperature = np.repeat(np.array([c.chunk.temperature for c in chunks], dtype=np.float32),
-                            [a.token_ids.size for a in parts])
+    return _checked_segment(chunks, tid, tokens, mask, behaviour, kept_offsets, kept_ids, capped, versions, kept_size,
+                            [a.token_ids.size for a in parts], parts)
+
+
+def _segment_of_bytes(chunks: list[CheckedChunk], tid: str) -> Segment:
+    """:func:`_segment` of chunks of the usual layout checked in a batch: each array is
+    one join of the chunks' bytes (writable copies, the dtypes of the concatenations),
+    the versions one value per chunk repeated; no routes."""
+    events = [c.chunk for c in chunks]
+    counts = [len(e.token_ids) >> 2 for e in events]
+    tokens = np.frombuffer(b"".join([e.token_ids for e in events]), _INT32).astype(np.int64)
+    mask = np.frombuffer(b"".join([e.loss_mask for e in events]), np.uint8).astype(bool)
+    behaviour = np.frombuffer(bytearray().join([e.logprobs for e in events]), np.float32)
+    kept_ids = np.frombuffer(bytearray().join([e.kept_ids for e in events]), _INT32)
+    kept_offsets = _joined_offsets(np.frombuffer(b"".join([e.kept_offsets for e in events]), _INT32).astype(np.int64),
+                                   [n + 1 for n in counts], [len(e.kept_ids) >> 2 for e in events])
+    capped = np.frombuffer(b"".join([e.kept_capped for e in events]), np.uint8).astype(bool)
+    kept_size = np.frombuffer(b"".join([e.kept_sizes for e in events]), _INT32).astype(np.int64)
+    versions = np.repeat(np.array([c.newest_loaded for c in chunks], dtype=np.int64), counts)
+    return _checked_segment(chunks, tid, tokens, mask, behaviour, kept_offsets, kept_ids, capped, versions, kept_size,
+                            counts, None)
+
+
+def _checked_segment(chunks: list[CheckedChunk], tid: str, tokens: np.ndarray, mask: np.ndarray,
+                     behaviour: np.ndarray, kept_offsets: np.ndarray, kept_ids: np.ndarray, capped: np.ndarray,
+                     versions: np.ndarray, kept_size: np.ndarray, counts: list[int],
+                     parts: list[ChunkArrays] | None) -> Segment:
+    """The segment's temperatures and checks, in the order their errors are reported
+    (routes last, from ``parts``; None: the chunks have none)."""
+    lengths = kept_offsets[1:] - kept_offsets[:-1]
+    temperatures = np.array([c.chunk.temperature for c in chunks], dtype=np.float32)
+    if (temperatures == temperatures[0]).all():
+        temperature = np.empty(tokens.size, dtype=np.float32)
+        temperature.fill(temperatures[0])
+    else:
+        temperature = np.repeat(temperatures, counts)
     if tokens.size == 0:
         raise InvalidTrajectory(f"trajectory {tid}: empty segment")
     if mask[0]:
         raise InvalidTrajectory(f"trajectory {tid}: a segment starts with a generated token (no context)")
-    greedy = mask & (temperature < GREEDY_TEMPERATURE)
-    if greedy.any():
-        # Greedy decoding (temperature 0): the kept set is the argmax alone, so the
-        # token's log-prob is 0 at any temperature; 1.0 keeps the arithmetic finite.
-        temperature = np.where(greedy, np.float32(1.0), temperature)
+    greedy = None
+    if (temperatures < GREEDY_TEMPERATURE).any():
+        greedy = mask & (temperature < GREEDY_TEMPERATURE)
+        if greedy.any():
+            # Greedy decoding (temperature 0): the kept set is the argmax alone, so the
+            # token's log-prob is 0 at any temperature; 1.0 keeps the arithmetic finite.
+            temperature = np.where(greedy, np.float32(1.0), temperature)
     _check_kept_sets(tokens, mask, greedy, kept_offsets, lengths, kept_ids, tid)
     if not np.isfinite(behaviour[mask]).all():
         raise InvalidTrajectory(f"trajectory {tid}: non-finite behaviour log-prob")
     return Segment(tokens, mask, behaviour, kept_offsets, kept_ids, capped, versions, temperature, kept_size,
-                   _routes(parts, tid))
+                   None if parts is None else _routes(parts, tid))
 
 
-def _check_kept_sets(tokens: np.ndarray, mask: np.ndarray, greedy: np.ndarray, offsets: np.ndarray,
+def _joined_offsets(joined: np.ndarray, sizes: list[int], kept_counts: list[int]) -> np.ndarray:
+    """The chunks' CSR offsets joined into the segment's (int64, n + 1). ``joined``: the
+    chunks' offsets end to end (int64, a fresh array: shifted in place), ``sizes`` each
+    chunk's count of them (n + 1), ``kept_counts`` its kept ids. Each chunk's are shifted
+    by the kept ids before it and its leading 0 is dropped but the first chunk's (each
+    is checked: starts at 0, ends at its kept ids' count)."""
+    if len(sizes) == 1:
+        return joined
+    joined += np.repeat(np.fromiter(accumulate(kept_counts[:-1], initial=0), np.int64, len(sizes)), sizes)
+    keep = np.ones(joined.size, dtype=bool)
+    keep[list(accumulate(sizes[:-1]))] = False
+    return joined[keep]
+
+
+def _check_kept_sets(tokens: np.ndarray, mask: np.ndarray, greedy: np.ndarray | None, offsets: np.ndarray,
                      lengths: np.ndarray, kept_ids: np.ndarray, tid: str) -> None:
-    """Every generated token has a non-empty kept set holding it (one id when greedy);
-    the first token that breaks a rule is named."""
+    """Every generated token has a non-empty kept set holding it (one id when greedy;
+    ``greedy`` None: no greedy token); the first token that breaks a rule is named.
+
+    Sets are recorded most likely first, so a sampled token is most often its set's
+    first id: that is compared first (one gather over the generated tokens), and only
+    the sets where it is not are searched (one pass over their ids). Where anything
+    fails, the whole check runs again as the reference pass to name the first token."""
+    gen = np.flatnonzero(mask)
+    if not gen.size:
+        return
+    lens = lengths[gen]
+    starts = offsets[gen]
+    if kept_ids.size and not (greedy is not None and (greedy[gen] & (lens != 1)).any()):
+        first = kept_ids[np.minimum(starts, kept_ids.size - 1)]
+        miss = np.flatnonzero((first != tokens[gen]) | (lens == 0))
+        if not miss.size:
+            return
+        rest, rest_lens = gen[miss], lens[miss]
+        if (rest_lens > 1).all():
+            at = np.zeros(rest.size, dtype=np.int64)
+            np.cumsum(rest_lens[:-1], out=at[1:])
+            where = np.repeat(starts[miss] - at, rest_lens) + np.arange(int(at[-1] + rest_lens[-1]))
+            if np.logical_or.reduceat(kept_ids[where] == np.repeat(tokens[rest], rest_lens), at).all():
+                return
+    _name_bad_kept_set(tokens, mask, np.zeros(mask.size, dtype=bool) if greedy is None else greedy, offsets, lengths,
+                       kept_ids, tid)
+
+
+def _name_bad_kept_set(tokens: np.ndarray, mask: np.ndarray, greedy: np.ndarray, offsets: np.ndarray,
+                       lengths: np.ndarray, kept_ids: np.ndarray, tid: str) -> None:
+    """The reference pass of :func:`_check_kept_sets`: raise naming the first bad token."""
     # Token t holds its id iff a match lies in kept_ids[offsets[t]:offsets[t + 1]]: one
     # pass over the ids (each compared with its token's id, repeated), then one OR over
     # each row (``reduceat``: an empty row gives the element at its start, which is the
