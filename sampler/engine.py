@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, AsyncIterator, Awaitable, Callable
 
+import msgspec
 import numpy as np
 import structlog
 
@@ -71,6 +72,7 @@ class SampledToken:
 # log-prob, kept-set size (-1 unknown), kept ids recorded, loss mask, capped flag.
 TOKEN_RECORD = np.dtype([("id", "<i4"), ("logprob", "<f4"), ("kept_size", "<i4"), ("kept_len", "<i4"),
                          ("mask", "u1"), ("capped", "u1")])
+_RECORD_BYTES = np.dtype((np.void, TOKEN_RECORD.itemsize))  # a record as one opaque value (.tolist(): bytes)
 
 
 class StepTokens:
@@ -145,11 +147,12 @@ class StepTokens:
         return len(self.token_ids)
 
     @property
-    def columns(self) -> tuple[list[int], bytes, list[int], list[int], list[int], bytes, bool]:
-        """What recorders read per row, built on first use: (token ids, the rows as
-        :data:`TOKEN_RECORD` bytes, each row's kept ids as [start, end) byte offsets into
-        the kept bytes, versions, the kept ids as int32 little-endian bytes, whether the
-        step has no routes at all: the recorders' short path)."""
+    def columns(self) -> tuple[list[int], list[bytes], list[int], list[int], list[int], bytes, bool]:
+        """What recorders read per row, built on first use: (token ids, each row's
+        :data:`TOKEN_RECORD` as its own 18-byte ``bytes`` (one C pass here instead of a
+        slice per row in the recorder), each row's kept ids as [start, end) byte offsets
+        into the kept bytes, versions, the kept ids as int32 little-endian bytes, whether
+        the step has no routes at all: the recorders' short path)."""
         cols = self._columns
         if cols is None:
             n = len(self.token_ids)
@@ -172,7 +175,8 @@ class StepTokens:
             records["mask"] = 1
             records["capped"] = self.kept_capped
             plain = self.routed_experts is None and self.prompt_routed_experts is None
-            cols = self._columns = (self.token_ids.tolist(), records.tobytes(), starts.tolist(), ends.tolist(),
+            cols = self._columns = (self.token_ids.tolist(), records.view(_RECORD_BYTES).tolist(),
+                                    starts.tolist(), ends.tolist(),
                                     self.versions.tolist(), kept_bytes, plain)
         return cols
 
@@ -212,15 +216,15 @@ class StepTokens:
         )
 
 
-class StepRow:
+class StepRow(msgspec.Struct, gc=False):
     """Row ``row`` of a :class:`StepTokens`: one sampled token, as engines that record
-    from their step hand it to ``TrajectoryRecorder.add_sampled`` / ``add_sampled_now``."""
+    from their step hand it to ``TrajectoryRecorder.add_sampled`` / ``add_sampled_now``.
+    A Struct (built in C: one per generated token, ~0.08 us against ~0.25 us for a
+    ``__slots__`` class's ``__init__``; issue #29); ``gc=False``: a row never refers back
+    to itself."""
 
-    __slots__ = ("step", "row")
-
-    def __init__(self, step: StepTokens, row: int) -> None:
-        self.step = step
-        self.row = row
+    step: "StepTokens"
+    row: int
 
     @property
     def token_id(self) -> int:

@@ -219,7 +219,7 @@ class TrajectoryRecorder:
         if type(token) is StepRow:
             step, row = token.step, token.row
             ids, records, starts, ends, versions, kept, _ = step._columns or step.columns
-            return (ids[row], records[_RECORD * row:_RECORD * (row + 1)], kept[starts[row]:ends[row]], versions[row],
+            return (ids[row], records[row], kept[starts[row]:ends[row]], versions[row],
                     None if step.routed_experts is None else step.routed_experts[row],
                     None if step.prompt_routed_experts is None else step.prompt_routed_experts[row])
         kept = np.ascontiguousarray(token.kept_ids, dtype=arrays.INT32).reshape(-1).tobytes()
@@ -257,22 +257,27 @@ class TrajectoryRecorder:
                 return False
             self._push_sampled(tok, record, kept, version, routed, size)
             return True
-        # The hot path (one row per step per rollout): _push_sampled, inlined; a step
-        # without routes (``plain``) skips their lookups.
-        step, row = token.step, token.row
+        # The hot path (one row per step per rollout; issue #29): _push_sampled, inlined,
+        # in as few bytecodes as the checks allow (every one is paid per generated token);
+        # a step without routes (``plain``) skips their lookups.
+        step = token.step
+        row = token.row
         ids, records, starts, ends, versions, kept, plain = step._columns or step.columns
         if not plain:
             return self._add_routed_row_now(step, row)
-        a, b = starts[row], ends[row]  # byte offsets of its kept ids
+        a = starts[row]
+        b = ends[row]  # byte offsets of its kept ids
         version = versions[row]
         n = self._n
+        if n >= self.chunk_tokens:
+            return False
         if version == self._last_version:
             cost = _BYTES_PER_TOKEN + b - a
-            if n >= self.chunk_tokens or self._bytes + cost > self.max_chunk_bytes:
+            if self._bytes + cost > self.max_chunk_bytes:
                 return False
         else:
             cost = _BYTES_PER_TOKEN + _BYTES_PER_SPAN + b - a
-            if n >= self.chunk_tokens or self._bytes + cost > self.max_chunk_bytes:
+            if self._bytes + cost > self.max_chunk_bytes:
                 return False
             self._span_starts.append(n)
             self._span_versions.append(version)
@@ -280,8 +285,7 @@ class TrajectoryRecorder:
         if version != self._generated_version:
             self.generated_versions.add(version)
             self._generated_version = version
-        r = _RECORD * row
-        self._records += records[r:r + _RECORD]
+        self._records += records[row]
         if b > a:
             self._kept += kept[a:b]
         self._n = n + 1
@@ -307,7 +311,7 @@ class TrajectoryRecorder:
             cost += 2 * routed.size
         if not self._fits(cost, version):
             return False
-        self._push_sampled(ids[row], records[_RECORD * row:_RECORD * (row + 1)], kept[a:b], version, routed, cost)
+        self._push_sampled(ids[row], records[row], kept[a:b], version, routed, cost)
         return True
 
     def _push_sampled(self, tok: int, record: bytes, kept: bytes, version: int, routed: np.ndarray | None,
