@@ -270,19 +270,28 @@ def _segment_of_bytes(chunks: list[CheckedChunk], tid: str) -> Segment:
     """:func:`_segment` of chunks of the usual layout checked in a batch: each array is
     one join of the chunks' bytes (writable copies, the dtypes of the concatenations),
     the versions one value per chunk repeated; no routes."""
-    events = [c.chunk for c in chunks]
-    counts = [len(e.token_ids) >> 2 for e in events]
-    tokens = np.frombuffer(b"".join([e.token_ids for e in events]), _INT32).astype(np.int64)
-    mask = np.frombuffer(b"".join([e.loss_mask for e in events]), np.uint8).astype(bool)
-    behaviour = np.frombuffer(bytearray().join([e.logprobs for e in events]), np.float32)
-    kept_ids = np.frombuffer(bytearray().join([e.kept_ids for e in events]), _INT32)
-    kept_offsets = _joined_offsets(np.frombuffer(b"".join([e.kept_offsets for e in events]), _INT32).astype(np.int64),
-                                   [n + 1 for n in counts], [len(e.kept_ids) >> 2 for e in events])
-    capped = np.frombuffer(b"".join([e.kept_capped for e in events]), np.uint8).astype(bool)
-    kept_size = np.frombuffer(b"".join([e.kept_sizes for e in events]), _INT32).astype(np.int64)
+    events = list(map(_chunk_of, chunks))
+    ids = list(map(_token_ids, events))
+    counts = [len(b) >> 2 for b in ids]
+    kept = list(map(_kept_ids, events))
+    tokens = np.frombuffer(b"".join(ids), _INT32).astype(np.int64)
+    mask = np.frombuffer(b"".join(map(_loss_mask, events)), np.uint8).astype(bool)
+    behaviour = np.frombuffer(bytearray().join(map(_logprobs, events)), np.float32)
+    kept_ids = np.frombuffer(bytearray().join(kept), _INT32)
+    kept_offsets = _joined_offsets(np.frombuffer(b"".join(map(_kept_offsets, events)), _INT32).astype(np.int64),
+                                   [n + 1 for n in counts], [len(b) >> 2 for b in kept])
+    capped = np.frombuffer(b"".join(map(_kept_capped, events)), np.uint8).astype(bool)
+    kept_size = np.frombuffer(b"".join(map(_kept_sizes, events)), _INT32).astype(np.int64)
     versions = np.repeat(np.array([c.newest_loaded for c in chunks], dtype=np.int64), counts)
     return _checked_segment(chunks, tid, tokens, mask, behaviour, kept_offsets, kept_ids, capped, versions, kept_size,
                             counts, None)
+
+
+# (C attribute reads for the joins of _segment_of_bytes)
+_chunk_of = attrgetter("chunk")
+_token_ids, _loss_mask, _logprobs, _kept_ids, _kept_offsets, _kept_capped, _kept_sizes = (
+    attrgetter(name) for name in ("token_ids", "loss_mask", "logprobs", "kept_ids", "kept_offsets", "kept_capped",
+                                  "kept_sizes"))
 
 
 def _checked_segment(chunks: list[CheckedChunk], tid: str, tokens: np.ndarray, mask: np.ndarray,
@@ -292,18 +301,21 @@ def _checked_segment(chunks: list[CheckedChunk], tid: str, tokens: np.ndarray, m
     """The segment's temperatures and checks, in the order their errors are reported
     (routes last, from ``parts``; None: the chunks have none)."""
     lengths = kept_offsets[1:] - kept_offsets[:-1]
-    temperatures = np.array([c.chunk.temperature for c in chunks], dtype=np.float32)
-    if (temperatures == temperatures[0]).all():
+    first_temperature = chunks[0].chunk.temperature
+    if all(c.chunk.temperature == first_temperature for c in chunks):  # (the usual segment: one fill)
         temperature = np.empty(tokens.size, dtype=np.float32)
-        temperature.fill(temperatures[0])
+        temperature.fill(first_temperature)
+        any_greedy = np.float32(first_temperature) < GREEDY_TEMPERATURE
     else:
+        temperatures = np.array([c.chunk.temperature for c in chunks], dtype=np.float32)
         temperature = np.repeat(temperatures, counts)
+        any_greedy = (temperatures < GREEDY_TEMPERATURE).any()
     if tokens.size == 0:
         raise InvalidTrajectory(f"trajectory {tid}: empty segment")
     if mask[0]:
         raise InvalidTrajectory(f"trajectory {tid}: a segment starts with a generated token (no context)")
     greedy = None
-    if (temperatures < GREEDY_TEMPERATURE).any():
+    if any_greedy:
         greedy = mask & (temperature < GREEDY_TEMPERATURE)
         if greedy.any():
             # Greedy decoding (temperature 0): the kept set is the argmax alone, so the
