@@ -6,7 +6,8 @@ the same records (issue #29).
 
 1. **Records.** Rollouts of the ``benchmarks/recording_cost.py`` mix (1-4 turns of
    64-512 environment tokens and a 64-1024-token completion, kept sets of 1-200 ids,
-   capped at 64) recorded by the real recorder into real ``TrajectoryChunk``s (256
+   capped at 64; the sampled token leads its set 70% of the time, else sits at a random
+   place in it) recorded by the real recorder into real ``TrajectoryChunk``s (256
    tokens, ~4-22 KiB), plus one ``Reward`` per rollout, groups of ``--group-size``.
    Built once (untimed) and split between the producers.
 2. **Produce.** ``--producers`` processes, each a Rollway ``EventProducer`` (acks=all,
@@ -101,7 +102,10 @@ async def _rollout(i: int, group_size: int, rng: np.random.Generator, chunks: li
             size = _kept_size(rng)
             capped = size > CAP
             kept = rng.integers(0, VOCAB, size=CAP + 1 if capped else size).astype(np.int32)
-            await rec.add_sampled(SampledToken(0, int(kept[0]), -0.5, kept, capped, 0))
+            # The sampler records a set most likely first: its token leads it when it was
+            # the most likely (70%, as in recording_cost.py), else sits further in.
+            pick = 0 if rng.random() < 0.7 else int(rng.integers(0, kept.size))
+            await rec.add_sampled(SampledToken(0, int(kept[pick]), -0.5, kept, capped, 0))
     await rec.finish("stop", Cost(generated_tokens=rec.generated_tokens, env_tokens=rec.env_tokens))
     reward = Reward(trajectory_id=ident.trajectory_id, task_id=ident.task_id, group_id=ident.group_id,
                     sample_index=ident.sample_index, attempt="a", score=float(i % 2), reward=float(i % 2),
