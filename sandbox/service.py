@@ -38,6 +38,10 @@ log = structlog.get_logger(__name__)
 
 # How long after a command its session's next sandbox is started (see SandboxService._prestart).
 _PRESTART_PAUSE_S = 0.1
+# Warm trees are made this long after the open that asks for them: a GRPO group's G
+# opens come together, and trees (and their sandboxes) made at once competed for the
+# CPU with the group's own first commands; the pause lets the group start first.
+_REFILL_PAUSE_S = 0.1
 
 
 class CreateSession(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
@@ -283,6 +287,8 @@ class SandboxService:
 
         async def refill() -> None:
             try:
+                if _REFILL_PAUSE_S:
+                    await asyncio.sleep(_REFILL_PAUSE_S)
                 while (warm := await asyncio.to_thread(self.pool.make_warm, root, workdir)) is not None:
                     # Its first command's sandbox too, offered with the tree (set before
                     # add_warm: a session may take the tree at once).

@@ -325,7 +325,11 @@ async def test_a_shutdown_while_warm_trees_and_their_sandboxes_start_leaves_noth
     tasks.mkdir()
     shutil.copy(examples, tasks / "examples.jsonl")
     image_task = json.loads(examples.read_text().splitlines()[0])["instance_id"]
-    for n, delay in enumerate([0.0, 0.01, 0.03, 0.06, 0.1]):
+    from sandbox.service import _REFILL_PAUSE_S
+
+    # Warm trees are made _REFILL_PAUSE_S after the open: shut down in the pause, and then
+    # mid tree, mid start, done.
+    for n, delay in enumerate([0.0, 0.01] + [_REFILL_PAUSE_S + d for d in (0.0, 0.01, 0.03, 0.06, 0.1)]):
         ws = tmp_path / f"ws{n}"
         cfg = SandboxConfig(max_sessions=4, workspace_root=str(ws), tasks_dir=str(tasks),
                             images=ImageConfig(cache_dir=images.cache_dir, warm_sessions_per_image=3))
