@@ -12,6 +12,8 @@ Rank 0 writes what the test checks to ``out`` (torch.save). Scenarios:
   optimizer on the same gradients.
 * ``setup_memory``: each rank's peak RSS while ``ShardedTrainCore`` is built, above its
   RSS just before (meta-device init: about its shard, not the whole model).
+* ``load``: ``ShardedTrainCore`` built from each of several model folders in turn: its
+  full parameters after the load and whether meta-device init read them.
 """
 
 from __future__ import annotations
@@ -223,6 +225,25 @@ def setup_memory(args: dict) -> dict:
     return {"ranks": everyone}
 
 
+def load(args: dict) -> dict:
+    import gc
+
+    import torch.distributed as dist
+
+    from trainer.distributed import init_distributed
+    from trainer.sharded_core import ShardedTrainCore
+
+    ctx = init_distributed("cpu")
+    out = {}
+    for path in args["model_paths"]:
+        core = ShardedTrainCore(_cfg(dict(args, model_path=path)), ctx)
+        out[path] = {"meta_init": core.meta_init, "params": core.full_parameters()}
+        del core
+        gc.collect()
+    dist.barrier()
+    return out
+
+
 def main() -> None:
     import torch
     import torch.distributed as dist
@@ -230,7 +251,8 @@ def main() -> None:
     scenario, args_path = sys.argv[1], sys.argv[2]
     args = json.loads(Path(args_path).read_text())
     torch.set_num_threads(1)
-    out = {"train": train, "resume": resume, "muon": muon, "setup_memory": setup_memory}[scenario](args)
+    out = {"train": train, "resume": resume, "muon": muon, "setup_memory": setup_memory,
+           "load": load}[scenario](args)
     if dist.get_rank() == 0:
         torch.save(out, args["out"])
     dist.destroy_process_group()

@@ -11,9 +11,11 @@ memory-mapped, so only those rows' pages are read).
 The values are the ones ``from_pretrained(dtype=float32)`` gives (the same checkpoint
 bits cast to float32), so the sharded trainer stays bit-identical to the single-process
 one (tests/test_fsdp.py). A checkpoint whose tensor names are not the model's parameter
-names one for one (a key-renaming conversion, a missing weight that from_pretrained
-would initialise) is refused by :func:`checkpoint_index`; the caller then falls back to
-the full load.
+names one for one (a key-renaming conversion such as an MoE checkpoint's per-expert
+tensors, which transformers fuses into one parameter a layer; a missing weight that
+from_pretrained would initialise), or a checkpoint without .safetensors files (a
+``pytorch_model.bin``), falls back to the full load (:func:`meta_policy`). Names in the
+checkpoint that the model lacks are ignored, as from_pretrained ignores them.
 """
 
 from __future__ import annotations
@@ -154,15 +156,21 @@ def _my_rows(param: "torch.Tensor", full_shape: list[int]) -> tuple[int, int] | 
 def meta_policy(model_path: str, device: "torch.device") -> tuple["torch.nn.Module", dict[str, Path] | None]:
     """The policy model to shard: (model, index). With an index its parameters are on the
     meta device: shard it, then :func:`materialize_shards` with the index. None: the
-    checkpoint's names are not the parameters' one for one, so the whole model was loaded
-    (``load_policy``), as before meta init: such a checkpoint still trains, at the old
-    peak memory."""
+    checkpoint's names are not the parameters' one for one, or it has no .safetensors
+    files, so the whole model was loaded (``load_policy``), as before meta init: such a
+    checkpoint still trains, at the old peak memory."""
     from trainer.model import load_policy
 
     if not os.path.isdir(model_path):
         raise FileNotFoundError(f"trainer.model_path {model_path!r} is not a model directory")
     model = build_on_meta(model_path)
-    index = checkpoint_index(model_path)
+    try:
+        index = checkpoint_index(model_path)
+    except FileNotFoundError:
+        # No .safetensors (a pytorch_model.bin checkpoint): nothing to read rows from
+        # lazily; from_pretrained reads it whole.
+        log.warning("no .safetensors checkpoint; loading the whole model on every rank", model_path=model_path)
+        return load_policy(model_path, device), None
     missing = missing_from_checkpoint(model, index)
     if missing:
         log.warning("checkpoint names differ from the model's; loading the whole model on every rank",
