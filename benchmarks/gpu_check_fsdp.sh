@@ -9,6 +9,11 @@
 #   2. with >= 2 GPUs: 2 ranks (NCCL, one GPU each) twice: bit-identical to each other,
 #      and the 2-rank step against 1 process within the CPU-stated tolerances;
 #   3. with >= 2 GPUs: a DCP checkpoint written at 2 ranks resumes at 2 ranks bit-exact.
+#   4. FSDP2 CPU offload (trainer.fsdp.cpu_offload, CPUOffloadPolicy; NCCL + gloo for the
+#      CPU shards): 1 rank trains the 2 steps (weights against the non-offloaded 1-rank run
+#      and its peak CUDA memory against that run's, both informational: the optimizer
+#      steps on the CPU, so bits may differ); with >= 2 GPUs, 2 offloaded ranks with a DCP
+#      checkpoint resume bit-exact.
 # NCCL cannot put two ranks on one GPU, so a 1-GPU machine runs check 1 only (said in
 # the summary). Prints one JSON summary line at the end; exits non-zero on a failed check.
 set -euo pipefail
@@ -42,7 +47,10 @@ core = TrainCore(TrainerConfig(model_path=path, learning_rate=1e-3, muon_learnin
 hashes = [core.train_step([groups[i] for i in b]).weights_hash for b in ([0, 1], [2, 3])]
 params = {n: p.detach().cpu().clone() for n, p in core.model.named_parameters()}
 torch.save({"hashes": hashes, "params": params}, out / "single.pt")
-for name, extra in (("ws", {}), ("ckpt", {"checkpoint_after": 1, "checkpoint_dir": str(out / "ckpt")})):
+offload = {"config": {"fsdp": {"cpu_offload": True}}}
+for name, extra in (("ws", {}), ("ckpt", {"checkpoint_after": 1, "checkpoint_dir": str(out / "ckpt")}),
+                    ("ws-off", offload),
+                    ("ckpt-off", dict(offload, checkpoint_after=1, checkpoint_dir=str(out / "ckpt-off")))):
     args = dict(model_path=path, groups=str(out / "groups.pkl"), batches=[[0, 1], [2, 3]], device="cuda", **extra)
     (out / f"{name}.json").write_text(json.dumps(args))
 print("reference hashes", hashes)
@@ -56,11 +64,14 @@ run() {  # run NPROC SCENARIO ARGS OUTFILE
 }
 
 run 1 train "$OUT/ws.json" "$OUT/ws1.pt"
+run 1 train "$OUT/ws-off.json" "$OUT/ws1off.pt"
 if [ "$NGPU" -ge 2 ]; then
-  rm -rf "$OUT/ckpt"
+  rm -rf "$OUT/ckpt" "$OUT/ckpt-off"
   run 2 train "$OUT/ckpt.json" "$OUT/ws2a.pt"
   run 2 train "$OUT/ws.json" "$OUT/ws2b.pt"
   run 2 resume "$OUT/ckpt.json" "$OUT/resume2.pt"
+  run 2 train "$OUT/ckpt-off.json" "$OUT/ws2off.pt"
+  run 2 resume "$OUT/ckpt-off.json" "$OUT/resume2off.pt"
 fi
 
 $PY - "$OUT" "$NGPU" <<'EOF'
@@ -69,10 +80,16 @@ from pathlib import Path
 import torch
 out, ngpu = Path(sys.argv[1]), int(sys.argv[2])
 load = lambda n: torch.load(out / n, weights_only=False)
-single, ws1 = load("single.pt"), load("ws1.pt")
+single, ws1, off1 = load("single.pt"), load("ws1.pt"), load("ws1off.pt")
+maxdiff = lambda a, b: max(float((a[n] - b[n]).abs().max()) for n in b)
 summary = {"gpus": ngpu, "device": torch.cuda.get_device_name(0),
-           "ws1_bit_identical_to_single": ws1["hashes"] == single["hashes"]}
-ok = summary["ws1_bit_identical_to_single"]
+           "ws1_bit_identical_to_single": ws1["hashes"] == single["hashes"],
+           "ws1_offload_trained_steps": len(off1["hashes"]),
+           "ws1_offload_bit_identical_to_ws1": off1["hashes"] == ws1["hashes"],
+           "ws1_offload_max_abs_weight_diff_after_2_steps": maxdiff(off1["params"][1], ws1["params"][1]),
+           "ws1_cuda_peak_mb": ws1["cuda_peak_bytes"] / 2**20,
+           "ws1_offload_cuda_peak_mb": off1["cuda_peak_bytes"] / 2**20}
+ok = summary["ws1_bit_identical_to_single"] and summary["ws1_offload_trained_steps"] == 2
 if ngpu >= 2:
     a, b, r = load("ws2a.pt"), load("ws2b.pt"), load("resume2.pt")
     w2 = a["params"][1]
@@ -82,7 +99,14 @@ if ngpu >= 2:
             float((w2[n] - single["params"][n]).abs().max()) for n in single["params"]),
         ws2_resume_bit_exact=(r["restored"] == 1 and r["restored_hash"] == a["hashes"][0]
                               and r["hashes"] == a["hashes"][1:]))
-    ok = ok and summary["ws2_runs_bit_identical"] and summary["ws2_resume_bit_exact"]
+    o, ro = load("ws2off.pt"), load("resume2off.pt")
+    summary.update(
+        ws2_offload_resume_bit_exact=(ro["restored"] == 1 and ro["restored_hash"] == o["hashes"][0]
+                                      and ro["hashes"] == o["hashes"][1:]),
+        ws2_offload_vs_ws2_max_abs_weight_diff_after_2_steps=maxdiff(o["params"][1], w2),
+        ws2_cuda_peak_mb_rank0=a["cuda_peak_bytes"] / 2**20, ws2_offload_cuda_peak_mb_rank0=o["cuda_peak_bytes"] / 2**20)
+    ok = (ok and summary["ws2_runs_bit_identical"] and summary["ws2_resume_bit_exact"]
+          and summary["ws2_offload_resume_bit_exact"])
 else:
     summary["not_checked"] = "2-rank NCCL needs 2 GPUs (NCCL refuses two ranks on one device)"
 print(json.dumps(summary))

@@ -28,12 +28,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 
 def _cfg(args: dict):
+    import msgspec
+
     from trainer.config import TrainerConfig
 
     base = dict(model_path=args["model_path"], learning_rate=1e-3, muon_learning_rate=1e-3, max_staleness=100,
                 micro_batch_tokens=256, num_threads=1, device=args.get("device", "cpu"))
-    base.update(args.get("config", {}))
-    return TrainerConfig(**base)
+    base.update(args.get("config", {}))  # e.g. {"fsdp": {"cpu_offload": true}}
+    return msgspec.convert(base, TrainerConfig)
 
 
 def _batches(args: dict) -> list:
@@ -68,8 +70,8 @@ def train(args: dict) -> dict:
     from trainer.sharded_core import ShardedTrainCore
     from trainer.sharded_publish import publishable_state_sharded
 
-    ctx = init_distributed(args.get("device", "cpu"))
     cfg = _cfg(args)
+    ctx = init_distributed(args.get("device", "cpu"), cpu_offload=cfg.fsdp.cpu_offload)
     core = ShardedTrainCore(cfg, ctx)
     out: dict = {"hashes": [], "metrics": [], "params": [], "initial_hash": core.weights_hash()}
     checkpointer = None
@@ -115,6 +117,10 @@ def train(args: dict) -> dict:
     if publisher is not None:
         publisher.close()
         loop.close()
+    if ctx.device.type == "cuda":  # what CPU offload saves (benchmarks/gpu_check_fsdp.sh)
+        import torch
+
+        out["cuda_peak_bytes"] = torch.cuda.max_memory_allocated(ctx.device)
     dist.barrier()
     return out
 
@@ -126,8 +132,9 @@ def resume(args: dict) -> dict:
     from trainer.sharded_checkpoint import restore_newest
     from trainer.sharded_core import ShardedTrainCore
 
-    ctx = init_distributed("cpu")
-    core = ShardedTrainCore(_cfg(args), ctx)
+    cfg = _cfg(args)
+    ctx = init_distributed(args.get("device", "cpu"), cpu_offload=cfg.fsdp.cpu_offload)
+    core = ShardedTrainCore(cfg, ctx)
     restored = restore_newest(core, args["checkpoint_dir"])
     out: dict = {"restored": restored, "restored_hash": core.weights_hash(), "hashes": [], "params": [],
                  "metrics": []}

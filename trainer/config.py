@@ -13,6 +13,21 @@ from typing import Literal
 import msgspec
 
 
+class FsdpConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """FSDP2 settings of the sharded trainer (trainer.world_size >= 2; docs/trainer.md)."""
+
+    # FSDP2 CPU offload (torch's CPUOffloadPolicy): each rank's float32 parameter,
+    # gradient and optimizer-state shards live in host memory; each block's parameters
+    # go to the GPU for its forward/backward only, and the optimizer steps on the CPU.
+    # GPU memory then holds about one block's gathered weights plus activations, at the
+    # cost of host<->device copies and a CPU optimizer step. At world size 1 it runs the
+    # sharded trainer on one rank (one GPU). CUDA only: on CPU ranks everything is in
+    # host memory already, so it is refused there (not ignored).
+    # Hashed into the training config when on: the optimizer's arithmetic moves to the
+    # CPU, so a log's steps re-execute bit for bit only with the same setting.
+    cpu_offload: bool = False
+
+
 class TrainerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     model_path: str = "var/models/tiny"
     # Consumer group of the live trainer; its committed offsets are the resume point.
@@ -69,6 +84,7 @@ class TrainerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     # over the ranks by trainer.distributed.SPLIT_RULE, so a log written at N ranks
     # replays at N ranks only (the training-config hash holds N; at 1 it is unchanged).
     world_size: int = 1
+    fsdp: FsdpConfig = msgspec.field(default_factory=FsdpConfig)
     # torch intra-op threads (0 = torch's default). Bit-exact replay on CPU needs the
     # same value (and CPU kind) as the run that wrote the log.
     num_threads: int = 0
@@ -121,9 +137,19 @@ class TrainerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     # "fail": refuse to go live when a replayed step's hash differs from the log.
     on_replay_mismatch: Literal["fail", "warn"] = "fail"
 
+    @property
+    def sharded(self) -> bool:
+        """Runs as torch.distributed ranks with the FSDP2 trainer (trainer/ranked_service.py):
+        above one rank, or at one rank with CPU offload (one GPU, the model's state in host
+        memory). Otherwise the single-process trainer."""
+        return self.world_size > 1 or self.fsdp.cpu_offload
+
     def __post_init__(self) -> None:
         if self.world_size < 1:
             raise ValueError(f"trainer.world_size must be >= 1, got {self.world_size}")
+        if self.fsdp.cpu_offload and self.device == "cpu":
+            raise ValueError("trainer.fsdp.cpu_offload = true needs CUDA ranks, but trainer.device = 'cpu', where "
+                             "parameters, gradients and optimizer state are in host memory already; set it to false")
         if self.groups_per_step < 1:
             raise ValueError("trainer.groups_per_step must be >= 1")
         if self.max_staleness < 0:

@@ -52,6 +52,8 @@ class DistContext:
     local_rank: int
     device: "torch.device"
     mesh: "DeviceMesh"
+    # The process group has a gloo backend for CPU tensors beside NCCL (CPU offload).
+    cpu_offload: bool = False
 
     @property
     def is_leader(self) -> bool:
@@ -59,16 +61,48 @@ class DistContext:
         return self.rank == 0
 
 
-def backend_for(device: "torch.device") -> str:
-    return "nccl" if device.type == "cuda" else "gloo"
+def backend_for(device: "torch.device", cpu_offload: bool = False) -> str:
+    """gloo on CPU, NCCL on CUDA; with CPU offload NCCL for CUDA tensors and gloo for
+    CPU ones: the offloaded shards are CPU tensors, and the collectives over them (the
+    optimizer's Muon gather, the gradient norm, the weights hash, DCP, the publish
+    gather) would fail on NCCL, which reduces device tensors only."""
+    if device.type != "cuda":
+        return "gloo"
+    return "cuda:nccl,cpu:gloo" if cpu_offload else "nccl"
 
 
-def init_distributed(device_name: str = "auto", expected_world_size: int | None = None) -> DistContext:
+def offload_error(cpu_offload: bool, device: "torch.device") -> str | None:
+    """Why ``trainer.fsdp.cpu_offload`` cannot apply to ranks on ``device``; None when
+    it can (CUDA) or is off. On CPU ranks parameters, gradients and optimizer state are
+    in host memory already: offloading them is meaningless, and a user who set it
+    expects GPU memory saved, so the trainer refuses instead of ignoring it."""
+    if cpu_offload and device.type != "cuda":
+        return (f"trainer.fsdp.cpu_offload = true needs CUDA ranks, but this trainer runs on {device.type}, where "
+                "parameters, gradients and optimizer state are in host memory already; set it to false")
+    return None
+
+
+def offload_policy(cpu_offload: bool, device: "torch.device"):
+    """The ``offload_policy`` for ``fully_shard``: torch's ``CPUOffloadPolicy`` (pinned
+    host memory, for asynchronous copies to the GPU) when offloading, else the default
+    ``OffloadPolicy`` (no offload). Raises RuntimeError where offload cannot apply."""
+    from torch.distributed.fsdp import CPUOffloadPolicy, OffloadPolicy
+
+    error = offload_error(cpu_offload, device)
+    if error:
+        raise RuntimeError(error)
+    return CPUOffloadPolicy(pin_memory=True) if cpu_offload else OffloadPolicy()
+
+
+def init_distributed(device_name: str = "auto", expected_world_size: int | None = None, *,
+                     cpu_offload: bool = False) -> DistContext:
     """Join the process group torchrun described in the environment (idempotent).
 
-    gloo on CPU, NCCL on CUDA (one device per local rank). ``expected_world_size``
-    (``trainer.world_size``) must match the launcher's: a config trained at N ranks that
-    starts at M would split batches differently from its log."""
+    gloo on CPU, NCCL on CUDA (one device per local rank; with ``cpu_offload``, gloo
+    too, for the offloaded CPU shards). ``expected_world_size`` (``trainer.world_size``)
+    must match the launcher's: a config trained at N ranks that starts at M would split
+    batches differently from its log. ``cpu_offload`` on a CPU rank is refused
+    (RuntimeError, before joining)."""
     import torch
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
@@ -86,16 +120,19 @@ def init_distributed(device_name: str = "auto", expected_world_size: int | None 
         raise RuntimeError(f"trainer.world_size = {expected_world_size} but the launcher started {world_size} ranks "
                            "(WORLD_SIZE); the batch split and the step log's config hash depend on it")
     device = pick_device(device_name)
+    error = offload_error(cpu_offload, device)
+    if error:
+        raise RuntimeError(error)
     if device.type == "cuda":
         device = torch.device("cuda", local_rank)
         torch.cuda.set_device(device)
     if not dist.is_initialized():
-        dist.init_process_group(backend=backend_for(device), rank=rank, world_size=world_size,
+        dist.init_process_group(backend=backend_for(device, cpu_offload), rank=rank, world_size=world_size,
                                 device_id=device if device.type == "cuda" else None)
     mesh = init_device_mesh(device.type, (world_size,), mesh_dim_names=("fsdp",))
     log.info("distributed trainer rank up", rank=rank, world_size=world_size, local_rank=local_rank, pid=os.getpid(),
-             device=str(device), backend=dist.get_backend())
-    return DistContext(rank, world_size, local_rank, device, mesh)
+             device=str(device), backend=dist.get_backend(), cpu_offload=cpu_offload)
+    return DistContext(rank, world_size, local_rank, device, mesh, cpu_offload)
 
 
 def decoder_blocks(model: "torch.nn.Module") -> list["torch.nn.Module"]:
@@ -109,18 +146,20 @@ def decoder_blocks(model: "torch.nn.Module") -> list["torch.nn.Module"]:
 
 
 def shard_policy(root: "torch.nn.Module", model: "torch.nn.Module", mesh: "DeviceMesh",
-                 forward_dtype: "torch.dtype | None") -> None:
+                 forward_dtype: "torch.dtype | None", offload: "object | None" = None) -> None:
     """``fully_shard`` each block of ``model``, then ``root`` (the module whose forward
     the step calls: ``SelectedLogits``, which reaches the embeddings and head without
-    going through ``model.forward``, so the root group must be the wrapper)."""
+    going through ``model.forward``, so the root group must be the wrapper).
+    ``offload``: :func:`offload_policy`'s (None: no offload)."""
     import torch
-    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+    from torch.distributed.fsdp import MixedPrecisionPolicy, OffloadPolicy, fully_shard
 
     mp = MixedPrecisionPolicy(param_dtype=forward_dtype, reduce_dtype=torch.float32,
                               output_dtype=None, cast_forward_inputs=False)
+    offload = offload if offload is not None else OffloadPolicy()
     for block in decoder_blocks(model):
-        fully_shard(block, mesh=mesh, mp_policy=mp)
-    fully_shard(root, mesh=mesh, mp_policy=mp)
+        fully_shard(block, mesh=mesh, mp_policy=mp, offload_policy=offload)
+    fully_shard(root, mesh=mesh, mp_policy=mp, offload_policy=offload)
     for module in root.modules():
         if hasattr(module, "set_gradient_divide_factor"):
             # Sum over ranks (see the module docstring); force plain SUM collectives:

@@ -247,7 +247,7 @@ def ranked_replay_core(cfg: "TrainerConfig") -> RankedReplay | None:
     from trainer.distributed import init_distributed
 
     watch_parent()
-    ctx = init_distributed(cfg.device, cfg.world_size)
+    ctx = init_distributed(cfg.device, cfg.world_size, cpu_offload=cfg.fsdp.cpu_offload)
     orders = Orders(ctx.rank)
     if ctx.is_leader:
         return RankedReplay(cfg, ctx, orders)

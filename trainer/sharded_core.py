@@ -45,10 +45,17 @@ class ShardedTrainCore(TrainCore):
         from trainer.model import make_deterministic
         from trainer.precision import SelectedLogits
         from trainer.routing import RoutingReplay
+        from trainer.distributed import offload_policy
         from trainer.sharded_init import materialize_shards, meta_policy
         from trainer.sharded_optim import ShardedHybridOptimizer
 
         make_deterministic(cfg.seed, cfg.num_threads)
+        # FSDP2 CPU offload (trainer.fsdp.cpu_offload): refused on CPU ranks; on CUDA the
+        # process group must have gloo for the offloaded CPU shards' collectives.
+        offload = offload_policy(cfg.fsdp.cpu_offload, ctx.device)
+        if cfg.fsdp.cpu_offload and not ctx.cpu_offload:
+            raise RuntimeError("trainer.fsdp.cpu_offload = true but the process group was started without it "
+                               "(init_distributed(cpu_offload=True) adds the gloo backend the CPU shards need)")
         self.cfg = cfg
         self.ctx = ctx
         self.device = ctx.device
@@ -56,7 +63,7 @@ class ShardedTrainCore(TrainCore):
         # meta device, sharded, then each rank reads only its rows of the checkpoint, so
         # no rank ever holds the whole float32 model.
         path = model_path or cfg.model_path
-        self.model, index = meta_policy(path, self.device)
+        self.model, index = meta_policy(path, self.device, cpu_offload=cfg.fsdp.cpu_offload)
         self.step = 0
         self._routing = RoutingReplay(self.model, cfg.replay_routing)
         self._logits = SelectedLogits(self.model)
@@ -65,10 +72,10 @@ class ShardedTrainCore(TrainCore):
             self._forward_dtype = getattr(torch, cfg.publish_dtype)
         # The casting to the forward dtype is FSDP2's (MixedPrecisionPolicy), not
         # functional_call's: policy_logits is called with replay_dtype=None.
-        shard_policy(self._logits, self.model, ctx.mesh, self._forward_dtype)
+        shard_policy(self._logits, self.model, ctx.mesh, self._forward_dtype, offload)
         self.meta_init = index is not None
         if self.meta_init:
-            materialize_shards(self.model, path, self.device, index)
+            materialize_shards(self.model, path, self.device, index, cpu_offload=cfg.fsdp.cpu_offload)
         self.optimizer = ShardedHybridOptimizer(self.model, cfg)
         log.info("sharded trainer core ready", rank=ctx.rank, world_size=ctx.world_size, device=str(self.device),
                  muon_params=len(self.optimizer.muon_names), muon_expert_params=len(self.optimizer.expert_names),

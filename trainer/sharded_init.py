@@ -96,10 +96,12 @@ def missing_from_checkpoint(model: "torch.nn.Module", index: dict[str, Path]) ->
 
 
 def materialize_shards(model: "torch.nn.Module", model_path: str, device: "torch.device",
-                       index: dict[str, Path] | None = None) -> int:
+                       index: dict[str, Path] | None = None, *, cpu_offload: bool = False) -> int:
     """Give every (sharded) meta parameter of ``model`` real local storage on ``device``
-    and fill it with its rows of the checkpoint. Returns the bytes of parameter data read
-    from the checkpoint (this rank's rows only)."""
+    (on the CPU with ``cpu_offload``: FSDP2's CPUOffloadPolicy keeps the shards in host
+    memory and refuses parameters materialised elsewhere; buffers still go to
+    ``device``, where the forward runs) and fill it with its rows of the checkpoint.
+    Returns the bytes of parameter data read from the checkpoint (this rank's rows only)."""
     import torch
     from safetensors import safe_open
     from torch.distributed.tensor import DTensor
@@ -107,11 +109,19 @@ def materialize_shards(model: "torch.nn.Module", model_path: str, device: "torch
     index = index or checkpoint_index(model_path)
     # Buffers are real already; to_empty would replace them with garbage.
     buffers = {name: b.detach().clone() for name, b in model.named_buffers() if b.device.type != "meta"}
-    model.to_empty(device=device)
+    param_device = torch.device("cpu") if cpu_offload else device
+    model.to_empty(device=param_device)
     with torch.no_grad():
-        for name, b in model.named_buffers():
-            if name in buffers:
-                b.copy_(buffers[name])
+        if param_device == device:
+            for name, b in model.named_buffers():
+                if name in buffers:
+                    b.copy_(buffers[name])
+        else:  # to_empty put the buffers on the CPU too: back to the compute device
+            for prefix, module in model.named_modules():
+                for name in list(module._buffers):
+                    full = f"{prefix}.{name}" if prefix else name
+                    if full in buffers:
+                        module._buffers[name] = buffers[full].to(device)
     read = 0
     for name, param in model.named_parameters():
         local = param.to_local() if isinstance(param, DTensor) else param
@@ -153,14 +163,16 @@ def _my_rows(param: "torch.Tensor", full_shape: list[int]) -> tuple[int, int] | 
     return start, min(start + chunk, n)
 
 
-def meta_policy(model_path: str, device: "torch.device") -> tuple["torch.nn.Module", dict[str, Path] | None]:
+def meta_policy(model_path: str, device: "torch.device", *,
+                cpu_offload: bool = False) -> tuple["torch.nn.Module", dict[str, Path] | None]:
     """The policy model to shard: (model, index). With an index its parameters are on the
     meta device: shard it, then :func:`materialize_shards` with the index. None: the
     checkpoint's names are not the parameters' one for one, or it has no .safetensors
     files, so the whole model was loaded (``load_policy``), as before meta init: such a
-    checkpoint still trains, at the old peak memory."""
-    from trainer.model import load_policy
-
+    checkpoint still trains, at the old peak memory. With ``cpu_offload`` that whole
+    model is loaded into host memory (FSDP2 keeps the shards there; a model offloaded
+    for want of GPU memory must not pass through the GPU whole) and only its buffers go
+    to ``device``."""
     if not os.path.isdir(model_path):
         raise FileNotFoundError(f"trainer.model_path {model_path!r} is not a model directory")
     model = build_on_meta(model_path)
@@ -170,10 +182,27 @@ def meta_policy(model_path: str, device: "torch.device") -> tuple["torch.nn.Modu
         # No .safetensors (a pytorch_model.bin checkpoint): nothing to read rows from
         # lazily; from_pretrained reads it whole.
         log.warning("no .safetensors checkpoint; loading the whole model on every rank", model_path=model_path)
-        return load_policy(model_path, device), None
+        return _whole(model_path, device, cpu_offload), None
     missing = missing_from_checkpoint(model, index)
     if missing:
         log.warning("checkpoint names differ from the model's; loading the whole model on every rank",
                     missing=missing[:5], missing_count=len(missing))
-        return load_policy(model_path, device), None
+        return _whole(model_path, device, cpu_offload), None
     return model, index
+
+
+def _whole(model_path: str, device: "torch.device", cpu_offload: bool) -> "torch.nn.Module":
+    """The fallback: ``from_pretrained`` float32 of the whole model, on ``device`` or,
+    offloading, on the CPU with its buffers on ``device``."""
+    import torch
+
+    from trainer.model import load_policy
+
+    if not cpu_offload:
+        return load_policy(model_path, device)
+    model = load_policy(model_path, torch.device("cpu"))
+    for module in model.modules():
+        for name, buffer in module._buffers.items():
+            if buffer is not None:
+                module._buffers[name] = buffer.to(device)
+    return model

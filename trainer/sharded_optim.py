@@ -11,6 +11,9 @@ Parameters are DTensors sharded on dim 0 over the ranks.
   shard. Every rank orthogonalises every matrix (redundant compute, no second
   collective; fine at the sizes the tests and benchmarks run, the first thing to
   distribute for a large model).
+* Under FSDP2 CPU offload the shards, gradients and state are CPU tensors: the update is
+  gathered over gloo and moved to the GPU for Newton-Schulz, and the step lands on the
+  CPU shard.
 * Fused 3-D MoE expert tensors [E, k*R, C] sharded on dim 0 (FSDP2's default) hold whole
   experts on each rank: each expert matrix is orthogonalised where it lives, batched
   over the local experts (no gather). Sharded on any other dimension they are gathered
@@ -86,12 +89,15 @@ class ShardedMuon(ExpertMuon):
                 buf.lerp_(grad, 1 - self.momentum)
                 update = grad.lerp(buf, self.momentum) if self.nesterov else buf
                 sharded = isinstance(update, DTensor)
+                # Newton-Schulz runs on the mesh's device: under CPU offload the shards
+                # are on the CPU but the GPU does the matmuls (a no-op move otherwise).
+                compute = p.device_mesh.device_type if sharded else update.device.type
                 if k and _sharded_on_experts(p):
                     # Whole experts on this rank: orthogonalise them here.
-                    local = update.to_local() if sharded else update
+                    local = (update.to_local() if sharded else update).to(compute)
                     ortho = self._orthogonalise(local, k) if local.numel() else local
                 else:
-                    full = update.full_tensor() if sharded else update
+                    full = (update.full_tensor() if sharded else update).to(compute)
                     ortho = self._orthogonalise(full, k)
                     if sharded:
                         ortho = local_rows(ortho, p)
@@ -99,7 +105,9 @@ class ShardedMuon(ExpertMuon):
                 lr = _adjust_lr(self.lr, self.adjust_lr_fn, torch.Size((rows // k if k else rows, cols)))
                 local_p = p.to_local() if isinstance(p, DTensor) else p
                 local_p.mul_(1 - self.lr * self.weight_decay)
-                local_p.add_(ortho.to(local_p.dtype), alpha=-lr)
+                # ``device`` too: under CPU offload the shard is on the CPU, and
+                # distribute_tensor (local_rows) puts its chunk on the mesh's device.
+                local_p.add_(ortho.to(device=local_p.device, dtype=local_p.dtype), alpha=-lr)
 
     def state_dict(self) -> dict[str, Any]:
         """Every parameter's buffer (zeros before its first update: the same as none),

@@ -31,9 +31,13 @@ NOT_TRAINING = frozenset({
 
 def training_settings(cfg: TrainerConfig) -> dict[str, object]:
     """The hashed settings. ``world_size`` (and the batch split rule, which decides
-    which rank trains which group) count only above 1, so logs written before the
-    setting existed, all at one process, keep their hash."""
+    which rank trains which group) count only above 1, and ``fsdp`` only with CPU
+    offload on, so logs written before those settings existed keep their hash."""
     settings = {k: v for k, v in msgspec.to_builtins(cfg).items() if k not in NOT_TRAINING}
+    if not cfg.fsdp.cpu_offload:
+        # Off (the default) leaves the hash as it was before the setting existed; on,
+        # the optimizer steps on the CPU (other arithmetic than the GPU's): hashed.
+        del settings["fsdp"]
     if cfg.world_size == 1:
         del settings["world_size"]
     else:

@@ -48,13 +48,18 @@ def run(args: argparse.Namespace) -> int:
         return 2
 
     sharded = None
-    if tcfg.world_size > 1:
+    if tcfg.sharded:
         # A log written at N ranks re-executes at N ranks (the batch split depends on N):
         # this command launches them (one machine), rank 0 replays, the others follow.
-        from rollway.commands.trainer import is_rank, run_ranks
+        from rollway.commands.trainer import is_rank, offload_refused, run_ranks
 
         if not is_rank():
             import structlog
+
+            refused = offload_refused(tcfg)
+            if refused:
+                print(f"rollway replay: {refused}", file=sys.stderr)
+                return 2
 
             return run_ranks([f"--nproc-per-node={tcfg.world_size}", "--standalone"],
                              structlog.get_logger("rollway.replay"), "replay")

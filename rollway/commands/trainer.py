@@ -1,9 +1,10 @@
 """``rollway trainer``: restore from checkpoint and the train-step log, then train live.
 
-At ``trainer.world_size`` N > 1 (or ``--nproc``) this process is torch.distributed's
-launcher (``torch.distributed.run``, what ``torchrun`` runs): it starts the ranks, each
-``rollway trainer`` again with the same arguments, and waits for them; rank 0 is the
-service, the others follow it (``trainer/ranked_service.py``). The rendezvous flags
+At ``trainer.world_size`` N > 1 (or ``--nproc``; or at 1 with ``trainer.fsdp.cpu_offload``)
+this process is torch.distributed's launcher (``torch.distributed.run``, what
+``torchrun`` runs): it starts the ranks, each ``rollway trainer`` again with the same
+arguments, and waits for them; rank 0 is the service, the others follow it
+(``trainer/ranked_service.py``). The rendezvous flags
 pass through to torchrun, so the same command on every machine makes one trainer of
 ``--nnodes`` x ``--nproc`` ranks (docs/trainer.md).
 """
@@ -64,12 +65,32 @@ def run(args: argparse.Namespace) -> int:
 
     world_size = _world_size_flag(args)
     cfg = load_config_or_exit(args, "trainer", {"trainer": {"world_size": world_size} if world_size else {}})
-    if cfg.trainer.world_size > 1 and not is_rank():
+    if cfg.trainer.sharded and not is_rank():
+        refused = offload_refused(cfg.trainer)
+        if refused:  # before any rank starts
+            import sys
+
+            print(f"rollway trainer: {refused}", file=sys.stderr)
+            return 2
         return launch(args, cfg.trainer.world_size)
     # A rank of an N-rank trainer; one started at a world size other than the config's
     # is refused by init_distributed.
-    sharded = is_rank() and (int(os.environ["WORLD_SIZE"]) > 1 or cfg.trainer.world_size > 1)
+    sharded = is_rank() and (int(os.environ["WORLD_SIZE"]) > 1 or cfg.trainer.sharded)
     return serve(args, cfg, sharded=sharded)
+
+
+def offload_refused(tcfg) -> str | None:
+    """trainer.fsdp.cpu_offload where the ranks would run on the CPU (trainer.device
+    "auto" on a machine without CUDA): the one-line reason, else None."""
+    if not tcfg.fsdp.cpu_offload:
+        return None
+    from trainer.distributed import offload_error
+    from trainer.model import pick_device
+
+    try:
+        return offload_error(True, pick_device(tcfg.device))
+    except RuntimeError as exc:  # trainer.device = "cuda" without a CUDA device
+        return str(exc)
 
 
 def launch(args: argparse.Namespace, world_size: int) -> int:
@@ -151,7 +172,8 @@ def serve(args: argparse.Namespace, cfg, *, sharded: bool) -> int:
 
         watch_parent()
         try:
-            ctx = init_distributed(cfg.trainer.device, cfg.trainer.world_size)
+            ctx = init_distributed(cfg.trainer.device, cfg.trainer.world_size,
+                                   cpu_offload=cfg.trainer.fsdp.cpu_offload)
         except RuntimeError as exc:
             print(f"rollway trainer: {exc}", file=sys.stderr)
             return 2
