@@ -247,7 +247,12 @@ class SandboxService:
             await asyncio.sleep(period)
             for session in self.pool.idle(self.cfg.session_idle_timeout_s):
                 log.warning("session_idle_closed", session_id=session.id, task_id=session.task_id)
-                await self._close(session)
+                # One close that fails (a workspace that will not go, an image release that
+                # raises) must not end the reaper: every later idle session would be kept.
+                try:
+                    await self._close(session)
+                except Exception:
+                    log.exception("session_idle_close_failed", session_id=session.id, task_id=session.task_id)
 
     # --- handlers ---------------------------------------------------------------
 

@@ -295,11 +295,17 @@ class SessionPool:
         if self._sessions.pop(session.id, None) is None:
             return
         session.closed = True
-        session.workspace.remove()
-        if session.root is not None and self.images is not None:
-            self.images.release(session.root)
-        with self._lock:
-            self._free.append(session.slot)
+        try:
+            session.workspace.remove()
+        finally:
+            # A workspace that will not go (the error goes to the caller) must not keep the
+            # image pinned or the slot taken: the next session of the slot gets a new folder.
+            try:
+                if session.root is not None and self.images is not None:
+                    self.images.release(session.root)
+            finally:
+                with self._lock:
+                    self._free.append(session.slot)
         log.info("session_closed", session_id=session.id, task_id=session.task_id, calls=len(session.calls))
 
     async def close(self, session: Session) -> None:

@@ -471,3 +471,34 @@ async def test_a_long_command_cancelled_mid_hand_over_never_writes_into_a_reused
     assert fd != write_end
     assert victim.read_bytes() == b""
     assert bytes(received) == command + b"."
+
+
+async def test_the_idle_reaper_survives_a_close_that_fails(tmp_path, monkeypatch):
+    """A close that raises (here: the first session's workspace refuses to go) is logged
+    and the reaper goes on: the other idle session, and one opened later, are closed."""
+    from sandbox.client import SandboxClient
+    from tests.sandbox_helpers import live_sandbox
+    from tests.waiting import wait_until_async
+
+    (tmp_path / "tasks").mkdir()
+    store = _task_store(tmp_path / "tasks")
+    cfg = SandboxConfig(max_sessions=4, workspace_root=str(tmp_path / "ws"), tasks_dir=str(tmp_path / "tasks"),
+                        session_idle_timeout_s=0.05)
+    async with live_sandbox(cfg, store=store) as live, SandboxClient(live.url) as client:
+        pool = live.service.pool
+        first = await client.create_session("race")
+        doomed = pool.get(first)
+        remove = doomed.workspace.remove
+
+        def refuse() -> None:
+            raise OSError(16, "Device or resource busy (injected)")
+
+        monkeypatch.setattr(doomed.workspace, "remove", refuse)
+        second = await client.create_session("race")
+        await wait_until_async(lambda: second not in pool._sessions, HANG_S, "the second session reaped")
+        assert first not in pool._sessions  # its close failed after it was forgotten
+        later = await client.create_session("race")
+        await wait_until_async(lambda: later not in pool._sessions, HANG_S, "a later session reaped")
+        assert not live.service._reaper.done()
+        assert sorted(pool._free) == list(range(4))  # the failed close gave its slot back too
+        remove()
