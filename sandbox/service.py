@@ -80,6 +80,12 @@ async def _body(request: web.Request, kind: type):
         raise HttpError(400, f"body is not JSON: {exc}") from None
 
 
+def _still_open(session: Session) -> None:
+    """A session closed (or being closed) since the request took it is gone: 404."""
+    if session.closed:
+        raise SessionClosed(f"no live session {session.id!r}")
+
+
 _STATUS_OF = [
     (HttpError, None),
     (SessionClosed, 404),
@@ -323,6 +329,7 @@ class SandboxService:
         problem = command_problem(body.command)
         if problem:
             raise HttpError(400, problem)
+        _still_open(session)  # closed while its body came: gone (404), not busy (409)
         if session.lock.locked():
             raise SessionBusy(f"session {session.id} is running another command")
         async with session.lock:
@@ -464,6 +471,7 @@ class SandboxService:
             self.store.get(body.task_id)
         except KeyError as exc:
             raise HttpError(404, f"cannot grade: {exc.args[0]}") from None
+        _still_open(session)
         if session.lock.locked():
             raise SessionBusy(f"session {session.id} is running a command; submit after it returns")
         async with session.lock:

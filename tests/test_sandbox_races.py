@@ -502,3 +502,42 @@ async def test_the_idle_reaper_survives_a_close_that_fails(tmp_path, monkeypatch
         assert not live.service._reaper.done()
         assert sorted(pool._free) == list(range(4))  # the failed close gave its slot back too
         remove()
+
+
+@pytest.mark.parametrize("call", ["exec", "submit"])
+async def test_a_call_that_arrives_while_its_session_closes_is_404_not_409(tmp_path, call):
+    """A call whose request began before its session was closed, and whose body arrives
+    after the close took the session (the close waits for the running command): the
+    session is gone, 404, not 'busy, try again' (409), which would send a client into
+    retries of a session that will never come back."""
+    import json
+
+    from sandbox.client import SandboxClient
+    from tests.sandbox_helpers import live_sandbox
+    from tests.waiting import wait_until_async
+
+    (tmp_path / "tasks").mkdir()
+    store = _task_store(tmp_path / "tasks")
+    cfg = SandboxConfig(max_sessions=2, workspace_root=str(tmp_path / "ws"), tasks_dir=str(tmp_path / "tasks"))
+    async with live_sandbox(cfg, store=store) as live, SandboxClient(live.url) as client:
+        sid = await client.create_session("race")
+        session = live.service.pool.get(sid)
+        running = asyncio.ensure_future(client.exec(sid, "sleep 1"))
+        await wait_until_async(session.lock.locked, HANG_S, "the command running")
+        payload = json.dumps({"command": "true"} if call == "exec" else {"trajectory_id": "t"}).encode()
+        # Raw HTTP: the headers now (the handler starts and takes its session), the body later.
+        host, port = live.url.removeprefix("http://").split(":")
+        reader, writer = await asyncio.open_connection(host, int(port))
+        writer.write(f"POST /sessions/{sid}/{call} HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n"
+                     f"Content-Length: {len(payload)}\r\nConnection: close\r\n\r\n".encode())
+        await writer.drain()
+        await asyncio.sleep(0.2)  # the handler has its session and waits for the body
+        closing = asyncio.ensure_future(client.close_session(sid))
+        await wait_until_async(lambda: session.closed, HANG_S, "the close begun")
+        writer.write(payload)
+        await writer.drain()
+        status_line = (await asyncio.wait_for(reader.readline(), HANG_S)).decode()
+        writer.close()
+        assert status_line.split()[1] == "404", status_line
+        await running
+        await closing
