@@ -38,6 +38,26 @@ def test_world_size_one_leaves_the_training_config_hash_as_it_was():
     assert training_config_hash(TrainerConfig(world_size=2)) != HASH_BEFORE_WORLD_SIZE
 
 
+def test_the_ranks_command_line_leaves_out_the_launcher_flags_torchrun_would_refuse():
+    """torchrun's parser reads the ranks' command line too and refused `--nproc` as an
+    ambiguous abbreviation of its --nproc-per-node: `rollway trainer --nproc N` failed
+    before any rank started (benchmarks/trainer_multinode.py found it). The ranks get
+    the world size from ROLLWAY_TRAINER__WORLD_SIZE instead. No process starts here."""
+    from torch.distributed.run import get_args_parser
+
+    from rollway.commands.trainer import rank_argv
+
+    line = ["--config", "r.toml", "trainer", "--no-publish", "--nproc", "1", "--max-steps", "3", "--nnodes", "2",
+            "--node-rank=1", "--rdzv-backend", "c10d", "--rdzv-endpoint", "127.0.0.1:29400", "--rdzv-id", "job",
+            "--master-addr", "h", "--master-port=1", "--max-restarts", "2"]
+    assert rank_argv(line) == ["--config", "r.toml", "trainer", "--no-publish", "--max-steps", "3"]
+    launcher = ["--nproc-per-node=1", "--nnodes=2", "--rdzv-backend=c10d", "--rdzv-endpoint=127.0.0.1:29400"]
+    parsed = get_args_parser().parse_args([*launcher, "--module", "rollway.cli", *rank_argv(line)])
+    assert parsed.training_script_args == rank_argv(line) and parsed.nnodes == "2"
+    with pytest.raises(SystemExit):  # the whole line, as before
+        get_args_parser().parse_args([*launcher, "--module", "rollway.cli", *line])
+
+
 def _alive(pid: int) -> bool:
     try:
         with open(f"/proc/{pid}/stat") as f:

@@ -118,19 +118,43 @@ def launch(args: argparse.Namespace, world_size: int) -> int:
             launcher.append(f"{flag}={value}")
     log.info("launching trainer ranks", world_size=world_size, nproc=nproc, nnodes=nnodes,
              torchrun=" ".join(launcher))
+    # The ranks get the world size from the environment (they inherit this process's),
+    # not from --nproc x --nnodes, which their command line leaves out (rank_argv).
+    os.environ["ROLLWAY_TRAINER__WORLD_SIZE"] = str(world_size)
     return run_ranks(launcher, log)
+
+
+def rank_argv(argv: list[str]) -> list[str]:
+    """This command line as each rank runs it: without the launcher's own flags
+    (``--nproc`` and the rendezvous flags, as ``--flag value`` or ``--flag=value``).
+    torchrun's argument parser reads the whole line, the ranks' part included, and
+    refused ``--nproc`` as an ambiguous abbreviation of its ``--nproc-per-node`` /
+    ``--nproc_per_node``: ``rollway trainer --nproc N`` failed before any rank started.
+    The ranks need none of them."""
+    launcher_flags = {"--nproc", *(flag for flag, _, _ in RENDEZVOUS_FLAGS)}
+    out: list[str] = []
+    skip_value = False
+    for arg in argv:
+        if skip_value:
+            skip_value = False
+            continue
+        if arg.split("=", 1)[0] in launcher_flags:
+            skip_value = "=" not in arg
+            continue
+        out.append(arg)
+    return out
 
 
 def run_ranks(launcher: list[str], log, command: str = "trainer") -> int:
     """torch.distributed.run with ``launcher`` (its own flags), each rank running this
-    very command line (it sees RANK in its environment); the exit code."""
+    command line (:func:`rank_argv`; it sees RANK in its environment); the exit code."""
     import sys
 
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import get_args_parser, run as torchrun
 
     try:
-        torchrun(get_args_parser().parse_args([*launcher, "--module", "rollway.cli", *sys.argv[1:]]))
+        torchrun(get_args_parser().parse_args([*launcher, "--module", "rollway.cli", *rank_argv(sys.argv[1:])]))
     except ChildFailedError as exc:
         # Rank 0's exit code says why the trainer stopped (fenced, replay mismatch, ...);
         # a rank killed by a signal reads 128 + its number, as a shell shows it.
