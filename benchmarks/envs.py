@@ -1,6 +1,7 @@
 """Task environments side by side: OCI image roots vs the host root vs Docker (issue #26).
 
     .venv/bin/python benchmarks/envs.py [--sessions 40] [--concurrency 4] [--disk-sessions 20]
+                                        [--group 8] [--groups 10]
 
 All through the live sandbox service (real HTTP, bwrap, overlayfs, per-session quota),
 on the example images (tests/image_helpers.py builds them once per machine):
@@ -10,6 +11,13 @@ on the example images (tests/image_helpers.py builds them once per machine):
    (tree made on demand) and an image task with warm sessions (tree made ahead); and
    ``docker run --rm`` of the same image where a Docker daemon answers (else "not
    available");
+1b. a GRPO group: ``--group`` sessions of one task opened at once (each create + ``true``
+   + close, as the sampler's G rollouts of a group start together), ``--groups`` groups
+   with a pause between them (the agents' work, while warm trees are made): per-session
+   p50/p99 for a host task, an image task with no warm trees, with the old floor of 2
+   warm trees, and with warm trees following the group size (the default), the service
+   in a process of its own (as beside a sampler, whose G rollouts share one loop); next to
+   ``docker run --rm`` of the image, one at a time (the goal's reference) and G at once;
 2. throughput: ``--concurrency`` clients doing the same loop on one image: sessions/s;
    memory per open session: the host's Shmem (tmpfs pages: the CoW layers live in a
    tmpfs) and Slab (inodes, dentries, mounts) deltas with ``--disk-sessions`` sessions open
@@ -25,6 +33,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import concurrent.futures
+import contextlib
 import json
 import os
 import shutil
@@ -34,6 +44,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+import msgspec
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
@@ -142,6 +154,86 @@ def docker_start(image: str, n: int) -> list[float] | str:
     return times
 
 
+async def _warm_trees(client: SandboxClient) -> int:
+    return (await client.request("GET", "/health"))["warm_sessions"]
+
+
+async def group_start(client: SandboxClient, task_id: str, group: int, groups: int,
+                      pause_s: float, expect_warm: int) -> tuple[list[float], list[float], list[int], list[float]]:
+    """``groups`` groups of ``group`` sessions opened at once (create + true + close each):
+    per-session totals, creates, the warm trees ready as each group started, and the
+    seconds after each group until ``expect_warm`` trees were ready again (within the
+    pause; polled over /health). One group first, unmeasured (the image's first group:
+    the pool learns its size)."""
+
+    async def one_group(total: list[float], created: list[float], refill: list[float]) -> None:
+        results = await asyncio.gather(*(_start_once(client, task_id, created) for _ in range(group)))
+        total.extend(results)
+        ended = time.perf_counter()
+        while time.perf_counter() - ended < pause_s:
+            if expect_warm and len(refill) < len(total) // group and await _warm_trees(client) >= expect_warm:
+                refill.append(time.perf_counter() - ended)
+            await asyncio.sleep(0.01)
+
+    await one_group([], [], [])
+    total: list[float] = []
+    created: list[float] = []
+    ready: list[int] = []
+    refill: list[float] = []
+    for _ in range(groups):
+        ready.append(await _warm_trees(client))
+        await one_group(total, created, refill)
+    return total, created, ready, refill
+
+
+@contextlib.asynccontextmanager
+async def service_process(cfg: SandboxConfig, work: Path):
+    """The sandbox service on ``cfg`` in a child process (this script's --serve); yields its URL."""
+    config = work / "serve.json"
+    config.write_bytes(msgspec.json.encode(cfg))
+    url_file = work / "serve.url"
+    url_file.unlink(missing_ok=True)
+    proc = subprocess.Popen([sys.executable, __file__, "--serve", str(config), str(url_file)], stdin=subprocess.PIPE,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        while not url_file.exists():
+            if proc.poll() is not None:
+                raise RuntimeError(f"the sandbox service exited ({proc.returncode})")
+            await asyncio.sleep(0.05)
+        yield url_file.read_text()
+    finally:
+        proc.stdin.close()  # it shuts down (sessions, warm trees) and exits
+        await asyncio.to_thread(proc.wait, 60)
+
+
+async def serve(config: str, url_file: str) -> None:
+    cfg = msgspec.json.decode(Path(config).read_bytes(), type=SandboxConfig)
+    async with live_sandbox(cfg, store=TaskStore(cfg.tasks_dir)) as live:
+        Path(url_file + ".tmp").write_text(live.url)
+        os.rename(url_file + ".tmp", url_file)
+        await asyncio.to_thread(sys.stdin.read)
+
+
+def docker_group(image: str, group: int, groups: int) -> list[float] | str:
+    """``docker run --rm IMAGE true``, ``group`` at once, ``groups`` times: per-run seconds."""
+    docker = shutil.which("docker")
+    if docker is None or subprocess.run([docker, "info"], capture_output=True).returncode != 0:
+        return "not available"
+
+    def one() -> float:
+        started = time.perf_counter()
+        proc = subprocess.run([docker, "run", "--rm", image, "true"], capture_output=True)
+        if proc.returncode != 0:
+            raise RuntimeError(proc.stderr.decode()[-200:])
+        return time.perf_counter() - started
+
+    times: list[float] = []
+    with concurrent.futures.ThreadPoolExecutor(group) as pool:
+        for _ in range(groups):
+            times += list(pool.map(lambda _: one(), range(group)))
+    return times
+
+
 async def throughput(client: SandboxClient, task_id: str, concurrency: int, per_client: int) -> float:
     async def worker() -> None:
         for _ in range(per_client):
@@ -226,7 +318,26 @@ async def main(args: argparse.Namespace) -> None:
                 else:
                     results["image task, warm sessions"] = await session_start(client, IMAGE_TASK, args.sessions)
                     results[big_name + ", warm"] = await session_start(client, BIG_TASK, args.sessions)
+        # A GRPO group: G sessions of one image at once, under the default max_sessions (or
+        # 2G, whichever is larger: a group plus its warm trees).
+        group_rows = (("image task, no warm trees", 0, False), ("image task, 2 warm trees (old default)", 2, False),
+                      ("image task, warm trees follow the group (default)", 2, True))
+        for name, warm, follow in group_rows:
+            cfg = SandboxConfig(max_sessions=max(SandboxConfig().max_sessions, 2 * args.group),
+                                workspace_root=str(Path(tmp) / f"wsg-{warm}-{follow}"), tasks_dir=str(tasks),
+                                images=ImageConfig(cache_dir=images.cache_dir, warm_sessions_per_image=warm,
+                                                   warm_follow_demand=follow))
+            Path(cfg.workspace_root).mkdir()
+            # The service in a process of its own, as `rollway sandbox` runs beside the
+            # sampler (whose G rollouts share one event loop, here this one).
+            async with service_process(cfg, Path(tmp)) as url, SandboxClient(url) as client:
+                if warm == 0:
+                    results["group: host task"] = await group_start(client, HOST_TASK, args.group,
+                                                                    args.groups, args.group_pause, 0)
+                results["group: " + name] = await group_start(client, IMAGE_TASK, args.group, args.groups,
+                                                              args.group_pause, args.group if follow else warm)
         results["docker run --rm"] = docker_start(EXAMPLES[0].image, args.sessions)
+        results["group: docker run --rm, G at once"] = docker_group(EXAMPLES[0].image, args.group, args.groups)
 
     print(f"\n1. Session start, {args.sessions} sequential, ms: create + exec true + close (as docker run --rm "
           f"IMAGE true), and create alone")
@@ -243,6 +354,30 @@ async def main(args: argparse.Namespace) -> None:
                          _ms(statistics.median(created)) if created else "-",
                          _ms(_pct(created, 0.99)) if created else "-"])
     print_aligned(["", "p50", "p99", "min", "create p50", "create p99"], rows)
+
+    print(f"\n1b. A group of {args.group} sessions opened at once, {args.groups} groups {args.group_pause} s apart, "
+          f"per-session ms (create + exec true + close), warm trees ready as each group started, and the ratio of "
+          f"p50 to docker run --rm p50 one at a time (row 1) and {args.group} at once")
+    docker_one = results["docker run --rm"]
+    docker_g = results["group: docker run --rm, G at once"]
+    rows = []
+    for name in ("group: host task", *("group: " + r[0] for r in group_rows), "group: docker run --rm, G at once"):
+        value = results[name]
+        if isinstance(value, str):
+            rows.append([name[7:], value, "", "", "", "", "", "", ""])
+            continue
+        total, created, ready, refill = value if isinstance(value, tuple) else (value, [], [], [])
+        p50 = statistics.median(total)
+        ratio_one = f"{p50 / statistics.median(docker_one):.3f}" if not isinstance(docker_one, str) else "-"
+        ratio_g = f"{p50 / statistics.median(docker_g):.3f}" if not isinstance(docker_g, str) else "-"
+        rows.append([name[7:], _ms(p50), _ms(_pct(total, 0.99)), _ms(min(total)),
+                     _ms(statistics.median(created)) if created else "-",
+                     f"{statistics.mean(ready):.1f}" if ready else "-",
+                     (f"{statistics.median(refill):.2f}" + ("" if len(refill) == len(ready) else
+                                                           f" ({len(ready) - len(refill)} > pause)")) if refill else "-",
+                     ratio_one, ratio_g])
+    print_aligned(["", "p50", "p99", "min", "create p50", "warm ready", "refilled s", "/ docker p50",
+                   f"/ docker {args.group} p50"], rows)
 
     print(f"\n2. Throughput, {args.concurrency} concurrent clients on {os.cpu_count()} cores (sessions/s)")
     print_aligned(["", "sessions/s"], [["host task", f"{results['rate host']:.1f}"],
@@ -269,5 +404,10 @@ if __name__ == "__main__":
     parser.add_argument("--sessions", type=int, default=40)
     parser.add_argument("--concurrency", type=int, default=4)
     parser.add_argument("--disk-sessions", type=int, default=20)
+    parser.add_argument("--group", type=int, default=8, help="sessions of a GRPO group, opened at once")
+    parser.add_argument("--groups", type=int, default=10)
+    parser.add_argument("--group-pause", type=float, default=1.0, help="seconds between groups (agents working)")
     parser.add_argument("--json", action="store_true")
-    asyncio.run(main(parser.parse_args()))
+    parser.add_argument("--serve", nargs=2, metavar=("CONFIG", "URL_FILE"), help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    asyncio.run(serve(*args.serve) if args.serve else main(args))
