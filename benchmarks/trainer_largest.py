@@ -101,13 +101,23 @@ def rank_main(args_path: str) -> None:
     setup_s = time.perf_counter() - started
     setup_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     groups = pickle.loads(Path(spec["groups"]).read_bytes())
-    steps = []
+    steps, optimizer_s, hash_s = [], [], []
+    optimizer_step = core.optimizer.step
+
+    def timed_optimizer_step() -> None:  # where a step's time goes: the optimizer apart
+        started = time.perf_counter()
+        optimizer_step()
+        optimizer_s.append(time.perf_counter() - started)
+
+    core.optimizer.step = timed_optimizer_step
     for _ in range(spec["steps"]):
         started = time.perf_counter()
-        core.train_step(groups)
+        result = core.train_step(groups)
         steps.append(time.perf_counter() - started)
-    mine = dict(rank=ctx.rank, setup_s=setup_s, step_s=steps, setup_peak_rss=setup_rss,
-                peak_rss=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024, meta_init=core.meta_init)
+        hash_s.append(result.metrics["hash_s"])
+    mine = dict(rank=ctx.rank, setup_s=setup_s, step_s=steps, optimizer_s=optimizer_s, hash_s=hash_s,
+                setup_peak_rss=setup_rss, peak_rss=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+                meta_init=core.meta_init)
     everyone = all_gather_objects(mine)
     if ctx.rank == 0:
         Path(spec["out"]).write_text(json.dumps(everyone))
@@ -154,7 +164,15 @@ def run_one(world_size: int, spec: dict, workdir: Path, cap: int, timeout: float
         time.sleep(0.2)
     wall = time.monotonic() - started
     if why is None and proc.returncode != 0:
-        why = f"rc {proc.returncode}: " + (workdir / f"{tag}.log").read_text()[-600:]
+        text = (workdir / f"{tag}.log").read_text()
+        # The rank's own last words (a Python error, a C++ terminate), not only torchrun's summary.
+        said = [line for line in text.splitlines()
+                if any(k in line for k in ("Error", "error:", "what()", "terminate", "Killed", "Traceback"))]
+        why = f"rc {proc.returncode}: " + " | ".join(said[:6])[:1200]
+    keep = os.environ.get("TRAINER_LARGEST_KEEP_LOGS")
+    if keep:  # the run's log outlives the temporary folder
+        Path(keep).mkdir(parents=True, exist_ok=True)
+        (Path(keep) / f"{tag}.log").write_text((workdir / f"{tag}.log").read_text())
     ranks = json.loads(Path(spec["out"]).read_text()) if why is None else []
     return dict(world_size=world_size, fit=why is None, why=why, sampled_peak_sum=peak, wall_s=wall,
                 rank_peak_sum=sum(r["peak_rss"] for r in ranks), ranks=ranks)
