@@ -27,7 +27,8 @@ CONVERSATION = [
     {"role": "system", "content": "You fix code."},
     {"role": "user", "content": [{"type": "text", "text": "Fix `add` in solution.py."}]},
     {"role": "assistant", "content": "Let me look.", "tool_calls": [
-        {"id": "call_1", "type": "function", "function": {"name": "bash", "arguments": '{"command": "cat solution.py"}'}}]},
+        {"id": "call_1", "type": "function",
+         "function": {"name": "bash", "arguments": '{"command": "cat solution.py"}'}}]},
     {"role": "tool", "tool_call_id": "call_1", "content": "def add(x, y):\n    return x - y\n"},
 ]
 
