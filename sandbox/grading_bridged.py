@@ -192,11 +192,16 @@ async def run(jail: Jail, cfg: SandboxConfig, limits: Limits, spec: TaskSpec, co
             # does not is killed (cancelling its run kills its whole sandbox).
             try:
                 solution_result = await asyncio.wait_for(asyncio.shield(solution), _SOLUTION_GRACE_S)
-            except (TimeoutError, asyncio.CancelledError):
+            except TimeoutError:
                 solution.cancel()
                 with contextlib.suppress(BaseException):
                     await solution
                 solution_result = None
+            except asyncio.CancelledError:  # our caller's cancel, not the grace period's end
+                solution.cancel()
+                with contextlib.suppress(BaseException):
+                    await solution
+                raise
     return RunOutput(result=result, report=_read(out, REPORT_FILE), collected=_read(out, plan.collected_file),
                      solution=solution_result)
 

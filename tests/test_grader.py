@@ -333,6 +333,7 @@ async def test_hanging_solution_is_killed_and_fails(tasks_dir, tmp_path):
     assert reward.grading_seconds >= 5.0
 
 
+
 # --- defense in depth: the hidden run itself, with the static checks bypassed -----------
 
 
@@ -371,6 +372,38 @@ async def test_hidden_run_drops_compiled_files(sandbox, tmp_path):
     snap.files[cached] = WorkspaceFile(cached, Path(pyc).read_bytes())
     verdict = await grader.run_hidden_tests(ADD, snap, uid=sandbox.service.cfg.uid_base + 100)
     assert (verdict.score, verdict.tests_passed, verdict.tests_total) == (0.0, 0, 3)
+
+
+
+
+async def test_a_grading_cancelled_while_the_solution_outlives_the_tests_ends_cancelled(sandbox):
+    """The tests are done and the solution's process will not exit (it replaced the
+    os._exit its server ends with): the grader waits a grace period, then kills it. A
+    cancel that lands in that wait (shutdown, the session closed) must end the grading
+    cancelled, the solution's sandbox killed; before, the cancel was taken for the grace
+    period's own timeout and the grading returned a verdict."""
+    import asyncio
+
+    from sandbox.runner import uid_pids
+    from tests.waiting import wait_until_async
+
+    grader = sandbox.service.grader
+    uid = sandbox.service.cfg.uid_base + 101
+    solution_uid = uid + sandbox.service.cfg.grading_solution_uid_offset
+    lingering = SOLVED_ADD + "\nimport os, time\nos._exit = lambda code: time.sleep(3600)\n"
+    grading = asyncio.ensure_future(grader.run_hidden_tests(ADD, snapshot_of({"calc.py": lingering}), uid=uid))
+    seen = {"tests": False}
+
+    def in_grace_wait() -> bool:
+        seen["tests"] = seen["tests"] or bool(uid_pids(uid))
+        return seen["tests"] and not uid_pids(uid) and bool(uid_pids(solution_uid))
+
+    await wait_until_async(in_grace_wait, 120, "the tests ended, the solution lingering", task=grading,
+                           poll_s=0.01)
+    grading.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await grading
+    assert uid_pids(solution_uid) == []
 
 
 # --- a test command that is not pytest ------------------------------------------------
