@@ -449,12 +449,17 @@ async def test_a_long_command_cancelled_mid_hand_over_never_writes_into_a_reused
     """A command over the pipe's size is finished by a thread. Cancelling the hand-over
     (the exec's caller went away) must not close the fd under that thread: the number
     would be reused by the next open and the rest of the command written into it."""
+    import select
+
     from sandbox.runner import _send_command
+    from tests.waiting import wait_until_async
 
     command = b"x" * (1 << 20)  # far over a pipe's 64 KiB
     read_end, write_end = os.pipe()
     sending = asyncio.ensure_future(_send_command(write_end, command))
-    await asyncio.sleep(0.2)  # the thread is blocked in write: nobody reads yet
+    # The first write filled the pipe, in the same step that handed the rest to the
+    # thread: once bytes are there the thread owns the fd (nobody reads yet: it blocks).
+    await wait_until_async(lambda: select.select([read_end], [], [], 0)[0], HANG_S, "the pipe filled")
     assert not sending.done()
     sending.cancel()
     with pytest.raises(asyncio.CancelledError):
@@ -528,10 +533,12 @@ async def test_a_call_that_arrives_while_its_session_closes_is_404_not_409(tmp_p
         # Raw HTTP: the headers now (the handler starts and takes its session), the body later.
         host, port = live.url.removeprefix("http://").split(":")
         reader, writer = await asyncio.open_connection(host, int(port))
+        touched = session.last_used
         writer.write(f"POST /sessions/{sid}/{call} HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n"
                      f"Content-Length: {len(payload)}\r\nConnection: close\r\n\r\n".encode())
         await writer.drain()
-        await asyncio.sleep(0.2)  # the handler has its session and waits for the body
+        # The handler took its session (touched it) and now waits for the body.
+        await wait_until_async(lambda: session.last_used != touched, HANG_S, "the handler's start")
         closing = asyncio.ensure_future(client.close_session(sid))
         await wait_until_async(lambda: session.closed, HANG_S, "the close begun")
         writer.write(payload)
