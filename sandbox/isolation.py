@@ -320,6 +320,13 @@ def _split_loader_env(env: dict[str, str], rootfs: str) -> tuple[dict[str, str],
     return safe, ["/usr/bin/env", *(f"{k}={v}" for k, v in loader.items())]
 
 
+# glibc gives each thread that mallocs an arena of its own, each reserving 64 MiB of
+# address space (up to 8 per CPU), and RLIMIT_AS (Limits.memory_bytes) counts the
+# reservation: 8 busy threads used up 512 MiB with almost nothing allocated ("can't start
+# new thread", MemoryError in pytest formatting a failure). Two arenas: threads share.
+MALLOC_ENV = {"MALLOC_ARENA_MAX": "2"}
+
+
 def sandbox_env(venv: str = "", extra: dict[str, str] | None = None) -> dict[str, str]:
     venv_bin = str(Path(venv or sys.prefix).resolve() / "bin")
     env = {
@@ -336,6 +343,7 @@ def sandbox_env(venv: str = "", extra: dict[str, str] | None = None) -> dict[str
         # cannot load a plugin); the grader passes the plugins it wants with -p.
         "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1",
         "PIP_NO_INDEX": "1",
+        **MALLOC_ENV,
     }
     if extra:
         env.update(extra)
@@ -359,6 +367,7 @@ def image_env(image_env: dict[str, str], extra: dict[str, str] | None = None) ->
         "PYTHONUNBUFFERED": "1",
         "PYTHONNOUSERSITE": "1",
         "PIP_NO_INDEX": "1",
+        **MALLOC_ENV,
     })
     if extra:
         env.update(extra)

@@ -85,6 +85,26 @@ async def test_private_tmp_quota(sandbox):
     await client.close_session(sid)
 
 
+# Two dozen threads that each allocate a little, then wait together.
+THREADS = (
+    "python -c \"\nimport threading, time\n\ndef work():\n    keep = [bytearray(1000) for _ in range(200)]\n"
+    "    time.sleep(0.3)\n\nthreads = [threading.Thread(target=work) for _ in range(24)]\nfor t in threads:\n"
+    "    t.start()\nfor t in threads:\n    t.join()\nprint('ok', len(threads))\n\""
+)
+
+
+async def test_two_dozen_threads_fit_the_address_space_limit(sandbox):
+    """RLIMIT_AS (memory_bytes, 512 MiB) counts reserved address space, and glibc gives
+    each thread that mallocs an arena reserving 64 MiB (up to 8 per CPU): without
+    MALLOC_ARENA_MAX these threads could not start ("can't start new thread"), and an honest
+    threaded solution graded in-env hit MemoryError in pytest (flagged as tampering)."""
+    client = sandbox.client
+    sid = await client.create_session("blank")
+    result = await client.exec(sid, THREADS, timeout_s=60)
+    assert (result.exit_code, result.stdout.split()) == (0, ["ok", "24"]), result
+    await client.close_session(sid)
+
+
 async def test_closing_a_session_unmounts_its_quota(sandbox):
     client = sandbox.client
     sid = await client.create_session("blank")
