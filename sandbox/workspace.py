@@ -27,6 +27,10 @@ VCS_DIRS = frozenset({".git", ".hg", ".svn", ".bzr", "CVS", "_darcs", ".jj"})
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 # O_NONBLOCK: a FIFO planted by the agent must not hang the service.
 _FILE_FLAGS = os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
+# Folders nested deeper than this are refused by the snapshot (WorkspaceError: the
+# workspace is not gradable): the walk recurses once per level, and a tree the agent made
+# 1,000 deep raised RecursionError out of submit (HTTP 500, the session left open).
+MAX_DEPTH = 256
 
 
 class WorkspaceError(ValueError):
@@ -248,6 +252,8 @@ class Workspace:
                 if stat.S_ISLNK(st.st_mode):
                     snap.symlinks[rel] = os.readlink(entry.name, dir_fd=dfd)
                 elif stat.S_ISDIR(st.st_mode):
+                    if rel.count("/") >= MAX_DEPTH:  # this folder is MAX_DEPTH + 1 deep
+                        raise WorkspaceError(f"workspace has folders nested more than {MAX_DEPTH} deep")
                     try:
                         sub = os.open(entry.name, _DIR_FLAGS, dir_fd=dfd)
                     except OSError:
