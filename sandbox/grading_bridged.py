@@ -170,7 +170,7 @@ async def run(jail: Jail, cfg: SandboxConfig, limits: Limits, spec: TaskSpec, co
             f"{python} {GRADER_DIR}/bridge_solution.py", workspace=ws.root, uid=solution_uid,
             timeout_s=cfg.grading_timeout_s,
             binds=[Bind(str(sol_dir), GRADER_DIR), Bind(str(scratch), SCRATCH_DIR, writable=True)], limits=limits,
-            label="grade-solution", give_fds=sol_fds, **on_root,
+            label="grade-solution", give_fds=sol_fds, output_limit=_solution_output_limit(cfg), **on_root,
         ))
         try:
             result = await jail.run_held(
@@ -204,6 +204,14 @@ async def run(jail: Jail, cfg: SandboxConfig, limits: Limits, spec: TaskSpec, co
                 raise
     return RunOutput(result=result, report=_read(out, REPORT_FILE), collected=_read(out, plan.collected_file),
                      solution=solution_result)
+
+
+def _solution_output_limit(cfg: SandboxConfig) -> int:
+    """How much the solution's process may print before it is killed. Not the tool calls'
+    ``max_output_total_bytes`` (8 MiB): a chatty honest solution (a print per loop step)
+    went past it and was killed mid-test. What the same solution may print graded in-env,
+    where pytest captures it into a file of the sandbox's /tmp (``tmp_bytes``), or more."""
+    return max(cfg.max_output_total_bytes, cfg.tmp_bytes)
 
 
 def _module_name(path: str) -> str:

@@ -151,12 +151,14 @@ class Jail:
         give_fds: tuple[int, ...] = (),
         root: ImageRoot | None = None,
         workdir: str = WORKSPACE,
+        output_limit: int | None = None,
     ) -> CommandResult:
         """Run one command, for a caller already holding a :meth:`slot`. ``give_fds`` are
         handed to the command (same numbers inside) and closed here once it has started.
         ``root``: an image (sandbox/images.py) is the command's ``/``, read-only, with its
         own interpreter and Env (no host Python, no ``extra_ro_binds``); ``workspace`` is
-        bound at ``workdir``.
+        bound at ``workdir``. ``output_limit``: the command is killed once it has written
+        more than this many bytes of output (None: ``max_output_total_bytes``).
 
         Phases: prepare (argv, seccomp filter, private /tmp) -> cgroup -> spawn ->
         supervise (output caps, timeout, kill) -> which limits were hit -> clean up."""
@@ -175,7 +177,7 @@ class Jail:
             await self._clean_up(uid, group, tmp)
             raise
         return await self._complete(proc, group, tmp, uid=uid, workspace=workspace, timeout_s=timeout_s,
-                                    label=label, started=started)
+                                    label=label, started=started, output_limit=output_limit)
 
     async def _cgroup(self, label: str, limits: Limits, uid: int, tmp: Workspace | None,
                       pass_fds: tuple[int, ...]) -> CommandCgroup | None:
@@ -199,11 +201,12 @@ class Jail:
 
     async def _complete(self, proc: asyncio.subprocess.Process, group: CommandCgroup | None, tmp: Workspace | None,
                         *, uid: int, workspace: Path, timeout_s: float, label: str, started: float,
-                        sending: asyncio.Future | None = None) -> CommandResult:
+                        sending: asyncio.Future | None = None, output_limit: int | None = None) -> CommandResult:
         """Supervise a started command to its end, tell which limits it hit, clean up."""
         out, err = _Capture(self.cfg.max_output_bytes), _Capture(self.cfg.max_output_bytes)
         try:
-            killed = await self._supervise(proc, group, out, err, timeout_s, label)
+            killed = await self._supervise(proc, group, out, err, timeout_s, label,
+                                           self.cfg.max_output_total_bytes if output_limit is None else output_limit)
             if sending is not None:
                 await sending  # done once the shell read it (or the sandbox is gone)
             exit_code = proc.returncode if proc.returncode is not None else -1
@@ -339,7 +342,7 @@ class Jail:
 
     async def _supervise(
         self, proc: asyncio.subprocess.Process, group: CommandCgroup | None, out: "_Capture", err: "_Capture",
-        timeout_s: float, label: str,
+        timeout_s: float, label: str, output_limit: int,
     ) -> str:
         """Capture the output until the command ends; kill it on timeout or too much
         output (returns why: 'timeout', 'output', '' = it ended by itself) or when the
@@ -351,7 +354,7 @@ class Jail:
             # pipes close and the child never blocks on a full pipe meanwhile.
             while chunk := await stream.read(_READ_CHUNK):
                 capture.add(chunk)
-                if out.total + err.total > self.cfg.max_output_total_bytes:
+                if out.total + err.total > output_limit:
                     too_much.set()
 
         pumps = asyncio.gather(pump(proc.stdout, out), pump(proc.stderr, err))
