@@ -77,26 +77,31 @@ def hits(name: str) -> int:
         return _hits.get(name, 0)
 
 
-def _should_hang(name: str) -> bool:
-    nth = armed().get(name)
-    if nth is None:
+def _should_hang(name: str) -> tuple[bool, bool]:
+    """(hang here, pause rather than hang for good), both from one read of the spec: a
+    driver that disarms a pausing point right after it is reached must release it, not
+    turn it into a hang for good by a second read."""
+    point = _points().get(name)
+    if point is None:
         with _lock:
             _hits.pop(name, None)  # disarmed: count afresh when armed again
-        return False
+        return False, False
+    nth, pause = point
     with _lock:
         _hits[name] = _hits.get(name, 0) + 1
         hit = _hits[name]
     if hit != nth:
-        return False
+        return False, False
     log.warning("failpoint reached", failpoint=name, hit=hit, pid=os.getpid())
-    return True
+    return True, pause
 
 
 def reached(name: str) -> None:
     """A point in blocking code (a worker thread): hang here when armed (a pausing
     point: until it is disarmed)."""
-    if _should_hang(name):
-        if name in paused_points():
+    hang, pause = _should_hang(name)
+    if hang:
+        if pause:
             while name in paused_points():
                 time.sleep(0.1)
             log.warning("failpoint released", failpoint=name, pid=os.getpid())
@@ -107,5 +112,5 @@ def reached(name: str) -> None:
 
 async def reached_async(name: str) -> None:
     """A point in async code: hang this task here when armed (the loop runs on)."""
-    if _should_hang(name):
+    if _should_hang(name)[0]:
         await asyncio.Event().wait()
