@@ -37,6 +37,13 @@ HONEST = [
         "    if n <= 0:\n        return 0\n    step = max(1, n // 4)\n"
         "    parts = _pool.map(lambda lo: sum(range(lo, min(lo + step, n + 1))), range(1, n + 1, step))\n"
         "    return sum(parts)\n")}),
+    # A process pool with the spawn start method (forkserver alike; the default from Python
+    # 3.14): its workers re-import the main script, in bridged grading the grader's own.
+    ("sum_to_spawn_process_pool", "sum_to", {"mathutil.py": (
+        "import multiprocessing\n\n_pool = None\n\n\ndef _part(bounds):\n    return sum(range(*bounds))\n\n\n"
+        "def sum_to(n):\n    global _pool\n    if n <= 0:\n        return 0\n    if _pool is None:\n"
+        "        _pool = multiprocessing.get_context('spawn').Pool(1)\n    mid = n // 2\n"
+        "    return sum(_pool.map(_part, [(1, mid + 1), (mid + 1, n + 1)]))\n")}),
     # Unicode identifiers and module name, a subprocess, temp files named like the grader's
     # report, a package with its own (conftest-free) tests.
     ("sum_to_unicode_subprocess_report_named_files_own_tests", "sum_to", {
