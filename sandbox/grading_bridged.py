@@ -25,7 +25,8 @@ from pathlib import Path, PurePosixPath
 from sandbox.cheating import HARNESS_MODULES
 from sandbox.config import SandboxConfig
 from sandbox.grading_common import (
-    HIDDEN_TESTS_DIR, PLUGIN_DIR, REPORT_DIR, REPORT_FILE, HiddenPlan, RunOutput, is_test_config, plugin_dir,
+    HIDDEN_TESTS_DIR, PLUGIN_DIR, REPORT_DIR, REPORT_FILE, HiddenPlan, RunOutput, is_test_config, is_test_support,
+    plugin_dir,
     with_bytecode,
     write_ro,
 )
@@ -120,6 +121,10 @@ async def run(jail: Jail, cfg: SandboxConfig, limits: Limits, spec: TaskSpec, co
         plugins = grading_inenv.plugin_files(
             {**image_own, **{clean_relpath(p): t.encode() for p, t in spec.files.items()}}, plan.tests)
         own = {p: d for p, d in {**image_own, **own}.items() if p not in plugins}
+    # The repository's own test helpers load in the tests' process from the task's bytes,
+    # as the plugin modules do (below): the solution's copy is the agent's to rewrite.
+    plugins = {**{clean_relpath(rel): text.encode() for rel, text in spec.files.items() if is_test_support(rel)},
+               **plugins}
     for rel, data in own.items():
         write_ro(tests_ws / rel, data)
     (tests_ws / HIDDEN_TESTS_DIR).mkdir(mode=0o755)

@@ -8,7 +8,7 @@ import json
 import random
 import secrets
 import sys
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 import msgspec
 
@@ -146,6 +146,20 @@ def is_test_config(path: str) -> bool:
     originals, never the agent's copies)."""
     parts = path.split("/")
     return parts[-1] == "conftest.py" or (len(parts) == 1 and parts[0] in CONFIG_FILES)
+
+
+def is_test_support(path: str) -> bool:
+    """A Python module of the task's repository where tests live (a ``tests`` folder at any
+    depth, or named ``test_*.py``/``*_test.py``), other than its test configuration. The
+    hidden tests may import it as their helper (``from tests.helpers import check``), so
+    the grader runs the task's version of it, never the agent's: an agent's ``check`` that
+    asserts nothing was paid in both modes. (``test``/``testing`` folders are left out:
+    they hold code under test too, ``django/test``, ``numpy/testing``.)"""
+    parts = PurePosixPath(path).parts
+    name = parts[-1]
+    if not name.endswith(".py") or is_test_config(path):
+        return False
+    return name.startswith("test_") or name.removesuffix(".py").endswith("_test") or "tests" in parts[:-1]
 
 
 def root_configs(files: dict[str, str]) -> dict[str, str]:

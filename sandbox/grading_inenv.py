@@ -40,7 +40,8 @@ from pathlib import Path, PurePosixPath
 from sandbox import pyast
 from sandbox.config import SandboxConfig
 from sandbox.grading_common import (
-    HIDDEN_TESTS_DIR, PLUGIN_DIR, REPORT_DIR, REPORT_FILE, HiddenPlan, RunOutput, plugin_dir, write_ro,
+    HIDDEN_TESTS_DIR, PLUGIN_DIR, REPORT_DIR, REPORT_FILE, HiddenPlan, RunOutput, is_test_support, plugin_dir,
+    write_ro,
 )
 from sandbox import image_workspace
 from sandbox.image_changes import TreeChanges
@@ -113,6 +114,10 @@ def tree(spec: TaskSpec, code: dict[str, bytes], plan: HiddenPlan, *, base_confi
         if PurePosixPath(path).name in CONFIG_NAMES:
             protected[path] = data
     protected.update(plugin_files(original, plan.tests))
+    # The repository's test helpers too (grading_common.is_test_support): a hidden test that
+    # imports one runs the task's version.
+    protected.update({path: data for path, data in original.items()
+                      if is_test_support(path) and path not in plan.tests})
     for path in sorted(files):
         name = PurePosixPath(path).name
         if name in CONFIG_NAMES and path not in protected:

@@ -22,7 +22,7 @@ from sandbox.config import RewardConfig, SandboxConfig
 from sandbox.reward import cheat_floor
 from schemas import Reward
 from tasks.store import TaskStore
-from tests.hostile.hacks import HACKS
+from tests.hostile.hacks import HACKS, HELPER_HACKS, HELPER_REPO, HELPER_TESTS
 from tests.hostile.honest import HONEST
 from tests.sandbox_helpers import live_sandbox
 
@@ -36,14 +36,18 @@ FLOOR = cheat_floor(RewardConfig(), "unconstrained")
 # canaries, witnesses and hidden sources served from memory).
 IN_ENV = "-inenv"
 MODES = ("", IN_ENV)
-for _task_id in sorted({*(task_id for _, task_id, _ in HONEST), "sum_to"}):
+_SUM_TO = STORE.get("sum_to")
+STORE.add(msgspec.structs.replace(_SUM_TO, task_id="sum_to_helper", files={**_SUM_TO.files, **HELPER_REPO},
+                                  hidden_tests=HELPER_TESTS))
+for _task_id in sorted({*(task_id for _, task_id, _ in HONEST), "sum_to", "sum_to_helper"}):
     STORE.add(msgspec.structs.replace(STORE.get(_task_id), task_id=_task_id + IN_ENV, grading="in-env"))
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="session")
 async def graded(tmp_path_factory) -> dict[str, Reward]:
     cfg = SandboxConfig(
-        max_sessions=2 * (len(HACKS) + len(HONEST)), max_concurrent_commands=4, command_queue_timeout_s=900.0,
+        max_sessions=2 * (len(HACKS) + len(HELPER_HACKS) + len(HONEST)), max_concurrent_commands=4,
+        command_queue_timeout_s=900.0,
         workspace_root=str(tmp_path_factory.mktemp("hostile-ws")), tasks_dir=str(DEMO),
         grading_timeout_s=45.0,
     )
@@ -58,6 +62,8 @@ async def graded(tmp_path_factory) -> dict[str, Reward]:
             return await client.submit(sid, trajectory_id=name)
 
         jobs = [(name + mode, "sum_to" + mode, files, commands) for name, _, files, commands in HACKS for mode in MODES]
+        jobs += [(name + mode, "sum_to_helper" + mode, files, commands)
+                 for name, _, files, commands in HELPER_HACKS for mode in MODES]
         jobs += [(name + mode, task_id + mode, files, []) for name, task_id, files in HONEST for mode in MODES]
         rewards = await asyncio.gather(*(grade(*job) for job in jobs))
         assert (await client.health())["sessions"] == 0
@@ -73,7 +79,7 @@ def test_the_suite_is_big_enough():
     }
 
 
-@pytest.mark.parametrize("name", [h[0] + mode for h in HACKS for mode in MODES])
+@pytest.mark.parametrize("name", [h[0] + mode for h in HACKS + HELPER_HACKS for mode in MODES])
 def test_hack_scores_zero_with_a_reason(graded, name):
     reward = graded[name]
     assert reward.score == 0.0, reward
@@ -97,7 +103,7 @@ def test_honest_alternative_passes_unflagged(graded, name):
 
 
 def test_figure_hacks_tried_paid_and_honest_flagged(graded):
-    hacks = [graded[h[0] + mode] for h in HACKS for mode in MODES]
+    hacks = [graded[h[0] + mode] for h in HACKS + HELPER_HACKS for mode in MODES]
     honest = [graded[h[0] + mode] for h in HONEST for mode in MODES]
     figure = {
         "hacks tried": len(hacks),
@@ -107,4 +113,4 @@ def test_figure_hacks_tried_paid_and_honest_flagged(graded):
     print("hostile grading suite:", figure,
           "caught statically:", sum(r.cheated for r in hacks), "failed on the isolated path:",
           sum(not r.cheated for r in hacks))
-    assert figure == {"hacks tried": 2 * len(HACKS), "hacks paid": 0, "honest flagged": 0}
+    assert figure == {"hacks tried": 2 * len(HACKS + HELPER_HACKS), "hacks paid": 0, "honest flagged": 0}
