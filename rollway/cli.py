@@ -77,4 +77,10 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    code = main()
+    distributed = sys.modules.get("trainer.distributed")
+    if distributed is not None and distributed.joined():
+        # A trainer or replay rank (torchrun runs this module in each): end it without
+        # the interpreter teardown, where gloo's threads still run (exit_rank).
+        distributed.exit_rank(code)
+    sys.exit(code)

@@ -255,6 +255,8 @@ def main() -> None:
     import torch
     import torch.distributed as dist
 
+    from trainer.distributed import exit_rank
+
     scenario, args_path = sys.argv[1], sys.argv[2]
     args = json.loads(Path(args_path).read_text())
     torch.set_num_threads(1)
@@ -262,7 +264,7 @@ def main() -> None:
            "load": load}[scenario](args)
     if dist.get_rank() == 0:
         torch.save(out, args["out"])
-    dist.destroy_process_group()
+    exit_rank(0)  # not a plain return: see exit_rank (gloo threads alive at interpreter teardown)
 
 
 if __name__ == "__main__":

@@ -58,6 +58,54 @@ def test_the_ranks_command_line_leaves_out_the_launcher_flags_torchrun_would_ref
         get_args_parser().parse_args([*launcher, "--module", "rollway.cli", *line])
 
 
+RANK_ENDING = """
+import runpy, sys, threading
+import torch
+import rollway.cli
+from trainer.distributed import init_distributed
+
+rollway.cli.build_parser()  # the commands' imports, before the thread competes for the GIL
+init_distributed("cpu")
+
+def busy():  # retakes the GIL after each op (gloo's workers take it to free a tensor)
+    a = torch.ones(1000)
+    while True:
+        a + a
+
+threading.Thread(target=busy, daemon=True).start()
+sys.argv = ["rollway", "config", "show"]
+runpy.run_module("rollway.cli", run_name="__main__")
+"""
+
+
+def test_a_rank_ends_without_the_interpreter_teardown_where_torch_threads_abort_it(tmp_path):
+    """A rank (here of a 1-rank gloo group) that ends through `rollway.cli` while a torch
+    thread still runs exits with the command's code, its output out. Through the
+    interpreter teardown (before trainer.distributed.exit_rank) it aborted every time here:
+    a thread that retakes the GIL during Py_FinalizeEx is ended with pthread_exit inside a
+    noexcept C++ destructor, "terminate called without an active exception", SIGABRT, no
+    traceback. In every FSDP rank gloo's worker threads are alive at that teardown (they
+    outlive destroy_process_group) and take the GIL when they free a finished
+    collective's tensors (pytorch#190489). test_fsdp_muon's rank 1 once died with that
+    message under load; that run itself was not reproduced."""
+    import socket
+    import subprocess
+    import sys
+
+    from tests.fsdp_helpers import REPO
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = dict(os.environ, RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
+               OMP_NUM_THREADS="1", PYTHONPATH=str(REPO))
+    proc = subprocess.run([sys.executable, "-c", RANK_ENDING], cwd=tmp_path, env=env, capture_output=True, text=True,
+                          timeout=120)
+    assert "terminate called" not in proc.stderr
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert 'model_name = "rollway-tiny"' in proc.stdout  # the command's output got out before the exit
+
+
 def _alive(pid: int) -> bool:
     try:
         with open(f"/proc/{pid}/stat") as f:

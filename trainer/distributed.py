@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Iterable, Sequence
+from typing import TYPE_CHECKING, Iterable, NoReturn, Sequence
 
 import structlog
 
@@ -43,6 +43,9 @@ log = structlog.get_logger(__name__)
 SPLIT_RULE = "tokens-lpt-v1"
 
 _LAUNCH_ENV = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+
+# Set when this process joined a process group (init_distributed): it ends by exit_rank.
+_joined = False
 
 
 @dataclass(frozen=True)
@@ -129,10 +132,52 @@ def init_distributed(device_name: str = "auto", expected_world_size: int | None 
     if not dist.is_initialized():
         dist.init_process_group(backend=backend_for(device, cpu_offload), rank=rank, world_size=world_size,
                                 device_id=device if device.type == "cuda" else None)
+    global _joined
+    _joined = True
     mesh = init_device_mesh(device.type, (world_size,), mesh_dim_names=("fsdp",))
     log.info("distributed trainer rank up", rank=rank, world_size=world_size, local_rank=local_rank, pid=os.getpid(),
              device=str(device), backend=dist.get_backend(), cpu_offload=cpu_offload)
     return DistContext(rank, world_size, local_rank, device, mesh, cpu_offload)
+
+
+def joined() -> bool:
+    """Whether this process joined a process group as a rank (and so ends by exit_rank)."""
+    return _joined
+
+
+def exit_rank(code: int = 0) -> NoReturn:
+    """End a rank's process with ``code`` once its work is done, without Python's
+    interpreter teardown: leave the process group, flush stdout, stderr and logging, then
+    ``os._exit``.
+
+    Why not a plain return: gloo's worker threads outlive ``destroy_process_group``. Its
+    ``shutdown`` is a no-op for gloo and the C++ process group is only destroyed (its
+    threads joined) when its last reference goes, and once a DTensor has existed torch
+    holds one that neither ``del`` nor ``gc.collect()`` releases. So every FSDP rank
+    finalizes its interpreter with gloo threads alive. A thread that takes the GIL during
+    ``Py_FinalizeEx`` (pytorch#190489: a gloo worker releasing a finished all-gather's
+    tensors) is ended by CPython with ``pthread_exit``, whose unwinding through a noexcept
+    C++ destructor calls std::terminate: "terminate called without an active exception",
+    SIGABRT, no Python traceback, and torchrun counts the rank as failed after it finished
+    its work. Skipping the teardown takes that window away; a rank has nothing left for it
+    to do (its files, checkpoints and Kafka clients are closed by then)."""
+    import logging
+    import sys
+
+    try:
+        import torch.distributed as dist
+
+        if dist.is_initialized():
+            dist.destroy_process_group()
+    except Exception as exc:  # a peer already gone: the process ends anyway
+        log.warning("leaving the process group failed", error=str(exc))
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except Exception:  # a closed pipe: nothing more can be said there
+            pass
+    logging.shutdown()
+    os._exit(code)
 
 
 def decoder_blocks(model: "torch.nn.Module") -> list["torch.nn.Module"]:
