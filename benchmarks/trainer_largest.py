@@ -85,10 +85,9 @@ def rank_main(args_path: str) -> None:
     import resource
 
     import torch
-    import torch.distributed as dist
 
     from trainer.config import TrainerConfig
-    from trainer.distributed import all_gather_objects, init_distributed
+    from trainer.distributed import all_gather_objects, exit_rank, init_distributed
     from trainer.sharded_core import ShardedTrainCore
 
     spec = json.loads(Path(args_path).read_text())
@@ -121,7 +120,7 @@ def rank_main(args_path: str) -> None:
     everyone = all_gather_objects(mine)
     if ctx.rank == 0:
         Path(spec["out"]).write_text(json.dumps(everyone))
-    dist.destroy_process_group()
+    exit_rank(0)  # not through the interpreter teardown (trainer.distributed.exit_rank)
 
 
 def _tree_rss(pid: int) -> int:

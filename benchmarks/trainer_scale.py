@@ -71,7 +71,7 @@ def rank_main(args_path: str) -> None:
     import torch.distributed as dist
 
     from trainer.config import TrainerConfig
-    from trainer.distributed import all_gather_objects, init_distributed
+    from trainer.distributed import all_gather_objects, exit_rank, init_distributed
     from trainer.sharded_core import ShardedTrainCore
 
     spec = json.loads(Path(args_path).read_text())
@@ -105,7 +105,7 @@ def rank_main(args_path: str) -> None:
     everyone = all_gather_objects(mine)
     if ctx.rank == 0:
         Path(spec["out"]).write_text(json.dumps(everyone))
-    dist.destroy_process_group()
+    exit_rank(0)  # not through the interpreter teardown (trainer.distributed.exit_rank)
 
 
 def _status_bytes(field: str) -> int:
