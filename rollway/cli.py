@@ -54,6 +54,17 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    code = run_command(argv)
+    distributed = sys.modules.get("trainer.distributed")
+    if distributed is not None and distributed.joined():
+        # A trainer or replay rank (whether torchrun runs `-m rollway.cli` or the `rollway`
+        # script): end it without the interpreter teardown, where gloo's threads still
+        # run (trainer.distributed.exit_rank).
+        distributed.exit_rank(code)
+    return code
+
+
+def run_command(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     # Imported here, not at the top: bus pulls in aiokafka and `rollway --help` stays instant.
     from bus.connect import KafkaUnreachable, wait_for_broker
@@ -77,10 +88,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    code = main()
-    distributed = sys.modules.get("trainer.distributed")
-    if distributed is not None and distributed.joined():
-        # A trainer or replay rank (torchrun runs this module in each): end it without
-        # the interpreter teardown, where gloo's threads still run (exit_rank).
-        distributed.exit_rank(code)
-    sys.exit(code)
+    sys.exit(main())
