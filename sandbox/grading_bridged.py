@@ -25,8 +25,7 @@ from pathlib import Path, PurePosixPath
 from sandbox.cheating import HARNESS_MODULES
 from sandbox.config import SandboxConfig
 from sandbox.grading_common import (
-    HIDDEN_TESTS_DIR, PLUGIN_DIR, REPORT_DIR, REPORT_FILE, HiddenPlan, RunOutput, is_test_config, is_test_support,
-    plugin_dir,
+    HIDDEN_TESTS_DIR, PLUGIN_DIR, REPORT_DIR, REPORT_FILE, HiddenPlan, RunOutput, is_test_config, plugin_dir,
     with_bytecode,
     write_ro,
 )
@@ -35,6 +34,7 @@ from sandbox.image_changes import TreeChanges
 from sandbox.images import ImageRoot
 from sandbox.isolation import WORKSPACE, Bind, Limits
 from sandbox.runner import Jail
+from sandbox.test_support import support_files
 from sandbox.workspace import Workspace, WorkspaceError, clean_relpath
 from tasks.spec import TaskSpec
 
@@ -112,6 +112,7 @@ async def run(jail: Jail, cfg: SandboxConfig, limits: Limits, spec: TaskSpec, co
     tests_ws.mkdir(mode=0o755)
     own = {clean_relpath(rel): text.encode() for rel, text in spec.files.items() if is_test_config(rel)}
     plugins: dict[str, bytes] = {}
+    support: dict[str, bytes] | None = None
     if root is not None:
         # The image's own test configuration, byte-exact from the image (what the task's
         # text cannot hold: a latin-1 conftest, a linked setup.cfg, the plugin modules
@@ -121,10 +122,8 @@ async def run(jail: Jail, cfg: SandboxConfig, limits: Limits, spec: TaskSpec, co
         plugins = grading_inenv.plugin_files(
             {**image_own, **{clean_relpath(p): t.encode() for p, t in spec.files.items()}}, plan.tests)
         own = {p: d for p, d in {**image_own, **own}.items() if p not in plugins}
-    # The repository's own test helpers load in the tests' process from the task's bytes,
-    # as the plugin modules do (below): the solution's copy is the agent's to rewrite.
-    plugins = {**{clean_relpath(rel): text.encode() for rel, text in spec.files.items() if is_test_support(rel)},
-               **plugins}
+        support = await asyncio.to_thread(grading_inenv.image_support, root, spec, plan, image_own)
+    own, plugins = tests_side(spec, plan, own, plugins, support)
     for rel, data in own.items():
         write_ro(tests_ws / rel, data)
     (tests_ws / HIDDEN_TESTS_DIR).mkdir(mode=0o755)
@@ -209,6 +208,22 @@ async def run(jail: Jail, cfg: SandboxConfig, limits: Limits, spec: TaskSpec, co
                 raise
     return RunOutput(result=result, report=_read(out, REPORT_FILE), collected=_read(out, plan.collected_file),
                      solution=solution_result)
+
+
+def tests_side(spec: TaskSpec, plan: HiddenPlan, own: dict[str, bytes], plugins: dict[str, bytes],
+               support: dict[str, bytes] | None = None) -> tuple[dict[str, bytes], dict[str, bytes]]:
+    """The task's files the tests' sandbox holds: ``own`` (test configuration, written in
+    its workspace) and ``plugins`` (modules loaded in the tests' process from these
+    bytes), with the repository's test-support files added (sandbox/test_support.py;
+    ``support``: an image task's, from ``grading_inenv.image_support``; None: found in
+    the task's text). Their Python modules load as the plugin modules do: the solution's
+    copy is the agent's to rewrite. A declared support file that is not Python (data the
+    hidden tests read) is laid in the tests' workspace at its path."""
+    if support is None:
+        support = support_files(spec, {clean_relpath(p): t.encode() for p, t in spec.files.items()}, plan.tests)
+    modules = {p: d for p, d in support.items() if p.endswith(".py") and p not in own}
+    data = {p: d for p, d in support.items() if not p.endswith(".py") and p not in own}
+    return {**own, **data}, {**modules, **plugins}
 
 
 def _solution_output_limit(cfg: SandboxConfig) -> int:

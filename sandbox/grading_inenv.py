@@ -8,6 +8,8 @@ task, at their real repository paths:
 
 - every hidden test file (the test patch's version, this grading's canaries appended)
   and the helpers beside it;
+- the repository's test-support files (sandbox/test_support.py: declared, in a tests
+  folder, or modules named as test support that the hidden tests import);
 - every test configuration, at any depth: ``conftest.py``, ``pytest.ini``/``.pytest.ini``,
   ``pytest.toml``/``.pytest.toml``, ``tox.ini``/``setup.cfg``/``pyproject.toml``, and the
   plugin modules they name (``pytest_plugins``, ``-p`` in ``addopts``). One the agent
@@ -40,12 +42,12 @@ from pathlib import Path, PurePosixPath
 from sandbox import pyast
 from sandbox.config import SandboxConfig
 from sandbox.grading_common import (
-    HIDDEN_TESTS_DIR, PLUGIN_DIR, REPORT_DIR, REPORT_FILE, HiddenPlan, RunOutput, is_test_support, plugin_dir,
-    write_ro,
+    HIDDEN_TESTS_DIR, PLUGIN_DIR, REPORT_DIR, REPORT_FILE, HiddenPlan, RunOutput, plugin_dir, write_ro,
 )
 from sandbox import image_workspace
 from sandbox.image_changes import TreeChanges
 from sandbox.image_repo import image_file_bytes, image_tree
+from sandbox.test_support import support_files
 from sandbox.images import ImageRoot
 from sandbox.isolation import WORKSPACE, Bind, Limits
 from sandbox.runner import Jail
@@ -95,7 +97,8 @@ def command_prefix(test_command: str) -> list[str]:
 
 
 def tree(spec: TaskSpec, code: dict[str, bytes], plan: HiddenPlan, *, base_configs: dict[str, bytes] | None = None,
-         changes: TreeChanges | None = None) -> tuple[dict[str, bytes], list[str], dict[str, str]]:
+         changes: TreeChanges | None = None, support: dict[str, bytes] | None = None,
+         ) -> tuple[dict[str, bytes], list[str], dict[str, str]]:
     """The run's tree: the agent's files with the task's tests and test configuration
     restored; one note per agent change that was discarded; and the agent's links the
     run keeps (none at or above a file of the run, none named as test configuration).
@@ -103,7 +106,9 @@ def tree(spec: TaskSpec, code: dict[str, bytes], plan: HiddenPlan, *, base_confi
     ``base_configs``: an image task's own test configuration as bytes (the image's tree,
     links followed inside it: sandbox/image_repo.py), for what the task's text cannot
     hold (a linked or non-UTF-8 ``setup.cfg``, a latin-1 ``conftest.py``); restored as
-    regular files. ``changes``: the agent's removals and links against the image."""
+    regular files. ``changes``: the agent's removals and links against the image.
+    ``support``: the task's test-support files as bytes (an image task's: :func:`image_support`);
+    None: found in the task's text and ``base_configs``."""
     files = dict(code)
     original = {**(base_configs or {}), **{clean_relpath(p): t.encode() for p, t in spec.files.items()}}
     removed = set(changes.removed) if changes is not None else set()
@@ -114,10 +119,11 @@ def tree(spec: TaskSpec, code: dict[str, bytes], plan: HiddenPlan, *, base_confi
         if PurePosixPath(path).name in CONFIG_NAMES:
             protected[path] = data
     protected.update(plugin_files(original, plan.tests))
-    # The repository's test helpers too (grading_common.is_test_support): a hidden test that
-    # imports one runs the task's version.
-    protected.update({path: data for path, data in original.items()
-                      if is_test_support(path) and path not in plan.tests})
+    # The repository's test-support files too (sandbox/test_support.py): a hidden test that
+    # asserts through a helper runs the task's version of it.
+    if support is None:
+        support = support_files(spec, original, plan.tests)
+    protected.update({path: data for path, data in support.items() if path not in plan.tests})
     for path in sorted(files):
         name = PurePosixPath(path).name
         if name in CONFIG_NAMES and path not in protected:
@@ -170,6 +176,18 @@ def image_configs(root: ImageRoot, spec: TaskSpec, plan: HiddenPlan) -> dict[str
     return configs
 
 
+def image_support(root: ImageRoot, spec: TaskSpec, plan: HiddenPlan, configs: dict[str, bytes]) -> dict[str, bytes]:
+    """An image task's test-support files (sandbox/test_support.py) as bytes: the task's
+    text where it has the file, else the image's (links followed inside the image): a
+    latin-1 or otherwise non-UTF-8 helper is no part of the text, yet must run as
+    the task has it. ``configs``: :func:`image_configs`."""
+    tree_ = image_tree(root, spec.workdir)
+    top = spec.workdir.rstrip("/")
+    return support_files(spec, {**configs, **{clean_relpath(p): t.encode() for p, t in spec.files.items()}},
+                         plan.tests, more=[*tree_.files, *tree_.symlinks],
+                         read=lambda path: image_file_bytes(root, f"{top}/{path}"))
+
+
 def plugin_files(original: dict[str, bytes], tests: dict[str, bytes]) -> dict[str, bytes]:
     """The files of ``original`` (the task's tree) that are plugin modules loaded by its
     conftests and configs or by the hidden tests (``pytest_plugins``, ``-p``)."""
@@ -217,7 +235,8 @@ async def run(jail: Jail, cfg: SandboxConfig, limits: Limits, spec: TaskSpec, co
     None: the host root, the tree at /workspace."""
     workdir = spec.workdir if root is not None else WORKSPACE
     configs = await asyncio.to_thread(image_configs, root, spec, plan) if root is not None else None
-    files, notes, links = tree(spec, code, plan, base_configs=configs, changes=changes)
+    support = await asyncio.to_thread(image_support, root, spec, plan, configs) if root is not None else None
+    files, notes, links = tree(spec, code, plan, base_configs=configs, changes=changes, support=support)
     served = {path: files[path] for path in plan.tests if _served(path)}
     files.update({path: PLACEHOLDER for path in served})
     secrets_dir = Workspace.create(base / "secrets", uid, {})[0]

@@ -13,6 +13,7 @@ instruction only. Hidden tests and the solution stay with the grader's task stor
 
 from __future__ import annotations
 
+import fnmatch
 import re
 import shlex
 from pathlib import PurePosixPath
@@ -56,6 +57,14 @@ class TaskSpec(msgspec.Struct, kw_only=True):
     # solution and base tree are made where the image is unpacked (tasks/image_repo.py),
     # from this row (the JSON text as given). Never sent to samplers (to_event omits it).
     image_repo_row: str = ""
+    # The repository's test-support files (paths or globs, see ``declares_test_support``):
+    # helpers the hidden tests import or read, which the grader always runs from the
+    # task's own bytes (its text, or its image's for an image-only repository), never
+    # from the agent's copy (sandbox/test_support.py). None: not declared, the default
+    # rule applies; a list (``[]`` too) replaces that rule's guess by name. Grader-side
+    # only: to_event does not send it (the agent needs it for nothing; a file in it that
+    # the agent edits is simply restored).
+    test_support: list[str] | None = None
 
     @property
     def needs_image_repo(self) -> bool:
@@ -64,6 +73,16 @@ class TaskSpec(msgspec.Struct, kw_only=True):
     def __post_init__(self) -> None:
         if self.grading not in GRADING_MODES:
             raise ValueError(f"task {self.task_id}: grading = {self.grading!r} is not one of {', '.join(GRADING_MODES)}")
+        problem = test_support_problem(self.test_support, [*self.solution, *self.solution_deletes])
+        if problem:
+            raise ValueError(f"task {self.task_id}: test_support {problem}")
+
+    def declares_test_support(self, path: str) -> bool:
+        """Whether ``path`` (relative to the repository root) is one the task declares as
+        test support: an entry is a path or a glob over whole path segments (``*``, ``?``,
+        ``[...]`` within a segment; ``**`` for any number of segments); one that names a
+        folder covers everything under it."""
+        return bool(self.test_support) and any(_declared(path, entry) for entry in self.test_support)
 
     def to_event(self, group_id: str, group_size: int, created_at: float = 0.0) -> Task:
         return Task(
@@ -80,6 +99,39 @@ class TaskSpec(msgspec.Struct, kw_only=True):
             image=self.image,
             workdir=self.workdir,
         )
+
+
+def test_support_problem(entries: object, solution_paths: list[str]) -> str:
+    """What is wrong with a ``test_support`` value ("" when nothing): a list of relative
+    paths or globs, none of them matching a file the reference solution changes or
+    deletes (that file is code under test: the agent must be able to change it)."""
+    if entries is None:
+        return ""
+    if not isinstance(entries, list) or not all(isinstance(e, str) for e in entries):
+        return "must be a list of paths or globs"
+    for entry in entries:
+        parts = PurePosixPath(entry).parts
+        if not entry.strip() or PurePosixPath(entry).is_absolute() or ".." in parts:
+            return f"entry {entry!r} must be a path relative to the repository root, without '..'"
+        for path in solution_paths:
+            if _declared(path, entry):
+                return f"entry {entry!r} covers {path}, which the reference solution changes (code under test)"
+    return ""
+
+
+def _declared(path: str, entry: str) -> bool:
+    parts = PurePosixPath(path).parts
+    pattern = PurePosixPath(entry).parts
+    # The entry matches the path or one of its folders (a folder covers what is under it).
+    return any(_segments(parts[:n], pattern) for n in range(1, len(parts) + 1))
+
+
+def _segments(parts: tuple[str, ...], pattern: tuple[str, ...]) -> bool:
+    if not pattern:
+        return not parts
+    if pattern[0] == "**":
+        return any(_segments(parts[i:], pattern[1:]) for i in range(len(parts) + 1))
+    return bool(parts) and fnmatch.fnmatchcase(parts[0], pattern[0]) and _segments(parts[1:], pattern[1:])
 
 
 _PYTHON = re.compile(r"python(3(\.\d+)?)?")

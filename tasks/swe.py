@@ -38,6 +38,12 @@ field                             required  meaning
                                             (an image row without ``files``: the
                                             patches apply to the image's tree there,
                                             see tasks/image_repo.py)
+``test_support``                  no        the repository's test-support files (paths
+                                            or globs, relative to its root): grading
+                                            runs them from the task's bytes, never the
+                                            agent's copy (TaskSpec.test_support;
+                                            docs/sandbox.md). None may cover a file the
+                                            gold patch changes
 ``repo``, ``base_commit``,        no        kept as metadata
 ``version``, ``created_at``,
 ``hints_text``,
@@ -69,7 +75,7 @@ from typing import Any, Iterator
 import msgspec
 
 from tasks.patch import PatchError, apply_patch, patched_paths
-from tasks.spec import GRADING_MODES, TaskSpec
+from tasks.spec import GRADING_MODES, TaskSpec, test_support_problem
 
 HIDDEN_TESTS_DIR = "hidden_tests"
 TEST_COMMAND_PREFIX = "python -m pytest -q -p no:cacheprovider"
@@ -81,7 +87,7 @@ IMAGE_FIELDS = ("image", "docker_image", "image_name")
 SWE_WORKDIR = "/testbed"
 OPTIONAL_FIELDS = (
     "PASS_TO_PASS", "test_patch", "test_files", "patch", "solution_files", "difficulty", "test_command", "grading",
-    *IMAGE_FIELDS, "workdir", *METADATA_FIELDS,
+    *IMAGE_FIELDS, "workdir", "test_support", *METADATA_FIELDS,
 )
 ACCEPTED_FIELDS = frozenset(REQUIRED_FIELDS + OPTIONAL_FIELDS)
 DIFFICULTIES = ("trivial", "easy", "medium", "hard")
@@ -193,6 +199,7 @@ def parse_row(data: Any, *, source: str = "<jsonl>", line: int = 1, task_set: st
         raise row.error("workdir", f"{workdir!r} must be an absolute path without '..'")
     fail_to_pass = row.test_ids("FAIL_TO_PASS", required=True)
     pass_to_pass = row.test_ids("PASS_TO_PASS")
+    test_support = _test_support(row, [])
 
     if image and not files:
         # The repository is only in the image: what the patches edit is there. Checked
@@ -204,12 +211,13 @@ def parse_row(data: Any, *, source: str = "<jsonl>", line: int = 1, task_set: st
             task_id=task_id, instruction=instruction, files={}, hidden_tests={}, solution={},
             difficulty=_difficulty(row), test_command=_test_command(row, fail_to_pass + pass_to_pass),
             language="python", task_set=task_set, metadata=_metadata(row, fail_to_pass, pass_to_pass),
-            image=image, workdir=workdir, grading=_grading(row),
+            image=image, workdir=workdir, grading=_grading(row), test_support=test_support,
             image_repo_row=json.dumps(data, sort_keys=True),
         )
 
     with_tests, touched = _with_tests(row, files)
     solution, deletes = _solution(row, files)
+    _test_support(row, [*solution, *deletes])
     return TaskSpec(
         task_id=task_id,
         instruction=instruction,
@@ -225,7 +233,19 @@ def parse_row(data: Any, *, source: str = "<jsonl>", line: int = 1, task_set: st
         image=image,
         workdir=workdir,
         grading=_grading(row),
+        test_support=test_support,
     )
+
+
+def _test_support(row: _Row, solution_paths: list[str]) -> list[str] | None:
+    """``test_support`` checked (None when the row has none); ``solution_paths``: the
+    files the gold patch changes or deletes, none of which it may cover. (An image-only
+    row is checked against its gold patch where it is made whole.)"""
+    value = row.data.get("test_support")
+    problem = test_support_problem(value, solution_paths)
+    if problem:
+        raise row.error("test_support", problem)
+    return None if value is None else list(value)
 
 
 def _image(row: _Row) -> str:

@@ -27,8 +27,9 @@ _INPUTS = ("tasks/images/examples.py", "tasks/images/build.py", "sandbox/image_f
            "sandbox/images.py", "tests/image_helpers.py")
 HOSTILE = "rollway.local/tests/hostile:1"
 # A repository only in its image, with what real images hold and a task's text cannot:
-# links (an absolute one among them), latin-1 Python (a conftest and the pytest plugin
-# its config loads), the config itself a link, nested version-control entries.
+# links (an absolute one among them), latin-1 Python (a conftest, the pytest plugin its
+# config loads, and a test helper at the root that the tests assert through), the config
+# itself a link, nested version-control entries.
 QUIRKS = "rollway.local/tests/quirks:1"
 QUIRKS_FILES: dict[str, bytes] = {
     "README.md": b"# quirks\n",
@@ -42,6 +43,8 @@ QUIRKS_FILES: dict[str, bytes] = {
     "tests/conftest.py": (b"# -*- coding: latin-1 -*-\n# Fixtures (\xa9 the quirks authors).\nimport pytest\n\n\n"
                           b"@pytest.fixture\ndef offset():\n    return 1\n"),
     "tests/test_base.py": b"from quirks import double\n\n\ndef test_double_zero():\n    assert double(0) == 0\n",
+    "testing_quirks.py": (b"# -*- coding: latin-1 -*-\n# Checks (\xa9 the quirks authors).\n\n\n"
+                          b"def check(got, want):\n    assert got == want, (got, want)\n"),
     ".git/HEAD": b"ref: refs/heads/main\n",
     "vendor/thing/.git": b"gitdir: ../../.git/modules/thing\n",
     "vendor/thing/thing.py": b"X = 1\n",
@@ -146,12 +149,13 @@ def _add_quirks(layout: Path, cache: Path, stage: Path) -> None:
 def quirks_row(instance_id: str = "quirks-1") -> dict:
     """An image-only SWE row (no ``files``) on the quirks image: the gold patch fixes
     ``double`` and deletes ``quirks/legacy.py``; the hidden tests need the plugin's and
-    the latin-1 conftest's fixtures, and the legacy module gone."""
+    the latin-1 conftest's fixtures, and the legacy module gone, and check ``double``
+    through the latin-1 helper ``testing_quirks.check``."""
     from tasks.images.examples import unified_diff
 
     text = {p: d.decode() for p, d in QUIRKS_FILES.items() if p in ("quirks/core.py", "quirks/legacy.py")}
-    test = ("import importlib.util\n\nfrom quirks import double\n\n\n"
-            "def test_double(factor, offset):\n    assert double(3) + offset == 3 * factor + offset\n\n\n"
+    test = ("import importlib.util\n\nfrom quirks import double\nfrom testing_quirks import check\n\n\n"
+            "def test_double(factor, offset):\n    check(double(3) + offset, 3 * factor + offset)\n\n\n"
             "def test_legacy_api_is_gone():\n    assert importlib.util.find_spec('quirks.legacy') is None\n")
     gold = unified_diff(text, {"quirks/core.py": "def double(x):\n    return x * 2\n"})
     gold += "--- a/quirks/legacy.py\n+++ /dev/null\n@@ -1,2 +0,0 @@\n" + "".join(

@@ -22,7 +22,7 @@ from sandbox.config import RewardConfig, SandboxConfig
 from sandbox.reward import cheat_floor
 from schemas import Reward
 from tasks.store import TaskStore
-from tests.hostile.hacks import HACKS, HELPER_HACKS, HELPER_REPO, HELPER_TESTS
+from tests.hostile.hacks import HACKS, HELPER_HACKS, HELPER_TASKS
 from tests.hostile.honest import HONEST
 from tests.sandbox_helpers import live_sandbox
 
@@ -37,9 +37,10 @@ FLOOR = cheat_floor(RewardConfig(), "unconstrained")
 IN_ENV = "-inenv"
 MODES = ("", IN_ENV)
 _SUM_TO = STORE.get("sum_to")
-STORE.add(msgspec.structs.replace(_SUM_TO, task_id="sum_to_helper", files={**_SUM_TO.files, **HELPER_REPO},
-                                  hidden_tests=HELPER_TESTS))
-for _task_id in sorted({*(task_id for _, task_id, _ in HONEST), "sum_to", "sum_to_helper"}):
+for _task_id, (_repo, _tests, _support) in HELPER_TASKS.items():
+    STORE.add(msgspec.structs.replace(_SUM_TO, task_id=_task_id, files={**_SUM_TO.files, **_repo}, hidden_tests=_tests,
+                                      test_support=_support))
+for _task_id in sorted({*(task_id for _, task_id, _ in HONEST), "sum_to", *HELPER_TASKS}):
     STORE.add(msgspec.structs.replace(STORE.get(_task_id), task_id=_task_id + IN_ENV, grading="in-env"))
 
 
@@ -62,8 +63,8 @@ async def graded(tmp_path_factory) -> dict[str, Reward]:
             return await client.submit(sid, trajectory_id=name)
 
         jobs = [(name + mode, "sum_to" + mode, files, commands) for name, _, files, commands in HACKS for mode in MODES]
-        jobs += [(name + mode, "sum_to_helper" + mode, files, commands)
-                 for name, _, files, commands in HELPER_HACKS for mode in MODES]
+        jobs += [(name + mode, task_id + mode, files, commands)
+                 for name, _, files, commands, task_id in HELPER_HACKS for mode in MODES]
         jobs += [(name + mode, task_id + mode, files, []) for name, task_id, files in HONEST for mode in MODES]
         rewards = await asyncio.gather(*(grade(*job) for job in jobs))
         assert (await client.health())["sessions"] == 0

@@ -55,11 +55,15 @@ GOLD[BRIDGED_DELETE.task_id] = {**EXAMPLES[0].solution, "probe.py": PROBE}
 AFTER_GOLD = {QUIRKS_TASK.task_id: "rm quirks/legacy.py && ls -a vendor/thing vendor/other .",
               BRIDGED_DELETE.task_id: "rm README.md"}
 ESCAPE = (QUIRKS_TASK.task_id, "escape")  # the gold patch plus a link it added to a host path
+# No fix of double; the legacy module removed, and the image's latin-1 test helper (only in
+# the image: tests/image_helpers.py QUIRKS) rewritten to check nothing.
+HELPER_HACK = (QUIRKS_TASK.task_id, "helper")
+NO_CHECK = "def check(got, want):\n    pass\n"
 VCS_SEEN: dict[str, str] = {}
 JOBS = ([(s.task_id, gold) for s in EXAMPLES for gold in (True, False)] + [(BRIDGED.task_id, True)]
         + [(BRIDGED_DELETE.task_id, True)]
         + [(REPO_IN_IMAGE.task_id, gold) for gold in (True, False)]
-        + [(QUIRKS_TASK.task_id, gold) for gold in (True, False)] + [ESCAPE])
+        + [(QUIRKS_TASK.task_id, gold) for gold in (True, False)] + [ESCAPE, HELPER_HACK])
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="session")
@@ -78,6 +82,11 @@ async def graded(tmp_path_factory) -> dict[tuple[str, bool], Reward]:
         async def grade(task_id: str, gold: bool | str) -> Reward:
             spec = store.get(task_id)
             sid = await client.create_session(task_id)
+            if gold == "helper":
+                await client.write_file(sid, "testing_quirks.py", NO_CHECK)
+                ran = await client.exec(sid, "rm quirks/legacy.py")
+                assert ran.exit_code == 0, ran
+                return await client.submit(sid, trajectory_id=f"{task_id}-{gold}")
             for path, content in (GOLD.get(task_id, spec.solution) if gold else {}).items():
                 await client.write_file(sid, path, content)
             if gold and task_id in AFTER_GOLD:
@@ -158,3 +167,13 @@ def test_nested_version_control_entries_never_reach_the_session(graded):
     listing = VCS_SEEN["True"].split()
     assert ".git" not in listing and ".hg" not in listing and "thing.py" in listing and "other.py" in listing
     assert "setup.cfg" in listing and "vendor_python" in listing
+
+
+def test_an_image_only_test_helper_the_agent_rewrote_is_not_what_runs(graded):
+    """The hidden test checks double through the image's latin-1 testing_quirks.check
+    (in no task text: the repository is only in the image). Before: the agent's copy,
+    which checks nothing, ran, and the unfixed double was paid 1.0."""
+    reward = graded[HELPER_HACK]
+    assert (reward.score, reward.cheated) == (0.0, False), reward.reason
+    assert (reward.tests_passed, reward.tests_total) == (2, 3), reward.reason
+    assert reward.reason.endswith("agent changes to test files discarded: testing_quirks.py (changed, restored)")

@@ -30,7 +30,10 @@ GOLD = {"quirks/core.py": "def double(x):\n    return x * 2\n"}
 # The agent's own version of the image's plugin (no fixture left): the tests must load the
 # image's (the bridge would otherwise import the solution's copy of ``quirks.plugin``).
 AGENT_PLUGIN = "# Mine now.\nFACTOR = 2\n"
-JOBS = ("gold", "untouched", "gold-agent-plugin")
+# No fix of double, the legacy module removed, and the image's latin-1 test helper
+# (tests/image_helpers.py QUIRKS) rewritten to check nothing.
+NO_CHECK = "def check(got, want):\n    pass\n"
+JOBS = ("gold", "untouched", "gold-agent-plugin", "helper-hack")
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="session")
@@ -54,6 +57,10 @@ async def graded(tmp_path_factory) -> dict[str, Reward]:
                 assert ran.exit_code == 0, ran
             if job == "gold-agent-plugin":
                 await client.write_file(sid, "quirks/plugin.py", AGENT_PLUGIN)
+            if job == "helper-hack":
+                await client.write_file(sid, "testing_quirks.py", NO_CHECK)
+                ran = await client.exec(sid, "rm quirks/legacy.py")
+                assert ran.exit_code == 0, ran
             return await client.submit(sid, trajectory_id=f"{TASK.task_id}-{job}")
 
         return dict(zip(JOBS, await asyncio.gather(*(grade(job) for job in JOBS))))
@@ -78,3 +85,12 @@ def test_the_tests_load_the_images_plugin_not_the_agents(graded):
     reward = graded["gold-agent-plugin"]
     assert (reward.score, reward.cheated) == (1.0, False), reward.reason
     assert reward.tests_passed == reward.tests_total == 3
+
+
+def test_the_tests_assert_through_the_images_helper_not_the_agents(graded):
+    """The hidden test checks double through the image's latin-1 testing_quirks.check
+    (in no task text). Before: the tests imported the solution's copy (the agent's, which
+    checks nothing) across the bridge, and the unfixed double was paid 1.0."""
+    reward = graded["helper-hack"]
+    assert (reward.score, reward.cheated) == (0.0, False), reward.reason
+    assert (reward.tests_passed, reward.tests_total) == (2, 3), reward.reason

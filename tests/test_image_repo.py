@@ -340,3 +340,38 @@ def test_in_env_grading_restores_an_images_non_utf8_plugin_module_byte_exact(tmp
     files, notes, _ = grading_inenv.tree(spec, solution_files(deleted), plan, base_configs=configs,
                                          changes=tree_changes(deleted, read_image_tree(root, "/testbed")))
     assert files["plug.py"] == plug and notes == ["plug.py (deleted, restored)"]
+
+
+def test_an_image_only_test_helper_runs_as_the_image_has_it_in_both_modes(tmp_path):
+    """A helper module at the repository's root that the hidden tests assert through
+    (testing_support.py), latin-1, so only in the image: the task's text lacks it. An
+    agent's copy that asserts nothing must not run, in-env (restored byte-exact, the
+    change named) or bridged (loaded in the tests' process from the image's bytes).
+    Before: test support was looked for in the task's text only."""
+    from sandbox import grading_bridged, grading_inenv
+    from sandbox.grading_common import make_plan, solution_files
+    from sandbox.image_changes import tree_changes
+    from sandbox.image_repo import read_image_tree
+
+    root = _fake_root(tmp_path)
+    helper = b"# -*- coding: latin-1 -*-\n# \xa9 Jos\xe9\ndef check(got, want):\n    assert got == want\n"
+    (Path(root.rootfs) / "testbed/testing_support.py").write_bytes(helper)
+    spec = msgspec.structs.replace(parse_row(_without_files(ROWS[0])), files=read_image_repo(root, "/testbed"),
+                                   image_repo_row="")
+    assert "testing_support.py" not in spec.files
+    plan = make_plan(["tests/test_q.py::test_q"], {"tests/test_q.py": (
+        "from testing_support import check\n\n\ndef test_q():\n    check(1, 2)\n")}, {})
+    configs = grading_inenv.image_configs(root, spec, plan)
+    support = grading_inenv.image_support(root, spec, plan, configs)
+    assert support == {"testing_support.py": helper}
+    edited = _session_snapshot(testing_support_dot_py=b"def check(got, want):\n    pass\n")
+    changes = tree_changes(edited, read_image_tree(root, "/testbed"))
+    files, notes, _ = grading_inenv.tree(spec, solution_files(edited), plan, base_configs=configs, changes=changes,
+                                         support=support)
+    assert files["testing_support.py"] == helper and notes == ["testing_support.py (changed, restored)"]
+    own, plugins = grading_bridged.tests_side(spec, plan, dict(configs), {}, support)
+    assert plugins["testing_support.py"] == helper and "testing_support.py" not in own
+    # From the task's text alone (what both modes looked at), the agent's copy stayed.
+    files, notes, _ = grading_inenv.tree(spec, solution_files(edited), plan, base_configs=configs, changes=changes)
+    assert files["testing_support.py"] == b"def check(got, want):\n    pass\n" and notes == []
+    assert "testing_support.py" not in grading_bridged.tests_side(spec, plan, dict(configs), {})[1]
