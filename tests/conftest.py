@@ -37,6 +37,36 @@ def pytest_configure(config: pytest.Config) -> None:
     configure_logging("test", level=os.environ.get("ROLLWAY_TEST_LOG_LEVEL", "warning"))
 
 
+# Modules whose tests share an expensive module (or session) fixture: under pytest-xdist
+# (scripts/test) each runs whole on one worker, so the fixture is made once, not once per
+# worker that gets one of its tests (test_grader_demo grades every shipped task: 220 s on
+# each worker in the 2-worker suite at 17:00; test_kafka_broker starts a 3-node cluster).
+# Every other test is its own unit, handed out as --dist load hands them out.
+ONE_WORKER_MODULES = frozenset({
+    "test_grader_demo", "test_grader_hostile", "test_kafka_broker", "test_fsdp", "test_tls", "test_task_family",
+    "test_engine_vllm", "test_grader", "test_grader_images", "test_grader_inenv", "test_grader_deferred",
+    "test_acl", "test_bridge_capabilities", "test_images",
+})
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log):
+    """For ``--dist load``: xdist's scope scheduler with a module of ONE_WORKER_MODULES
+    as one unit and every other test as a unit of its own. (xdist's own ``loadgroup``
+    does not group under pytest 9: it renames ``item._nodeid``, which pytest 9's
+    ``nodeid`` no longer reads.)"""
+    if config.getvalue("dist") != "load":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class OneWorkerModules(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            path = nodeid.split("::", 1)[0]
+            return path if Path(path).stem in ONE_WORKER_MODULES else nodeid
+
+    return OneWorkerModules(config, log)
+
+
 def unique(prefix: str = "t") -> str:
     return f"{prefix}{uuid.uuid4().hex[:10]}"
 
