@@ -26,7 +26,7 @@ from typing import Iterable
 
 import msgspec
 
-from rollway.live_state import solved
+from rollway.live_state import rerenders_per_1k_turns, solved
 from rollway import group_signal
 from rollway import report_curves as curves
 from schemas import DeadLetter, EvalResult, GroupsDropped, Heartbeat, Metrics, Reward, Task, TrainStep
@@ -166,6 +166,13 @@ def summary_markdown(data: RunData, plots: list[tuple[str, str]], source: str) -
                              f"first {f3(r.rates[0])}, last {f3(r.rates[-1])}"))
         rows.append(("tokens per trajectory", f"mean {statistics.fmean(tokens):.1f}, median {statistics.median(tokens):g}, "
                                               f"max {max(tokens)}"))
+        turns = sum(r.cost.turns for r in rewards)
+        if turns:
+            # Turns the chat template could not extend token-exactly (a new segment, never
+            # trained as if sampled in the other context): issue #27's figure.
+            rerenders = sum(r.cost.template_rerenders for r in rewards)
+            rows.append(("template re-renders", f"{rerenders} in {turns} turns ({rerenders_per_1k_turns(rewards):.1f} "
+                                                f"per 1,000 turns)"))
     if data.evals:
         first, last = data.evals[0], data.evals[-1]
         rows.append(("held-out pass@1", f"first {f3(first.pass_at_1)} @ v{first.weight_version}, "

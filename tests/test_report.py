@@ -39,8 +39,10 @@ def step_values(step: int) -> dict[str, float]:
 
 
 def reward(i: int, score: float, value: float, tokens: int, cheated: bool = False) -> Reward:
+    # i turns, of which trajectory 3 had one template re-render.
     return Reward(trajectory_id=f"t{i}", task_id="task", group_id="g", sample_index=i, attempt="a", score=score,
-                  cheated=cheated, reward=value, cost=Cost(generated_tokens=tokens), created_at=100.0 + i)
+                  cheated=cheated, reward=value, created_at=100.0 + i,
+                  cost=Cost(generated_tokens=tokens, turns=i, template_rerenders=int(i == 3)))
 
 
 def run_report(bootstrap: str, prefix: str, out: Path, **env_extra: str) -> subprocess.CompletedProcess:
@@ -114,6 +116,7 @@ async def test_report_plots_and_summarizes_a_real_log(kafka_bootstrap, tmp_path)
         "| solve rate (all rewards) | 0.333 |",  # t1 and t5; t6 was a cheat
         "| rolling solve rate (last 6 graded rewards) | first 0.333, last 0.333, best 0.333 |",
         "| tokens per trajectory | mean 35.0, median 35, max 60 |",
+        "| template re-renders | 1 in 21 turns (47.6 per 1,000 turns) |",  # t2's re-publication counts once
         "| held-out pass@1 | first 0.150 @ v0, latest 0.400 @ v4 (+0.250) |",
         "| weight-apply pause | median 12.0 ms, max 30.5 ms over 3 updates |",
         "| dead letters | 1 |",
