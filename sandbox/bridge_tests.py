@@ -7,6 +7,11 @@ Where the grader gives both sandboxes a shared scratch folder (``scratch`` in th
 pytest's temporary folders (``tmp_path``, ``tmp_path_factory``) are made there and opened
 to the solution's uid, so a path a test hands the solution names the same file on both
 sides.
+
+Everything runs under the ``__main__`` guard, as in bridge_solution.py: a hidden test's
+``multiprocessing`` pool with the ``spawn`` or ``forkserver`` start method re-imports this
+script in each worker (as ``__mp_main__``), which would otherwise connect to the bridge
+and run pytest again there.
 """
 
 import json
@@ -14,20 +19,7 @@ import os
 import sys
 import time
 
-here = os.path.dirname(os.path.abspath(__file__))
-with open(os.path.join(here, "bridge.json")) as f:
-    config = json.load(f)
-sys.path.insert(0, here)
-import _rollway_bridge as bridge  # noqa: E402
-from _rollway_bridge.sitepath import run_site  # noqa: E402
-
-sys.path.remove(here)
-# Site-packages, where pytest is (the grader starts this interpreter with -S; docs/sandbox.md).
-run_site(config.get("site_skip", ()))
-connection = bridge.connect(config["fd"], "tests", cpu=config.get("cpu"), pin_after=config.get("pin_after", 0))
-sys.meta_path.append(
-    bridge.SolutionFinder(connection, set(config["modules"]), config["workspace"], config["sources"])
-)
+connection = None  # the bridge (main())
 
 
 class _LocalModules:
@@ -45,11 +37,6 @@ class _LocalModules:
         import importlib.util
 
         return importlib.util.spec_from_file_location(fullname, self.files[fullname])
-
-
-if config.get("local_modules"):
-    sys.meta_path.insert(0, _LocalModules(config["local_modules"]))
-import pytest  # noqa: E402
 
 
 def _share_temporary_folders(scratch: str, args: list) -> list:
@@ -80,7 +67,7 @@ def _share_temporary_folders(scratch: str, args: list) -> list:
     return [*args, f"--basetemp={scratch.rstrip('/')}/pytest"]
 
 
-def _settle_deferred_calls():
+def _settle_deferred_calls(pytest):
     """A plugin that lets a test function's solution calls whose results it does not use
     go without a round trip each (sandbox.bridge, Connection.try_defer), and settles them
     when the test function ends, inside its call phase: a failed one fails that test.
@@ -122,17 +109,41 @@ def _settling(clock):
     return settled_first
 
 
-plugin = _settle_deferred_calls()
-arguments = sys.argv[1:]
-if config.get("scratch"):
-    arguments = _share_temporary_folders(config["scratch"], arguments)
-status = int(pytest.main(arguments, plugins=[plugin] if plugin is not None else []))
-# The report and the collection record are written and closed: end without the
-# interpreter's shutdown (tearing down pytest's modules is ~10-20 ms the verdict waits
-# for, and no atexit handler of the tests' or the solution's making runs after the run).
-for stream in (sys.stdout, sys.stderr):
-    try:
-        stream.flush()
-    except Exception:  # noqa: BLE001 - a closed or replaced stream
-        pass
-os._exit(status)
+def main() -> None:
+    global connection
+    here = os.path.dirname(os.path.abspath(__file__))
+    with open(os.path.join(here, "bridge.json")) as f:
+        config = json.load(f)
+    sys.path.insert(0, here)
+    import _rollway_bridge as bridge
+    from _rollway_bridge.sitepath import run_site
+
+    sys.path.remove(here)
+    # Site-packages, where pytest is (the grader starts this interpreter with -S; docs/sandbox.md).
+    run_site(config.get("site_skip", ()))
+    connection = bridge.connect(config["fd"], "tests", cpu=config.get("cpu"), pin_after=config.get("pin_after", 0))
+    sys.meta_path.append(
+        bridge.SolutionFinder(connection, set(config["modules"]), config["workspace"], config["sources"])
+    )
+    if config.get("local_modules"):
+        sys.meta_path.insert(0, _LocalModules(config["local_modules"]))
+    import pytest
+
+    plugin = _settle_deferred_calls(pytest)
+    arguments = sys.argv[1:]
+    if config.get("scratch"):
+        arguments = _share_temporary_folders(config["scratch"], arguments)
+    status = int(pytest.main(arguments, plugins=[plugin] if plugin is not None else []))
+    # The report and the collection record are written and closed: end without the
+    # interpreter's shutdown (tearing down pytest's modules is ~10-20 ms the verdict waits
+    # for, and no atexit handler of the tests' or the solution's making runs after the run).
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except Exception:  # noqa: BLE001 - a closed or replaced stream
+            pass
+    os._exit(status)
+
+
+if __name__ == "__main__":
+    main()

@@ -23,7 +23,7 @@ from sandbox.reward import cheat_floor
 from schemas import Reward
 from tasks.store import TaskStore
 from tests.hostile.hacks import HACKS, HELPER_HACKS, HELPER_TASKS
-from tests.hostile.honest import HONEST
+from tests.hostile.honest import HONEST, HONEST_TASKS
 from tests.sandbox_helpers import live_sandbox
 
 pytestmark = pytest.mark.slow
@@ -40,6 +40,8 @@ _SUM_TO = STORE.get("sum_to")
 for _task_id, (_repo, _tests, _support) in HELPER_TASKS.items():
     STORE.add(msgspec.structs.replace(_SUM_TO, task_id=_task_id, files={**_SUM_TO.files, **_repo}, hidden_tests=_tests,
                                       test_support=_support))
+for _task_id, (_repo, _tests) in HONEST_TASKS.items():
+    STORE.add(msgspec.structs.replace(_SUM_TO, task_id=_task_id, files={**_SUM_TO.files, **_repo}, hidden_tests=_tests))
 for _task_id in sorted({*(task_id for _, task_id, _ in HONEST), "sum_to", *HELPER_TASKS}):
     STORE.add(msgspec.structs.replace(STORE.get(_task_id), task_id=_task_id + IN_ENV, grading="in-env"))
 
