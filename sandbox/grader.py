@@ -158,12 +158,15 @@ class Grader:
     async def verdict(self, spec: TaskSpec, snapshot: Snapshot, calls: list[ToolCall], *, uid: int) -> Verdict:
         if spec.needs_image_repo:
             spec = await self.with_image_repo(spec)
-        # In-env pytest runs discard agent test configs and judge exits by the report.
-        in_env = spec.grading == "in-env" and pytest_arguments(spec.test_command) is not None
+        # A pytest run (either mode) is judged by its report, not by exits; in-env it
+        # also discards agent test configs (sandbox/cheating.py).
+        by_report = pytest_arguments(spec.test_command) is not None
+        in_env = spec.grading == "in-env" and by_report
         # An image task: what the image holds as it is (its links, binaries) is not the agent's doing.
         tree = await self.image_tree(spec) if spec.image else None
         checked = image_changes.agent_view(snapshot, tree) if tree is not None else snapshot
-        findings = find_cheats(spec.files, checked, hidden_dir=HIDDEN_TESTS_DIR, in_env=in_env)
+        findings = find_cheats(spec.files, checked, hidden_dir=HIDDEN_TESTS_DIR, in_env=in_env,
+                               by_report=by_report)
         findings += [f"network access attempted: {e}" for e in network_attempts(calls)]
         if findings:
             return Verdict(score=0.0, cheated=True, reason="; ".join(findings))

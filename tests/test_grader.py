@@ -271,13 +271,10 @@ CHEATS = [
      "tampering with the grader's files: hidden_tests/test_calc.py"),
     ("shadows_pytest", {"pytest.py": "import sys\nsys.exit(0)\n"}, [], "shadows the module 'pytest'"),
     ("shadows_pytest_internals", {"_pytest/__init__.py": ""}, [], "shadows the module '_pytest'"),
-    ("os_exit_at_import", {"calc.py": SOLVED_ADD + "import os\nos._exit(0)\n"}, [], "calls os._exit"),
-    ("sys_exit_at_import", {"calc.py": SOLVED_ADD + "import sys\nsys.exit(0)\n"}, [],
-     "calls sys.exit at import time"),
-    ("atexit_handler", {"calc.py": SOLVED_ADD + "import atexit, os\natexit.register(os._exit, 0)\n"}, [],
-     "registers atexit handlers"),
+    # Exits, atexit handlers and `import pytest` in solution code are findings only for a test
+    # command that is not pytest (test_a_non_pytest_test_command_is_graded_only_when_allowed);
+    # a pytest run judges them by its report (tests/hostile/honest.py, both modes).
     ("pytest_internals", {"calc.py": SOLVED_ADD + "import _pytest.runner\n"}, [], "imports pytest internals"),
-    ("pytest_in_solution_code", {"calc.py": SOLVED_ADD + "import pytest\n"}, [], "imports pytest from solution code"),
     ("symlink_out", {}, ["ln -s /etc/passwd data.txt"], "symlink out of the workspace: data.txt -> /etc/passwd"),
     ("symlink_into_hidden_tests", {}, ["ln -s /tmp hidden_tests"], "tampering with the grader's files: symlink"),
     ("network_client", {}, ["curl -s --max-time 1 http://127.0.0.1:9/ || true"],
@@ -428,6 +425,13 @@ async def test_a_non_pytest_test_command_is_graded_only_when_allowed(tmp_path, a
         live.client = client
         solved = await attempt(live, EXIT_CODE_TASK.task_id, EXIT_CODE_TASK.solution)
         untouched = await attempt(live, EXIT_CODE_TASK.task_id, {})
+        # The exit code is the verdict and the tests run in the solution's process: an
+        # atexit handler could set it (a pytest run, either mode, judges by its report).
+        with_atexit = await attempt(live, EXIT_CODE_TASK.task_id,
+                                    {"calc.py": "import atexit, os\natexit.register(os._exit, 0)\n\n\n"
+                                                "def add(a, b):\n    return a - b\n"})
+    assert (with_atexit.score, with_atexit.reward, with_atexit.cheated) == (0.0, CHEAT_FLOOR, True)
+    assert with_atexit.reason == "exit-code trick: calc.py registers atexit handlers"
     if allowed:
         # Only the exit code counts: one "test", passed or not.
         assert (solved.score, solved.tests_passed, solved.tests_total, solved.cheated) == (1.0, 1, 1, False)
