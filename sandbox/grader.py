@@ -46,10 +46,10 @@ from sandbox.grading_common import (
 from sandbox.image_repo import ImageRepoCache, ImageTree, image_tree
 from sandbox.images import ImageStore
 from sandbox.isolation import WORKSPACE, Bind, Limits
-from sandbox.junit import ReportError, outcomes_of, parse_report
+from sandbox.junit import Report, ReportError, outcomes_of, parse_report
 from sandbox.netwatch import ToolCall, network_attempts
 from sandbox.quota import Quota
-from sandbox.result_check import check as check_result
+from sandbox.result_check import INTERNAL_ERROR_CASE, check as check_result
 from sandbox.reward import compute_reward
 from sandbox.runner import CommandResult, Jail
 from sandbox.workspace import Snapshot, Workspace, clean_relpath
@@ -60,6 +60,7 @@ from tasks.store import TaskStore
 log = structlog.get_logger(__name__)
 
 _MAX_NAMES_IN_REASON = 5
+_PYTEST_INTERNAL_ERROR = 3  # pytest.ExitCode.INTERNAL_ERROR
 
 class SubmitRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """Body of ``POST /sessions/{id}/submit``."""
@@ -325,6 +326,13 @@ class Grader:
         checked = check_result(parsed, output.collected, plan.selection, plan.canaries, wall_s=result.duration_s,
                                sites=plan.sites)
         outcomes = checked.outcomes
+        internal = _internal_error(output, parsed)
+        if internal is not None and set(checked.tampering) <= set(checked.absent):
+            # Bridged, pytest itself aborted the run: what the report lacks is the abort's
+            # doing (forged cases, counts or canaries stay tampering). Never paid.
+            log.warning("grading_internal_error", error=internal, findings=checked.tampering)
+            return Verdict(score=0.0, tests_passed=outcomes.passed, tests_total=outcomes.total,
+                           reason=f"pytest stopped the hidden run with an internal error{stopped}: {internal}")
         if checked.tampering:
             log.warning("grading_tampering", findings=checked.tampering)
             return Verdict(score=0.0, cheated=True, tests_passed=outcomes.passed, tests_total=outcomes.total,
@@ -353,6 +361,28 @@ class Grader:
         if discarded:
             reason = (reason + discarded) if reason else discarded.removeprefix("; ")
         return Verdict(score=score, tests_passed=outcomes.passed, tests_total=outcomes.total, reason=reason)
+
+
+def _internal_error(output: RunOutput, report: Report) -> str | None:
+    """pytest's last INTERNALERROR line when a bridged run ended in one: exit status 3
+    (pytest's INTERNAL_ERROR) and junitxml's own case for it in the report. None otherwise.
+
+    Bridged only: there the tests' process never runs solution code, which reaches it as
+    plain data only, so neither the exit status nor the report is the solution's to
+    forge; an internal error is pytest's, the task's configuration's or the grader's, or
+    at most provoked through the bridge (memory pressure in the tests' process while pytest
+    formats a result). Judged as score 0 without the cheat flag: never paid, and no failing
+    solution escapes its 0 by provoking one (no retry). In-env the same status and case
+    are the solution's to produce (it runs in pytest's process): judged by the result
+    check as before."""
+    if not output.bridged or output.result.exit_code != _PYTEST_INTERNAL_ERROR:
+        return None
+    if not any(case.label == INTERNAL_ERROR_CASE for case in report.cases):
+        return None
+    lines = [line.removeprefix("INTERNALERROR>").strip() for line in
+             (output.result.stdout + "\n" + output.result.stderr).splitlines() if line.startswith("INTERNALERROR>")]
+    lines = [line for line in lines if line]
+    return lines[-1][:300] if lines else "no INTERNALERROR line in its output"
 
 
 def run_configs(files: dict[str, str], args: list[str]) -> dict[str, str]:

@@ -207,7 +207,7 @@ async def run(jail: Jail, cfg: SandboxConfig, limits: Limits, spec: TaskSpec, co
                     await solution
                 raise
     return RunOutput(result=result, report=_read(out, REPORT_FILE), collected=_read(out, plan.collected_file),
-                     solution=solution_result)
+                     solution=solution_result, bridged=True)
 
 
 def tests_side(spec: TaskSpec, plan: HiddenPlan, own: dict[str, bytes], plugins: dict[str, bytes],

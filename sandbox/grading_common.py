@@ -47,6 +47,7 @@ class RunOutput(msgspec.Struct, kw_only=True):
     report: bytes | None
     collected: bytes | None
     solution: CommandResult | None = None  # bridged: the solution's process
+    bridged: bool = False  # the tests ran in their own process (sandbox/grading_bridged.py)
     notes: list[str] = []  # what the run changed in the agent's tree (in-env), for the reason
 
 

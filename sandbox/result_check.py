@@ -35,6 +35,8 @@ _MAX_LISTED = 3
 _ROUNDING_S = 0.0011
 _SLACK_S = 0.05
 _WALL_SLACK_S = 1.0
+# The case pytest's junitxml adds for an internal error (classname "pytest", name "internal").
+INTERNAL_ERROR_CASE = "pytest::internal"
 
 
 class _Collected(msgspec.Struct, forbid_unknown_fields=True):
@@ -47,6 +49,9 @@ class Checked(msgspec.Struct, kw_only=True):
     outcomes: TestOutcomes  # the real hidden tests only (canaries left out)
     tampering: list[str]
     canaries_run: int = 0
+    # The findings of ``tampering`` that say what is missing (a test, a record, a canary),
+    # none that says what is forged: all a run that pytest itself aborted leaves.
+    absent: list[str] = []
 
 
 def _listed(names: list[str]) -> str:
@@ -60,12 +65,18 @@ def _base(name: str) -> str:
 def check(report: Report, collected: bytes | None, selection: Selection, canaries: list[Canary], *,
           wall_s: float | None = None, sites: list[Site] = ()) -> Checked:
     tampering: list[str] = []
+    absent: list[str] = []
+
+    def missing(finding: str) -> None:
+        tampering.append(finding)
+        absent.append(finding)
+
     try:
         record = msgspec.json.decode(collected, type=_Collected) if collected is not None else None
     except (msgspec.DecodeError, msgspec.ValidationError):
         record = None
     if record is None:
-        tampering.append("the run's collection record is missing or malformed")
+        missing("the run's collection record is missing or malformed")
         record = _Collected(items=[], collectors=[])
     cases = report.cases
     tampering += _structure(report, wall_s)
@@ -79,7 +90,10 @@ def check(report: Report, collected: bytes | None, selection: Selection, canarie
 
     unknown = [c.label for c in cases if c.name and c.key not in items and c.key not in collectors]
     if unknown:
-        tampering.append(f"the report holds tests that were never collected: {_listed(unknown)}")
+        # pytest's own case for an internal error (junitxml's pytest_internalerror) alone:
+        # pytest aborted the run, nothing was forged.
+        (missing if set(unknown) == {INTERNAL_ERROR_CASE} else tampering.append)(
+            f"the report holds tests that were never collected: {_listed(unknown)}")
     twice = [cs[0].label for cs in by_key.values() if len(cs) > 1 and any(c.outcome == "passed" for c in cs)]
     if twice:
         tampering.append(f"tests reported more than once: {_listed(twice)}")
@@ -87,10 +101,10 @@ def check(report: Report, collected: bytes | None, selection: Selection, canarie
     cut_short = interrupted or (selection.stops_early and any_failed)
     missing_items = [nodeid for key, nodeid in items.items() if key not in by_key]
     if missing_items and not cut_short:
-        tampering.append(f"collected tests missing from the report: {_listed(missing_items)}")
+        missing(f"collected tests missing from the report: {_listed(missing_items)}")
     missing_collectors = [nodeid for key, (nodeid, _) in collectors.items() if key not in by_key]
     if missing_collectors:
-        tampering.append(f"collection errors missing from the report: {_listed(missing_collectors)}")
+        missing(f"collection errors missing from the report: {_listed(missing_collectors)}")
 
     # Paths whose module (or class) failed or skipped as a whole at collection.
     dead = [nodeid for nodeid, _ in collectors.values()]
@@ -106,13 +120,13 @@ def check(report: Report, collected: bytes | None, selection: Selection, canarie
     never = [e.nodeid for e in selection.expected
              if not any(matches(e, n) for n in collected_ids) and not covered(e.path, e.cls)]
     if never:
-        tampering.append(f"hidden tests that were never collected: {_listed(never)}")
+        missing(f"hidden tests that were never collected: {_listed(never)}")
 
     verdict = {key: (cs[0].outcome if len(cs) == 1 else "failed") for key, cs in by_key.items()}
     # Completion witnesses: a passed test ran to its last line.
     witnessed = record.witnessed or []
     if sites and record.witnessed is None and collected is not None and any(v == "passed" for v in verdict.values()):
-        tampering.append("the run's completion record is missing")
+        missing("the run's completion record is missing")
     passed = [items[key] for key, outcome in verdict.items() if outcome == "passed" and key in items]
     never_ended = unwitnessed_passes(passed, list(sites), witnessed)
     if never_ended and record.witnessed is not None:
@@ -130,7 +144,7 @@ def check(report: Report, collected: bytes | None, selection: Selection, canarie
         keys = [key for key in items if _base(key[1]) == canary.name]
         if not keys:
             if not covered(canary.path, canary.cls) and not cut_short:
-                tampering.append(f"a check test of this grading is missing: {canary.name}")
+                missing(f"a check test of this grading is missing: {canary.name}")
             continue
         for key in keys:
             outcome = verdict.get(key)
@@ -155,7 +169,7 @@ def check(report: Report, collected: bytes | None, selection: Selection, canarie
         real_missing = [n for key, n in items.items() if key not in by_key and _base(key[1]) not in canary_of]
         outcomes = TestOutcomes(total=outcomes.total + len(real_missing), passed=outcomes.passed,
                                 failed=outcomes.failed + real_missing, skipped=outcomes.skipped)
-    return Checked(outcomes=outcomes, tampering=tampering, canaries_run=canaries_run)
+    return Checked(outcomes=outcomes, tampering=tampering, canaries_run=canaries_run, absent=absent)
 
 
 def _merged(cases: list[Case]) -> list[Case]:

@@ -23,7 +23,7 @@ from sandbox.reward import cheat_floor
 from schemas import Reward
 from tasks.store import TaskStore
 from tests.hostile.hacks import HACKS, HELPER_HACKS, HELPER_TASKS
-from tests.hostile.honest import HONEST, HONEST_TASKS
+from tests.hostile.honest import HONEST, HONEST_TASKS, INTERNAL_ERRORS
 from tests.sandbox_helpers import live_sandbox
 
 pytestmark = pytest.mark.slow
@@ -49,7 +49,8 @@ for _task_id in sorted({*(task_id for _, task_id, _ in HONEST), "sum_to", *HELPE
 @pytest_asyncio.fixture(scope="module", loop_scope="session")
 async def graded(tmp_path_factory) -> dict[str, Reward]:
     cfg = SandboxConfig(
-        max_sessions=2 * (len(HACKS) + len(HELPER_HACKS) + len(HONEST)), max_concurrent_commands=4,
+        max_sessions=2 * (len(HACKS) + len(HELPER_HACKS) + len(HONEST)) + len(INTERNAL_ERRORS),
+        max_concurrent_commands=4,
         command_queue_timeout_s=900.0,
         workspace_root=str(tmp_path_factory.mktemp("hostile-ws")), tasks_dir=str(DEMO),
         grading_timeout_s=45.0,
@@ -68,6 +69,7 @@ async def graded(tmp_path_factory) -> dict[str, Reward]:
         jobs += [(name + mode, task_id + mode, files, commands)
                  for name, _, files, commands, task_id in HELPER_HACKS for mode in MODES]
         jobs += [(name + mode, task_id + mode, files, []) for name, task_id, files in HONEST for mode in MODES]
+        jobs += [(name, task_id, files, []) for name, task_id, files in INTERNAL_ERRORS]
         rewards = await asyncio.gather(*(grade(*job) for job in jobs))
         assert (await client.health())["sessions"] == 0
         return {job[0]: reward for job, reward in zip(jobs, rewards)}
@@ -103,6 +105,14 @@ def test_honest_alternative_passes_unflagged(graded, name):
     assert (reward.cheated, reward.reason) == (False, ""), reward.reason
     assert reward.score == 1.0 and reward.reward == 1.0
     assert reward.tests_passed == reward.tests_total >= 3
+
+
+@pytest.mark.parametrize("name", [h[0] for h in INTERNAL_ERRORS])
+def test_a_pytest_internal_error_bridged_is_score_zero_unflagged(graded, name):
+    reward = graded[name]
+    assert (reward.score, reward.reward, reward.cheated) == (0.0, 0.0, False), reward
+    assert reward.reason == ("pytest stopped the hidden run with an internal error: "
+                             "RuntimeError: a fault of the task, not of the solution")
 
 
 def test_figure_hacks_tried_paid_and_honest_flagged(graded):

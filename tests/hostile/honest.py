@@ -14,7 +14,22 @@ HONEST_TASKS = {
         "def test_against_a_spawned_worker():\n    with multiprocessing.get_context('spawn').Pool(1) as pool:\n"
         "        want = pool.apply(sum, (range(11),))\n    assert sum_to(10) == want == 55\n\n\n"
         "def test_one():\n    assert sum_to(1) == 1\n\n\ndef test_zero():\n    assert sum_to(0) == 0\n")}),
+    # A hook of the hidden tests' own conftest raises after test_ten: pytest's INTERNALERROR,
+    # a fault of the task (or of pytest, or of the grader) that no solution causes.
+    "sum_to_internal_error": ({}, {
+        "test_sum_to.py": ("from mathutil import sum_to\n\n\ndef test_one():\n    assert sum_to(1) == 1\n\n\n"
+                           "def test_ten():\n    assert sum_to(10) == 55\n\n\ndef test_zero():\n    assert sum_to(0) == 0\n"),
+        "conftest.py": ("def pytest_runtest_logfinish(nodeid, location):\n    if nodeid.endswith('::test_ten'):\n"
+                        "        raise RuntimeError('a fault of the task, not of the solution')\n")}),
 }
+# Honest solutions of a task whose run pytest aborts (HONEST_TASKS), graded bridged only:
+# score 0 unflagged, with pytest's error as the reason (in-env the same status and report
+# are the solution's to produce: judged by the result check). Before: the cheat floor
+# (the tests after the abort "missing from the report").
+INTERNAL_ERRORS = [
+    ("sum_to_internal_error_of_the_task", "sum_to_internal_error", {"mathutil.py": (
+        "def sum_to(n):\n    return n * (n + 1) // 2 if n > 0 else 0\n")}),
+]
 
 HONEST = [
     ("sum_to_loop", "sum_to", {"mathutil.py": (
