@@ -177,7 +177,7 @@ def test_the_tiny_model_builds_in_the_chatml_hermes_layout(tmp_path):
     assert [(c.name, c.arguments) for c in turn.calls] == [("run", {"command": "ls"})]
 
 
-def test_a_chatml_hermes_warm_start_builds_and_its_transcripts_are_the_agent_stream(tmp_path, toks):
+def test_a_chatml_hermes_warm_start_builds_and_its_transcripts_are_the_agent_stream(tmp_path, toks, monkeypatch):
     """``rollway model init --format chatml-hermes`` at toy size: SFT runs on transcripts
     whose policy tokens are the canonical calls and whose environment tokens are bridges
     (sampler/formats/sft.py), the first action's name token is where the soft submit
@@ -200,5 +200,13 @@ def test_a_chatml_hermes_warm_start_builds_and_its_transcripts_are_the_agent_str
     cfg = WarmStartConfig(format="chatml-hermes", vocab_size=700, hidden_size=64, layers=1, heads=2, kv_heads=2,
                           intermediate_size=128, sft=SFTConfig(steps=2, batch_size=2, examples=4, warmup_steps=1,
                                                                log_every=0))
-    out = build_warm_start(tmp_path / "warm", cfg)
+    # A key source edited during the build (the second key): the marker names the sources
+    # the build read, the key it started with, as the cache folder's name does.
+    import trainer.warm_start as warm_start
+
+    sources = {"key": "read-by-the-build"}
+    monkeypatch.setattr(warm_start, "cache_key", lambda _cfg: sources["key"])
+    out = build_warm_start(tmp_path / "warm", cfg, on_step=lambda *_: sources.update(key="edited-during-the-build"))
+    monkeypatch.undo()
+    assert json.loads((out / warm_start.MARKER).read_text())["cache_key"] == "read-by-the-build"
     assert load_format(AutoTokenizer.from_pretrained(out), "auto", out).name == "chatml-hermes"

@@ -105,6 +105,10 @@ def build_warm_start(out_dir: str | Path, cfg: WarmStartConfig, *, on_step=None)
     from trainer.sft import render_transcript, submit_token, train_sft
 
     started = time.perf_counter()
+    # The key of the sources this build reads, taken before it reads them: a build takes
+    # up to an hour on 2 cores, and a key taken at the end named sources edited meanwhile
+    # (the folder warm_start_dir names by the key at the start then held a marker with another).
+    key = cache_key(cfg)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     make_deterministic(cfg.seed, cfg.sft.num_threads)
@@ -159,7 +163,7 @@ def build_warm_start(out_dir: str | Path, cfg: WarmStartConfig, *, on_step=None)
     hook = None if on_step is None else (lambda step, loss: on_step(step, loss, model, tokenizer))
     summary = train_sft(model, examples, cfg.sft, pad_id=config.pad_token_id, submit_id=submit,
                         on_step=hook, first_actions=first_actions)
-    info = {"config": msgspec.to_builtins(cfg), "cache_key": cache_key(cfg), "params": params, "sft": summary,
+    info = {"config": msgspec.to_builtins(cfg), "cache_key": key, "params": params, "sft": summary,
             "build_seconds": round(time.perf_counter() - started, 1)}
     save_model(model, tokenizer, out, info)
     log.info("warm start built", path=str(out), params=params, final_loss=round(summary["final_loss"], 4),
