@@ -313,6 +313,17 @@ def test_snapshot_limits_count_the_sessions_changes_not_the_images_files(tmp_pat
         ws.remove()
 
 
+def _image_only_file(tmp_path, name: str, data: bytes):
+    """A fake image root whose /testbed holds ``name`` (non-UTF-8 ``data``: only in the
+    image), and the SWE row's task made whole from that tree, which lacks the file."""
+    root = _fake_root(tmp_path)
+    (Path(root.rootfs) / "testbed" / name).write_bytes(data)
+    spec = msgspec.structs.replace(parse_row(_without_files(ROWS[0])), files=read_image_repo(root, "/testbed"),
+                                   image_repo_row="")
+    assert name not in spec.files
+    return root, spec
+
+
 def test_in_env_grading_restores_an_images_non_utf8_plugin_module_byte_exact(tmp_path):
     """The image's setup.cfg loads ``-p plug``; plug.py is latin-1, so the task's text
     cannot hold it. Before: only plugins in the task's text were restored, so an agent's
@@ -321,12 +332,8 @@ def test_in_env_grading_restores_an_images_non_utf8_plugin_module_byte_exact(tmp
     from sandbox.grading_common import make_plan, solution_files
     from sandbox.image_changes import tree_changes
 
-    root = _fake_root(tmp_path)
     plug = b"# -*- coding: latin-1 -*-\n# \xa9 Jos\xe9\nimport pytest\n\n\n@pytest.fixture\ndef factor():\n    return 2\n"
-    (Path(root.rootfs) / "testbed/plug.py").write_bytes(plug)
-    spec = msgspec.structs.replace(parse_row(_without_files(ROWS[0])), files=read_image_repo(root, "/testbed"),
-                                   image_repo_row="")
-    assert "plug.py" not in spec.files
+    root, spec = _image_only_file(tmp_path, "plug.py", plug)
     plan = make_plan(["tests/test_q.py::test_q"], {"tests/test_q.py": "def test_q():\n    pass\n"}, {})
     configs = grading_inenv.image_configs(root, spec, plan)
     assert configs["plug.py"] == plug and configs["setup.cfg"] == SHARED_CFG
@@ -353,12 +360,8 @@ def test_an_image_only_test_helper_runs_as_the_image_has_it_in_both_modes(tmp_pa
     from sandbox.image_changes import tree_changes
     from sandbox.image_repo import read_image_tree
 
-    root = _fake_root(tmp_path)
     helper = b"# -*- coding: latin-1 -*-\n# \xa9 Jos\xe9\ndef check(got, want):\n    assert got == want\n"
-    (Path(root.rootfs) / "testbed/testing_support.py").write_bytes(helper)
-    spec = msgspec.structs.replace(parse_row(_without_files(ROWS[0])), files=read_image_repo(root, "/testbed"),
-                                   image_repo_row="")
-    assert "testing_support.py" not in spec.files
+    root, spec = _image_only_file(tmp_path, "testing_support.py", helper)
     plan = make_plan(["tests/test_q.py::test_q"], {"tests/test_q.py": (
         "from testing_support import check\n\n\ndef test_q():\n    check(1, 2)\n")}, {})
     configs = grading_inenv.image_configs(root, spec, plan)
