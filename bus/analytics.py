@@ -37,7 +37,7 @@ from bus.config import KafkaConfig
 from bus.consumer import Envelope, EventConsumer, InvalidEvent
 from bus.handler import Analytics, ConsumerError, FunctionConsumer, consumer, validate
 from bus.policy import ConsumerFailed, ConsumerStats, Dispatcher, ErrorPolicy, Retryable
-from bus.reader import caught_up
+from bus.reader import caught_up, end_offsets
 
 __all__ = [
     "Analytics", "ConsumerApp", "ConsumerError", "ConsumerFailed", "ConsumerStats", "Envelope", "ErrorPolicy",
@@ -75,7 +75,7 @@ class _CatchUp:
             return False  # not joined yet
         new = [tp for tp in assigned if tp not in self.ends]
         if new:
-            self.ends.update(await raw.end_offsets(new))
+            self.ends.update(await end_offsets(raw, new))
         return await caught_up(raw, {tp: self.ends[tp] for tp in assigned})
 
 

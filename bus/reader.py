@@ -5,18 +5,65 @@ before going live). The one place that reads "up to an end offset"."""
 
 from __future__ import annotations
 
+import asyncio
+import time
 from collections import defaultdict
-from typing import AsyncIterator, Sequence
+from typing import AsyncIterator, Awaitable, Callable, Sequence, TypeVar
 
+import structlog
 from aiokafka import AIOKafkaConsumer, ConsumerRecord, TopicPartition
+from aiokafka.errors import KafkaConnectionError, KafkaError, KafkaTimeoutError
 
 from bus import codec
 from bus.clients import cluster_metadata, new_consumer
 from bus.config import KafkaConfig
-from bus.connect import start_client, stop_consumer
+from bus.connect import backoff_s, start_client, stop_consumer, waiting_for_broker
 from bus.consumer import Envelope, envelope_of
 from bus.topics import topic_spec
 from schemas import RecordRef
+
+log = structlog.get_logger(__name__)
+T = TypeVar("T")
+
+# How long a service asks the cluster again for metadata or end offsets while no broker
+# can answer (a leader lost and not yet replaced, a 1-node cluster restarting): longer
+# than a broker restart, short enough that a cluster gone for good ends the process
+# loudly. CLI tools (``bus.connect.wait_for_broker`` off) do not ask again.
+ASK_AGAIN_WINDOW_S = 180.0
+
+
+async def _asked_again(what: str, ask: Callable[[], Awaitable[T]], window_s: float | None) -> T:
+    """``await ask()``, asked again with back-off while the cluster cannot answer, for up
+    to ``window_s`` (None: ``ASK_AGAIN_WINDOW_S`` in a service, 0 in a CLI tool). After
+    the window the last error is raised. aiokafka retries inside one request only up to
+    the client's ``request_timeout_ms`` (then ``KafkaTimeoutError``) and fails a metadata
+    fetch at once when no broker answers (``KafkaError``): a broker killed while the
+    feeder caught up on the rewards log ended the feeder (chaos seed 4471)."""
+    if window_s is None:
+        window_s = ASK_AGAIN_WINDOW_S if waiting_for_broker() else 0.0
+    started = time.monotonic()
+    attempt = 0
+    while True:
+        try:
+            return await ask()
+        except KafkaError as exc:
+            if not _unanswered(exc):
+                raise
+            attempt += 1
+            waited = time.monotonic() - started
+            if waited >= window_s:
+                raise
+            delay = min(backoff_s(attempt), window_s - waited)
+            log.warning(f"kafka did not answer for {what}; asking again", attempt=attempt,
+                        retry_in_s=round(delay, 3), error=str(exc))
+            await asyncio.sleep(delay)
+
+
+def _unanswered(exc: KafkaError) -> bool:
+    """No broker answered, rather than one answering no (an authorization error, an
+    unknown topic): timeouts, lost connections, and the bare ``KafkaError`` of aiokafka's
+    "Unable to get cluster metadata over all known brokers"."""
+    return isinstance(exc, (KafkaTimeoutError, KafkaConnectionError)) or type(exc) is KafkaError
 
 
 class RecordMissing(LookupError):
@@ -57,16 +104,29 @@ async def fetch_records(cfg: KafkaConfig, refs: Sequence[RecordRef], timeout_ms:
     return [found[(r.topic, r.partition, r.offset)] for r in refs]
 
 
-async def topic_partitions(consumer: AIOKafkaConsumer, topic: str) -> list[TopicPartition]:
+async def topic_partitions(
+    consumer: AIOKafkaConsumer, topic: str, window_s: float | None = None,
+) -> list[TopicPartition]:
     """The partitions of ``topic`` (full name) as the cluster knows them; [] if it does not
-    exist."""
-    partitions = (await cluster_metadata(consumer)).partitions_for_topic(topic) or set()
+    exist. Asked again while no broker answers (see :func:`_asked_again`)."""
+    metadata = await _asked_again("cluster metadata", lambda: cluster_metadata(consumer), window_s)
+    partitions = metadata.partitions_for_topic(topic) or set()
     return [TopicPartition(topic, p) for p in sorted(partitions)]
 
 
 async def partitions_of(consumer: AIOKafkaConsumer, topics: Sequence[str]) -> list[TopicPartition]:
     """The partitions of every topic of ``topics`` (full names), topic by topic."""
     return [tp for topic in topics for tp in await topic_partitions(consumer, topic)]
+
+
+async def end_offsets(
+    consumer: AIOKafkaConsumer, tps: Sequence[TopicPartition], window_s: float | None = None,
+) -> dict[TopicPartition, int]:
+    """``consumer.end_offsets(tps)``, asked again while no broker answers (see
+    :func:`_asked_again` for ``window_s``)."""
+    if not tps:
+        return {}
+    return await _asked_again("end offsets", lambda: consumer.end_offsets(list(tps)), window_s)
 
 
 async def caught_up(consumer: AIOKafkaConsumer, ends: dict[TopicPartition, int]) -> bool:
@@ -134,7 +194,7 @@ async def read_topic_records(cfg: KafkaConfig, topic: str, timeout_ms: int = 10_
         if not tps:
             return out
         begins = await consumer.beginning_offsets(tps)
-        ends = await consumer.end_offsets(tps)
+        ends = await end_offsets(consumer, tps)
         async for records in read_ranges(consumer, {tp: (begins[tp], ends[tp]) for tp in tps}, timeout_ms):
             out.extend(records)
     finally:

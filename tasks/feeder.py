@@ -24,7 +24,7 @@ from typing import Callable
 import structlog
 
 from bus import EventConsumer, EventProducer, KafkaConfig, RecordTooLarge
-from bus.reader import caught_up, partitions_of
+from bus.reader import caught_up, end_offsets, partitions_of
 from schemas import Metrics, Reward, now
 from tasks.config import FeederConfig
 from tasks.outstanding import OutstandingGroups
@@ -112,7 +112,7 @@ class Feeder:
         the rebuilt statistics rather than a cold start."""
         raw = consumer.raw
         tps = await partitions_of(raw, consumer.topics)
-        ends = await raw.end_offsets(tps) if tps else {}
+        ends = await end_offsets(raw, tps)  # asked again while a broker is lost, not a crash
         deadline = self.clock() + timeout_s
         while not self._stop.is_set() and not reader.done():
             if await caught_up(raw, ends):

@@ -19,7 +19,7 @@ from bus import RecordMissing, codec, fetch_records
 from bus.config import KafkaConfig
 from bus.connect import start_client, stop_consumer
 from bus.consumer import envelope_of
-from bus.reader import plain_reader, read_topic_records, read_up_to, topic_partitions
+from bus.reader import end_offsets, plain_reader, read_topic_records, read_up_to, topic_partitions
 from bus.topics import topic_spec
 from schemas import (DeadLetter, GroupDrop, GroupRef, GroupsDropped, RecordRef, Reward, TrainedTrajectory,
                      TrainStep, TrajectoryChunk, now)
@@ -212,7 +212,7 @@ class StepLogWatch:
         holds ``step`` or a later one (``step`` 0: just catch up)."""
         consumer = self._consumer
         assert consumer is not None, "StepLogWatch.check before start()"
-        ends = await consumer.end_offsets(self._tps)
+        ends = await end_offsets(consumer, self._tps)
         try:
             async for records in read_up_to(consumer, ends):
                 for record in records:
