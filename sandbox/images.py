@@ -32,6 +32,7 @@ import fcntl
 import hashlib
 import os
 import shutil
+import threading
 import time
 import uuid
 from pathlib import Path
@@ -124,6 +125,10 @@ class ImageStore:
         self._unpacks = asyncio.Semaphore(self.cfg.max_concurrent_unpacks)
         self._pulling: dict[str, asyncio.Lock] = {}
         self._held: dict[str, tuple[int, object]] = {}
+        # Holds and releases come from the loop and from worker threads at once (warm
+        # trees made, sessions opened and released off the loop): a count updated by two
+        # threads lost one, leaving an image pinned for good or unpinned while in use.
+        self._held_lock = threading.Lock()
         self.pulls = 0  # fetch+unpack runs of this process (tests and benchmarks read it)
 
     # --- index ---------------------------------------------------------------------
@@ -300,22 +305,24 @@ class ImageStore:
     def hold(self, root: ImageRoot) -> None:
         """Keep ``root`` from eviction until :meth:`release` (counted; a shared flock)."""
         hexd = _hex(root.digest)
-        count, lock = self._held.get(hexd, (0, None))
-        if lock is None:
-            self._make_dirs()
-            lock = open(self.dir / "locks" / f"root-{hexd}.lock", "ab")
-            fcntl.flock(lock, fcntl.LOCK_SH)
-        self._held[hexd] = (count + 1, lock)
+        with self._held_lock:
+            count, lock = self._held.get(hexd, (0, None))
+            if lock is None:
+                self._make_dirs()
+                lock = open(self.dir / "locks" / f"root-{hexd}.lock", "ab")
+                fcntl.flock(lock, fcntl.LOCK_SH)
+            self._held[hexd] = (count + 1, lock)
 
     def release(self, root: ImageRoot) -> None:
         hexd = _hex(root.digest)
-        count, lock = self._held.get(hexd, (0, None))
-        if count <= 1:
-            self._held.pop(hexd, None)
-            if lock is not None:
-                lock.close()
-        else:
-            self._held[hexd] = (count - 1, lock)
+        with self._held_lock:
+            count, lock = self._held.get(hexd, (0, None))
+            if count <= 1:
+                self._held.pop(hexd, None)
+                if lock is not None:
+                    lock.close()
+            else:
+                self._held[hexd] = (count - 1, lock)
 
     async def acquire(self, ref: str) -> ImageRoot:
         """:meth:`ensure` and :meth:`hold` in one step (an eviction between them is retried)."""

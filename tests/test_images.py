@@ -262,6 +262,47 @@ async def test_lru_eviction_held_images_and_a_full_cache(images, tmp_path):
     assert [i.refs for i in store.prune()] == [[names[2]]] and store.list() == []
 
 
+def test_holds_and_releases_from_many_threads_keep_an_exact_count(tmp_path):
+    """The service holds and releases an image on its loop and in worker threads at once
+    (warm trees made, sessions opened and released off the loop). The count was updated
+    without a lock: a lost update left the image pinned for good, or unpinned (its shared
+    flock closed) while a session still ran on it. A tiny thread switch interval makes
+    the interleaving happen within a few rounds; after each, only the session's hold is
+    left, its lock file open."""
+    import threading
+
+    from sandbox.images import ImageRoot
+
+    store = _store(tmp_path)
+    root = ImageRoot(ref="rollway.local/hold:1", digest="sha256:" + "ab" * 32, rootfs=str(tmp_path / "none"))
+    store.hold(root)  # a live session's hold, kept throughout
+
+    def churn() -> None:
+        for _ in range(5000):
+            store.hold(root)
+            store.release(root)
+
+    seen = []
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    try:
+        for _ in range(8):
+            threads = [threading.Thread(target=churn) for _ in range(4)]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+            count, lock = store._held.get("ab" * 32, (0, None))
+            seen.append((count, lock is not None and not lock.closed))
+            if seen[-1] != (1, True):
+                break
+    finally:
+        sys.setswitchinterval(interval)
+    assert seen == [(1, True)] * 8
+    store.release(root)
+    assert store._held == {}
+
+
 def test_resolve_in_root_never_leaves_the_root(tmp_path):
     root = tmp_path / "root"
     (root / "opt/repo").mkdir(parents=True)
