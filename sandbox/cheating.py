@@ -25,10 +25,10 @@ the workspace root):
   module that is not a test file): the way to patch outcomes from inside the run;
 - symlinks pointing out of the workspace.
 
-A pytest run, either mode (``find_cheats(..., by_report=True)``), skips the exit-code and
-``import pytest`` findings; in-env (``in_env=True``) skips the test configuration findings
-too: see :func:`find_cheats`. They stay for a test command that is not pytest (graded by
-its exit code in the solution's process, ``allow_unisolated_grading``).
+A pytest run, either mode (``find_cheats(..., by_report=True)``), skips the exit-code,
+``import pytest`` and test configuration findings: see :func:`find_cheats`. They stay for a
+test command that is not pytest (graded by its exit code in the solution's process, over
+the agent's tree as it is, ``allow_unisolated_grading``).
 """
 
 from __future__ import annotations
@@ -62,10 +62,16 @@ def find_cheats(original: dict[str, str], snapshot: Snapshot, *, hidden_dir: str
     solution's own process, whose exit status and atexit handlers (it ends with
     ``os._exit``) reach no verdict and whose ``pytest`` is not the run's: an honest
     forked child's ``os._exit``, an ``atexit`` cleanup or a ``pytest.approx`` was the
-    cheat floor. ``in_env`` (implies ``by_report``): the run also discards every agent
-    change to test configuration (at any depth, the task's own restored, the inifile
-    pinned), so test configuration is not a finding either. Everything else is looked for
-    in both modes."""
+    cheat floor.
+
+    Nor is test configuration (``conftest.py``, ``pytest.ini``, a pytest section) under
+    ``by_report``: the grader, not the agent, configures a pytest run. In-env the run
+    discards every agent change to it (at any depth; the task's own restored, the inifile
+    pinned with ``-c``); bridged the tests' sandbox holds only the task's own and never
+    sees the agent's tree. An agent's conftest or config cannot touch the verdict in
+    either mode, so an honest one (a fixture for its own tests) is no finding: it was the
+    cheat floor bridged on a correct fix. ``in_env`` implies ``by_report``. Everything
+    else is looked for in both modes."""
     by_report = by_report or in_env
     findings: list[str] = []
     orig_bytes = {path: text.encode() for path, text in original.items()}
@@ -87,13 +93,11 @@ def find_cheats(original: dict[str, str], snapshot: Snapshot, *, hidden_dir: str
         if parts[0] == hidden_dir:
             findings.append(f"tampering with the grader's files: {path} written inside {hidden_dir}/")
             continue
-        if in_env:
-            pass
-        elif name == "conftest.py":
+        if not by_report and name == "conftest.py":
             findings.append(f"test configuration {verb(path)}: {path} (pytest loads it into the hidden run)")
-        if not in_env and name in PYTEST_INI_NAMES:
+        if not by_report and name in PYTEST_INI_NAMES:
             findings.append(f"test configuration {verb(path)}: {path}")
-        if not in_env and len(parts) == 1 and name in ("tox.ini", "setup.cfg", "pyproject.toml"):
+        if not by_report and len(parts) == 1 and name in ("tox.ini", "setup.cfg", "pyproject.toml"):
             before = _pytest_section(name, original.get(path, ""))
             after = _pytest_section(name, data.decode(errors="replace"))
             if before != after:

@@ -159,8 +159,8 @@ class Grader:
     async def verdict(self, spec: TaskSpec, snapshot: Snapshot, calls: list[ToolCall], *, uid: int) -> Verdict:
         if spec.needs_image_repo:
             spec = await self.with_image_repo(spec)
-        # A pytest run (either mode) is judged by its report, not by exits; in-env it
-        # also discards agent test configs (sandbox/cheating.py).
+        # A pytest run (either mode) is judged by its report, not by exits, and configured
+        # by the grader, never by agent test configs (sandbox/cheating.py).
         by_report = pytest_arguments(spec.test_command) is not None
         in_env = spec.grading == "in-env" and by_report
         # An image task: what the image holds as it is (its links, binaries) is not the agent's doing.

@@ -11,7 +11,7 @@ service's command slots; the figure (tried / paid / honest flagged) is asserted 
 from __future__ import annotations
 
 import asyncio
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 import msgspec
 import pytest
@@ -19,6 +19,7 @@ import pytest_asyncio
 
 from sandbox.client import SandboxClient
 from sandbox.config import RewardConfig, SandboxConfig
+from sandbox.grading_inenv import CONFIG_NAMES
 from sandbox.reward import cheat_floor
 from schemas import Reward
 from tasks.store import TaskStore
@@ -99,10 +100,21 @@ def test_hack_scores_zero_with_a_reason(graded, name):
     assert reward.reward == (FLOOR if reward.cheated else 0.0), reward
 
 
+def _honest_reason(name: str) -> str:
+    """In-env the run discards and names the agent's own test configuration (its fixture
+    conftest, pytest.ini...; sandbox/grading_inenv.py); bridged the tests' sandbox never
+    holds it: nothing to say."""
+    if not name.endswith(IN_ENV):
+        return ""
+    files = next(h[2] for h in HONEST if h[0] + IN_ENV == name)
+    configs = sorted(p for p in files if PurePosixPath(p).name in CONFIG_NAMES)
+    return "agent changes to test files discarded: " + ", ".join(f"{p} (added, removed)" for p in configs) if configs else ""
+
+
 @pytest.mark.parametrize("name", [h[0] + mode for h in HONEST for mode in MODES])
 def test_honest_alternative_passes_unflagged(graded, name):
     reward = graded[name]
-    assert (reward.cheated, reward.reason) == (False, ""), reward.reason
+    assert (reward.cheated, reward.reason) == (False, _honest_reason(name)), reward.reason
     assert reward.score == 1.0 and reward.reward == 1.0
     assert reward.tests_passed == reward.tests_total >= 3
 
