@@ -170,6 +170,8 @@ class SandboxService:
         # their own, so as many opens at once as that executor has threads cannot take
         # every thread and wait for one (the whole service hung).
         self._pool_threads = concurrent.futures.ThreadPoolExecutor(thread_name_prefix="rollway-pool")
+        # Session releases under way in pool threads (_release): shutdown waits for them.
+        self._releasing: set[asyncio.Future] = set()
         self._loop: asyncio.AbstractEventLoop | None = None
         self.grader = Grader(cfg, reward_cfg, store, self.jail, publisher, quota=self.quota, images=self.images)
         self._reaper: asyncio.Task | None = None
@@ -228,6 +230,9 @@ class SandboxService:
         for session in self.pool.all():
             await self._close(session)
         await self._in_pool_thread(self.pool.drain_warm)
+        # A release whose close was cancelled (the reaper's, above) goes on in its thread
+        # and its session is no longer listed: wait for it, so nothing is left behind.
+        await asyncio.gather(*self._releasing, return_exceptions=True)
         self._pool_threads.shutdown(wait=False)
         if self.cgroups is not None:
             self.cgroups.close()
@@ -438,7 +443,29 @@ class SandboxService:
         session.closed = True  # no new command starts; a running one finishes (bounded by its timeout)
         async with session.lock:
             await self._drop_prestarted(session)
-            self.pool.release(session)
+            await self._release(session)
+
+    async def _release(self, session: Session) -> None:
+        """SessionPool.release in a pool thread. It unmounts the session's tree and deletes
+        it: blocking filesystem work (a repository-sized tree, a group's eight trees at
+        once) that, run on the loop, stalled every other session's commands, opens and
+        file calls meanwhile. Safe off the loop: the caller holds ``session.lock`` and has
+        marked the session closed, so no command, next-sandbox start or second release of
+        it runs meanwhile (its prestarted sandbox was ended before); its slot, and so its
+        uid, is freed only after the tree is gone (release frees it last), so no new
+        session or warm tree of that uid starts before. Shielded: a caller cancelled
+        meanwhile (the idle reaper at shutdown) leaves a release that began to finish,
+        and shutdown waits for it (_releasing)."""
+        release = asyncio.ensure_future(self._in_pool_thread(self.pool.release, session))
+        self._releasing.add(release)
+        release.add_done_callback(self._release_done)
+        await asyncio.shield(release)
+
+    def _release_done(self, release: asyncio.Future) -> None:
+        self._releasing.discard(release)
+        if not release.cancelled() and release.exception() is not None:
+            # Its caller gets it too, unless it was cancelled meanwhile: then only here.
+            log.warning("session_release_failed", error=repr(release.exception()))
 
     async def read_file(self, request: web.Request) -> web.Response:
         session = self._session(request)
@@ -502,7 +529,9 @@ class SandboxService:
                 log.error("reward_publish_failed", trajectory_id=body.trajectory_id, error=repr(exc))
                 return _json({"error": f"grading done but publishing the reward failed: {exc!r}; retry submit",
                               "reward": session.reward}, 502)
-            self.pool.release(session)
+            # Closed before the release's await: a call meanwhile is 404 (gone), not 409.
+            session.closed = True
+            await self._release(session)
         return _json(session.reward)
 
     async def register_task(self, request: web.Request) -> web.Response:

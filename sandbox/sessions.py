@@ -151,7 +151,7 @@ class SessionPool:
         session already in ``_sessions``)."""
         if not self.follow_demand:
             return
-        # A copy first (one C call, atomic under the GIL): release pops from the loop's thread.
+        # A copy first (one C call, atomic under the GIL): release pops in another pool thread.
         together = sum(1 for s in list(self._sessions.values())
                        if s.root is not None and (s.root.digest, s.workdir) == key
                        and now - s.created <= self.group_window_s)
@@ -291,7 +291,8 @@ class SessionPool:
         return session
 
     def release(self, session: Session) -> None:
-        """Forget the session and delete its workspace; the caller holds ``session.lock``."""
+        """Forget the session and delete its workspace; the caller holds ``session.lock``.
+        Blocking (unmounts, deletes a tree): the service runs it in a pool thread."""
         if self._sessions.pop(session.id, None) is None:
             return
         session.closed = True

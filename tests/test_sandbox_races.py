@@ -548,3 +548,54 @@ async def test_a_call_that_arrives_while_its_session_closes_is_404_not_409(tmp_p
         assert status_line.split()[1] == "404", status_line
         await running
         await closing
+
+
+async def test_a_sessions_release_never_holds_up_another_sessions_calls(tmp_path, monkeypatch):
+    """Ending a session (a close, or the release after its graded submit) unmounts and
+    deletes its tree: blocking filesystem work that ran on the service's loop, stalling
+    every other session's calls while it lasted (a repository-sized tree, a group's trees
+    at once). Here each tree's removal waits, in whatever thread runs it, until another
+    session's command has been answered: off the loop it is; on the loop it never could
+    be (the wait gives up after HANG_S and the call fails). Then the tree is gone and
+    the ended session answers 404."""
+    import concurrent.futures
+
+    from sandbox.client import SandboxClient, SandboxError
+    from tests.sandbox_helpers import live_sandbox
+
+    (tmp_path / "tasks").mkdir()
+    cfg = SandboxConfig(max_sessions=3, workspace_root=str(tmp_path / "ws"), tasks_dir=str(tmp_path / "tasks"))
+    loop = asyncio.get_running_loop()
+    async with live_sandbox(cfg, store=_task_store(tmp_path / "tasks")) as live, \
+            SandboxClient(live.url, publish_rewards=False) as client:
+        other = await client.create_session("race")
+        for ending in ("close", "submit"):
+            sid = await client.create_session("race")
+            workspace = live.service.pool.get(sid).workspace
+            remove = workspace.remove
+            served = []
+
+            def remove_once_the_other_is_served(remove=remove, served=served) -> None:
+                call = asyncio.run_coroutine_threadsafe(client.exec(other, "echo served"), loop)
+                try:
+                    result = call.result(HANG_S)
+                except concurrent.futures.TimeoutError:
+                    served.append("not served while the tree was being removed")
+                    raise
+                served.append((result.exit_code, result.stdout))
+                remove()
+
+            monkeypatch.setattr(workspace, "remove", remove_once_the_other_is_served)
+            if ending == "close":
+                await client.close_session(sid)
+            else:
+                await client.write_file(sid, "f.py", "X = 'solved'\n")
+                reward = await client.submit(sid, trajectory_id="release-off-loop")
+                assert reward.score == 1.0, reward.reason
+            assert (ending, served) == (ending, [(0, "served\n")])
+            assert not workspace.root.exists()
+            with pytest.raises(SandboxError) as err:
+                await client.exec(sid, "true")
+            assert err.value.status == 404
+        await client.close_session(other)
+    assert list((tmp_path / "ws").iterdir()) == []
