@@ -10,36 +10,32 @@ the ``spawn`` or ``forkserver`` start method re-imports this script in each work
 instead of the pool's: the pool never got a worker and the grading hung to its timeout.
 """
 
-import json
 import os
 import sys
 
 
-def main() -> None:
-    here = os.path.dirname(os.path.abspath(__file__))
-    with open(os.path.join(here, "bridge.json")) as f:
-        config = json.load(f)
-    sys.path.insert(0, here)
-    import _rollway_bridge as bridge
-    from _rollway_bridge.sitepath import run_site
-
-    sys.path.remove(here)
-    # Site-packages (the grader starts this interpreter with -S; docs/sandbox.md).
-    run_site(config.get("site_skip", ()))
+def _workspace_on_path(config: dict) -> None:
     # Last on sys.path, as in a plain run: the workspace cannot shadow the standard library.
     sys.path.append(config["workspace"])
     os.chdir(config["workspace"])
-    connection = bridge.connect(config["fd"], "solution", cpu=config.get("cpu"), pin_after=config.get("pin_after", 0))
+
+
+def _serve(config: dict, connection) -> int:
+    """Until the tests hang up: then nothing the grading waits for is left."""
     connection.serve_forever()
-    # The tests hung up: nothing the grading waits for is left. End without the interpreter's
-    # shutdown (module teardown, the solution's threads and atexit handlers): the verdict
-    # waits for this sandbox to end. What the process printed is flushed first (it is scanned).
-    for stream in (sys.stdout, sys.stderr):
-        try:
-            stream.flush()
-        except Exception:  # noqa: BLE001 - a closed or replaced stream
-            pass
-    os._exit(0)
+    return 0
+
+
+def main() -> None:
+    # The bridge package lies next to this script; run_entry takes this folder off the
+    # path again at once, reads bridge.json, runs site, connects, and ends the process
+    # with os._exit (no interpreter shutdown: module teardown, the solution's threads and
+    # atexit handlers; the verdict waits for this sandbox to end).
+    here = os.path.dirname(os.path.abspath(__file__))
+    sys.path.insert(0, here)
+    from _rollway_bridge.entry import run_entry
+
+    run_entry(here, "solution", _serve, prepare=_workspace_on_path)
 
 
 if __name__ == "__main__":

@@ -14,7 +14,6 @@ script in each worker (as ``__mp_main__``), which would otherwise connect to the
 and run pytest again there.
 """
 
-import json
 import os
 import sys
 import time
@@ -109,22 +108,14 @@ def _settling(clock):
     return settled_first
 
 
-def main() -> None:
+def _run_pytest(config: dict, bridge_connection) -> int:
+    """The tests' side's work (``_rollway_bridge.entry.run_entry``): pytest on the hidden
+    tests, the workspace's modules imported across the bridge."""
     global connection
-    here = os.path.dirname(os.path.abspath(__file__))
-    with open(os.path.join(here, "bridge.json")) as f:
-        config = json.load(f)
-    sys.path.insert(0, here)
-    import _rollway_bridge as bridge
-    from _rollway_bridge.sitepath import run_site
+    connection = bridge_connection
+    from _rollway_bridge import SolutionFinder
 
-    sys.path.remove(here)
-    # Site-packages, where pytest is (the grader starts this interpreter with -S; docs/sandbox.md).
-    run_site(config.get("site_skip", ()))
-    connection = bridge.connect(config["fd"], "tests", cpu=config.get("cpu"), pin_after=config.get("pin_after", 0))
-    sys.meta_path.append(
-        bridge.SolutionFinder(connection, set(config["modules"]), config["workspace"], config["sources"])
-    )
+    sys.meta_path.append(SolutionFinder(connection, set(config["modules"]), config["workspace"], config["sources"]))
     if config.get("local_modules"):
         sys.meta_path.insert(0, _LocalModules(config["local_modules"]))
     import pytest
@@ -133,16 +124,17 @@ def main() -> None:
     arguments = sys.argv[1:]
     if config.get("scratch"):
         arguments = _share_temporary_folders(config["scratch"], arguments)
-    status = int(pytest.main(arguments, plugins=[plugin] if plugin is not None else []))
-    # The report and the collection record are written and closed: end without the
-    # interpreter's shutdown (tearing down pytest's modules is ~10-20 ms the verdict waits
-    # for, and no atexit handler of the tests' or the solution's making runs after the run).
-    for stream in (sys.stdout, sys.stderr):
-        try:
-            stream.flush()
-        except Exception:  # noqa: BLE001 - a closed or replaced stream
-            pass
-    os._exit(status)
+    return int(pytest.main(arguments, plugins=[plugin] if plugin is not None else []))
+
+
+def main() -> None:
+    # The bridge package lies next to this script; run_entry takes this folder off the
+    # path again at once, reads bridge.json, connects, and ends the process (os._exit).
+    here = os.path.dirname(os.path.abspath(__file__))
+    sys.path.insert(0, here)
+    from _rollway_bridge.entry import run_entry
+
+    run_entry(here, "tests", _run_pytest)
 
 
 if __name__ == "__main__":

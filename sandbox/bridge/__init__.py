@@ -19,7 +19,9 @@ One job per module:
 - ``sites``: which call sites those are, read from the tests' bytecode;
 - ``serving``: the connection: requests, answers, dispatch of the peer's requests;
 - ``importer``: the tests' side's import of solution modules (sources from the grader);
-- ``sitepath``: the sandboxed interpreter's site setup, less the grader's own install.
+- ``sitepath``: the sandboxed interpreter's site setup, less the grader's own install;
+- ``entry``: what both entry scripts do around their side's work (config, site, connect,
+  the ``os._exit`` at the end).
 
 docs/sandbox.md describes what crosses and what never does.
 """
@@ -33,7 +35,7 @@ from .serving import Connection, connect
 from .wire import HEADER, MAX_MESSAGE_BYTES, BridgeError, dumps, loads
 
 FILES = ("__init__.py", "wire.py", "codec.py", "capabilities.py", "handles.py", "mirrors.py", "proxies.py",
-         "deferral.py", "sites.py", "serving.py", "importer.py", "sitepath.py")
+         "deferral.py", "sites.py", "serving.py", "importer.py", "sitepath.py", "entry.py")
 
 PACKAGE = "_rollway_bridge"
 
