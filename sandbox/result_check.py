@@ -138,7 +138,12 @@ def check(report: Report, collected: bytes | None, selection: Selection, canarie
 
     # Canaries: present, and right whenever the test they copy passed.
     canary_of = {c.name: c for c in canaries}
-    real = [c for c in cases if _base(c.name) not in canary_of]
+    # pytest's own case for an internal error is no hidden test: it counts in no outcome.
+    # When pytest aborted, the collected hidden tests it never reported count as not
+    # passed, as in a run cut short: tests_total is the hidden tests collected (0 when
+    # collection itself failed), whatever point the abort came at.
+    aborted = any(c.label == INTERNAL_ERROR_CASE for c in cases)
+    real = [c for c in cases if _base(c.name) not in canary_of and c.label != INTERNAL_ERROR_CASE]
     canaries_run = 0
     for canary in canaries:
         keys = [key for key in items if _base(key[1]) == canary.name]
@@ -165,7 +170,7 @@ def check(report: Report, collected: bytes | None, selection: Selection, canarie
                 what = f"an exact copy of {canary.original}" if canary.original else "a test made to pass"
                 tampering.append(f"{what} did not pass while it did ({key[0]}::{key[1]})")
     outcomes = outcomes_of(_merged(real))
-    if missing_items and cut_short:
+    if missing_items and (cut_short or aborted):
         real_missing = [n for key, n in items.items() if key not in by_key and _base(key[1]) not in canary_of]
         outcomes = TestOutcomes(total=outcomes.total + len(real_missing), passed=outcomes.passed,
                                 failed=outcomes.failed + real_missing, skipped=outcomes.skipped)

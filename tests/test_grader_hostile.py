@@ -70,7 +70,7 @@ async def graded(tmp_path_factory) -> dict[str, Reward]:
         jobs += [(name + mode, task_id + mode, files, commands)
                  for name, _, files, commands, task_id in HELPER_HACKS for mode in MODES]
         jobs += [(name + mode, task_id + mode, files, []) for name, task_id, files in HONEST for mode in MODES]
-        jobs += [(name, task_id, files, []) for name, task_id, files in INTERNAL_ERRORS]
+        jobs += [(name, task_id, files, []) for name, task_id, files, _ in INTERNAL_ERRORS]
         rewards = await asyncio.gather(*(grade(*job) for job in jobs))
         assert (await client.health())["sessions"] == 0
         return {job[0]: reward for job, reward in zip(jobs, rewards)}
@@ -119,10 +119,11 @@ def test_honest_alternative_passes_unflagged(graded, name):
     assert reward.tests_passed == reward.tests_total >= 3
 
 
-@pytest.mark.parametrize("name", [h[0] for h in INTERNAL_ERRORS])
-def test_a_pytest_internal_error_bridged_is_score_zero_unflagged(graded, name):
+@pytest.mark.parametrize("name,counts", [(h[0], h[3]) for h in INTERNAL_ERRORS])
+def test_a_pytest_internal_error_bridged_is_score_zero_unflagged(graded, name, counts):
     reward = graded[name]
     assert (reward.score, reward.reward, reward.cheated) == (0.0, 0.0, False), reward
+    assert (reward.tests_passed, reward.tests_total) == counts, reward
     assert reward.reason == ("pytest stopped the hidden run with an internal error: "
                              "RuntimeError: a fault of the task, not of the solution")
 

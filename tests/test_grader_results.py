@@ -128,6 +128,14 @@ def test_an_aborted_run_explains_what_is_missing_never_what_is_forged():
     internal = ("internal", "pytest", "failed")
     cut = [c for c in honest() if c[0] in ("test_ints", "test_order")] + [internal]
     aborted = run_check(cut)
+    # Counted: the 5 hidden tests collected (those never reported as not passed), never
+    # pytest's own case; none when the abort came before any collection record.
+    assert (aborted.outcomes.passed, aborted.outcomes.total) == (2, 5)
+    assert aborted.outcomes.failed == [
+        "hidden_tests/test_calc.py::test_pairs[1-2]", "hidden_tests/test_calc.py::test_pairs[3-4]",
+        "hidden_tests/test_calc.py::TestMore::test_zero"]
+    unrecorded = check(parse_report(junit([internal])), None, SELECTION, CANARIES, wall_s=5.0)
+    assert (unrecorded.outcomes.passed, unrecorded.outcomes.total) == (0, 0)
     assert aborted.tampering == aborted.absent == [
         "the report holds tests that were never collected: pytest::internal",
         "collected tests missing from the report: hidden_tests/test_calc.py::test_pairs[1-2], "

@@ -8,27 +8,37 @@ Each is (name, task_id, files written on top of the task's repository).'''
 # task id -> (repository files added, hidden tests).
 # - sum_to_spawn_tests: a hidden test runs a spawn process pool in the tests' process,
 #   whose workers re-import the main script (bridged: the grader's bridge_tests.py).
+INTERNAL_ERROR_TESTS = ("from mathutil import sum_to\n\n\ndef test_one():\n    assert sum_to(1) == 1\n\n\n"
+                        "def test_ten():\n    assert sum_to(10) == 55\n\n\ndef test_zero():\n    assert sum_to(0) == 0\n")
 HONEST_TASKS = {
     "sum_to_spawn_tests": ({}, {"test_sum_to_spawn.py": (
         "import multiprocessing\n\nfrom mathutil import sum_to\n\n\n"
         "def test_against_a_spawned_worker():\n    with multiprocessing.get_context('spawn').Pool(1) as pool:\n"
         "        want = pool.apply(sum, (range(11),))\n    assert sum_to(10) == want == 55\n\n\n"
         "def test_one():\n    assert sum_to(1) == 1\n\n\ndef test_zero():\n    assert sum_to(0) == 0\n")}),
-    # A hook of the hidden tests' own conftest raises after test_ten: pytest's INTERNALERROR,
+    # A hook of the hidden tests' own conftest raises after test_one: pytest's INTERNALERROR,
     # a fault of the task (or of pytest, or of the grader) that no solution causes.
     "sum_to_internal_error": ({}, {
-        "test_sum_to.py": ("from mathutil import sum_to\n\n\ndef test_one():\n    assert sum_to(1) == 1\n\n\n"
-                           "def test_ten():\n    assert sum_to(10) == 55\n\n\ndef test_zero():\n    assert sum_to(0) == 0\n"),
-        "conftest.py": ("def pytest_runtest_logfinish(nodeid, location):\n    if nodeid.endswith('::test_ten'):\n"
+        "test_sum_to.py": INTERNAL_ERROR_TESTS,
+        "conftest.py": ("def pytest_runtest_logfinish(nodeid, location):\n    if nodeid.endswith('::test_one'):\n"
                         "        raise RuntimeError('a fault of the task, not of the solution')\n")}),
+    # ... and one that raises when collection is done (pytest still records what it
+    # collected): no hidden test ever runs.
+    "sum_to_internal_error_collecting": ({}, {
+        "test_sum_to.py": INTERNAL_ERROR_TESTS,
+        "conftest.py": ("def pytest_collection_modifyitems(items):\n"
+                        "    raise RuntimeError('a fault of the task, not of the solution')\n")}),
 }
 # Honest solutions of a task whose run pytest aborts (HONEST_TASKS), graded bridged only:
 # score 0 unflagged, with pytest's error as the reason (in-env the same status and report
 # are the solution's to produce: judged by the result check). Before: the cheat floor
-# (the tests after the abort "missing from the report").
+# (the tests after the abort "missing from the report"). Last: (tests passed, tests total):
+# the hidden tests collected, never pytest's own case for the error (which counted, and the
+# tests never reported did not: 1 of 2 after test_one, 0 of 1 after collection).
+_FORMULA = {"mathutil.py": "def sum_to(n):\n    return n * (n + 1) // 2 if n > 0 else 0\n"}
 INTERNAL_ERRORS = [
-    ("sum_to_internal_error_of_the_task", "sum_to_internal_error", {"mathutil.py": (
-        "def sum_to(n):\n    return n * (n + 1) // 2 if n > 0 else 0\n")}),
+    ("sum_to_internal_error_of_the_task", "sum_to_internal_error", _FORMULA, (1, 3)),
+    ("sum_to_internal_error_collecting", "sum_to_internal_error_collecting", _FORMULA, (0, 3)),
 ]
 
 HONEST = [
