@@ -152,3 +152,52 @@ def test_premature_submit_is_a_soft_first_action(tokenizer):
     assert all(0.2 < p < 0.8 for p in p_submit), p_submit
     with pytest.raises(ValueError, match="premature_submit_rate"):
         SFTConfig(premature_submit_rate=1.0)
+
+
+def test_a_shared_prefix_is_run_once_with_the_same_loss_and_gradients():
+    """Rows opening with the same long prompt (a chat format's system prompt and tool
+    schemas) get the plain forward's logits, loss and gradients from ``batch_logits``,
+    which runs that prefix once; a prefix shorter than ``MIN_SHARED_PREFIX`` and a single
+    row take the plain forward."""
+    import torch
+    import torch.nn.functional as F
+
+    from trainer.sft import MIN_SHARED_PREFIX, batch_logits, masked_loss, shared_prefix_length
+    from tests.synthetic import load_tiny
+
+    torch.manual_seed(0)
+    model, _ = load_tiny(str(tiny_model_dir()))
+    vocab = model.config.vocab_size
+    prefix = torch.randint(0, vocab, (1, MIN_SHARED_PREFIX + 9))
+    own = torch.randint(0, vocab, (3, 20))
+    own[1, 0] = (own[0, 0] + 1) % vocab  # row 1 leaves the prefix at once, row 2 later
+    own[2, :5] = own[0, :5]
+    ids = torch.cat([prefix.expand(3, -1), own], dim=1)
+    assert shared_prefix_length(ids) == MIN_SHARED_PREFIX + 9
+    assert shared_prefix_length(ids[[0, 2]]) == MIN_SHARED_PREFIX + 9 + 5
+    assert shared_prefix_length(ids[:1]) == ids.shape[1] - 1  # a row's own part is never empty
+    mask = torch.zeros(ids.shape)
+    mask[:, -15:] = 1.0
+    mask[1, -3:] = 0.0
+
+    def loss_and_grads(forward):
+        model.zero_grad()
+        logits = forward(ids)
+        ce = F.cross_entropy(logits[:, :-1].reshape(-1, vocab), ids[:, 1:].reshape(-1), reduction="none")
+        loss = (ce * mask[:, 1:].reshape(-1)).sum() / mask[:, 1:].sum()
+        loss.backward()
+        return logits.detach(), float(loss), [p.grad.clone() for p in model.parameters()]
+
+    plain_logits, plain_loss, plain_grads = loss_and_grads(lambda x: model(input_ids=x).logits)
+    shared_logits, shared_loss, shared_grads = loss_and_grads(lambda x: batch_logits(model, x))
+    assert torch.allclose(shared_logits, plain_logits, atol=1e-5)
+    assert shared_loss == pytest.approx(plain_loss, rel=1e-6)
+    for got, want in zip(shared_grads, plain_grads):
+        assert torch.allclose(got, want, atol=1e-6, rtol=1e-4)
+    with torch.no_grad():  # the SFT loss takes this path
+        assert float(masked_loss(model, ids, mask)) == pytest.approx(plain_loss, rel=1e-6)
+
+    # Below the threshold nothing is shared: bit-identical to the plain forward.
+    short = torch.cat([prefix[:, :MIN_SHARED_PREFIX - 1].expand(3, -1), own], dim=1)
+    with torch.no_grad():
+        assert torch.equal(batch_logits(model, short), model(input_ids=short).logits)
