@@ -72,6 +72,21 @@ def _key() -> str:
 
 @functools.cache
 def example_images() -> ExampleImages:
+    """The example images, built once per input key (reused across processes). Callable
+    from a running event loop (an async test): the build, which runs its own loops with
+    ``asyncio.run``, then runs in a thread while the caller's loop waits."""
+    import asyncio
+    from concurrent.futures import ThreadPoolExecutor
+
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return _build_example_images()
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        return pool.submit(_build_example_images).result()
+
+
+def _build_example_images() -> ExampleImages:
     import time
 
     from tasks.images import build
