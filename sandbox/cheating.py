@@ -11,7 +11,8 @@ the workspace root):
 - files under the hidden tests' folder: the grader's files (tampering);
 - ``conftest.py`` anywhere: pytest loads conftests of the rootdir and the test folders
   and they can rewrite outcomes (hooks), skip or deselect tests, or exit early;
-- pytest configuration: ``pytest.ini``/``.pytest.ini`` anywhere, and a pytest section of
+- pytest configuration: ``pytest.toml``/``.pytest.toml`` (pytest 9) and
+  ``pytest.ini``/``.pytest.ini`` anywhere, and a pytest section of
   ``tox.ini``/``setup.cfg``/``pyproject.toml`` at the root (addopts such as ``-k``,
   ``-p``, ``--deselect``, ``python_files``);
 - plugins: ``pytest_plugins = ...`` or ``def pytest_<hook>`` in any module, and package
@@ -41,7 +42,7 @@ from pathlib import PurePosixPath
 from sandbox import pyast
 from sandbox.workspace import Snapshot
 
-PYTEST_INI_NAMES = frozenset({"pytest.ini", ".pytest.ini"})
+PYTEST_INI_NAMES = frozenset({"pytest.toml", ".pytest.toml", "pytest.ini", ".pytest.ini"})
 STARTUP_HOOKS = frozenset({"sitecustomize.py", "usercustomize.py"})
 HARNESS_MODULES = frozenset({
     "pytest", "_pytest", "pluggy", "iniconfig", "packaging", "py", "exceptiongroup", "tomli",
