@@ -22,7 +22,9 @@ HIDDEN_TESTS_DIR = "hidden_tests"
 REPORT_DIR = "/grader-out"
 REPORT_FILE = "junit.xml"
 PLUGIN_DIR = "/grader-plugin"
-CONFIG_FILES = frozenset({"pytest.ini", ".pytest.ini", "tox.ini", "setup.cfg", "pyproject.toml"})
+# The root files pytest reads its config from (pytest 9 reads pytest.toml/.pytest.toml first).
+CONFIG_FILES = frozenset({"pytest.toml", ".pytest.toml", "pytest.ini", ".pytest.ini", "tox.ini", "setup.cfg",
+                          "pyproject.toml"})
 HARNESS_EXTRA_MODULES = frozenset({"conftest"})
 _PLUGIN_SOURCE = (Path(__file__).parent / "grading_plugin.py").read_bytes()
 

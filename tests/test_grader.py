@@ -86,7 +86,16 @@ STACK = TaskSpec(
         )
     },
 )
-TASKS = {t.task_id: t for t in (ADD, WORDS, STACK)}
+# Configured by pytest 9's own pytest.toml (its test functions are check_*): the tests'
+# sandbox must hold it bridged as it holds a pytest.ini (it did not: nothing collected).
+CHECKS = TaskSpec(
+    task_id="add_checks",
+    instruction=ADD.instruction,
+    files={**ADD.files, "pytest.toml": "[pytest]\npython_functions = ['check_*']\n"},
+    hidden_tests={"test_calc.py": ADD.hidden_tests["test_calc.py"].replace("def test_", "def check_")},
+    solution=ADD.solution,
+)
+TASKS = {t.task_id: t for t in (ADD, WORDS, STACK, CHECKS)}
 SOLVED_ADD = ADD.solution["calc.py"]
 # What a detected cheat earns in an unconstrained phase with the default reward settings.
 CHEAT_FLOOR = cheat_floor(RewardConfig(), "unconstrained")
@@ -145,7 +154,7 @@ async def test_reference_solution_passes(sandbox, task_id):
     spec = TASKS[task_id]
     cost = Cost(generated_tokens=100, turns=3, tool_seconds=1.5)
     reward = await attempt(sandbox, task_id, spec.solution, cost=cost, weight_version=7)
-    n = {"add_numbers": 3, "reverse_words": 2, "stack": 3}[task_id]
+    n = {"add_numbers": 3, "reverse_words": 2, "stack": 3, "add_checks": 3}[task_id]
     assert (reward.score, reward.tests_passed, reward.tests_total) == (1.0, n, n)
     assert (reward.cheated, reward.reason, reward.reward, reward.phase) == (False, "", 1.0, "unconstrained")
     assert (reward.task_id, reward.group_id, reward.sample_index, reward.attempt) == (task_id, "g1", 2, "a0")
