@@ -456,10 +456,30 @@ class SandboxService:
         session or warm tree of that uid starts before. Shielded: a caller cancelled
         meanwhile (the idle reaper at shutdown) leaves a release that began to finish,
         and shutdown waits for it (_releasing)."""
-        release = asyncio.ensure_future(self._in_pool_thread(self.pool.release, session))
+        release = asyncio.ensure_future(self._release_after_file_calls(session))
         self._releasing.add(release)
         release.add_done_callback(self._release_done)
         await asyncio.shield(release)
+
+    async def _release_after_file_calls(self, session: Session) -> None:
+        """The release, once the session's file calls under way have ended: they take no
+        lock, and one in its thread as the tree went read or wrote into a half-deleted
+        tree (a 500 naming the missing folder; a write could leave a file rmtree missed).
+        The session is closed, so no new one starts (_file_call)."""
+        while session.file_calls:
+            await asyncio.gather(*session.file_calls, return_exceptions=True)
+        await self._in_pool_thread(self.pool.release, session)
+
+    async def _file_call(self, session: Session, fn, *args):
+        """``fn(*args)`` on the session's tree in a worker thread, if the session is still
+        open at its start (checked after the request's body came: a call closed meanwhile
+        is 404, never run on a tree being released). Shielded: a cancelled caller (a client
+        gone) leaves a thread that goes on, and the release waits for it all the same."""
+        _still_open(session)
+        call = asyncio.ensure_future(asyncio.to_thread(fn, *args))
+        session.file_calls.add(call)
+        call.add_done_callback(session.file_calls.discard)
+        return await asyncio.shield(call)
 
     def _release_done(self, release: asyncio.Future) -> None:
         self._releasing.discard(release)
@@ -472,7 +492,7 @@ class SandboxService:
         path = request.query.get("path")
         if not path:
             raise HttpError(400, "query parameter 'path' is required")
-        data = await asyncio.to_thread(session.workspace.read, path, self.cfg.max_file_bytes_api)
+        data = await self._file_call(session, session.workspace.read, path, self.cfg.max_file_bytes_api)
         try:
             content = data.decode()
         except UnicodeDecodeError:
@@ -485,7 +505,7 @@ class SandboxService:
         size = len(body.content.encode())
         if size > self.cfg.max_file_bytes_api:
             raise HttpError(413, f"{body.path!r} is {size} bytes, over the {self.cfg.max_file_bytes_api}-byte limit")
-        written = await asyncio.to_thread(session.workspace.write, body.path, body.content)
+        written = await self._file_call(session, session.workspace.write, body.path, body.content)
         return _json({"path": body.path, "bytes": written})
 
     async def submit(self, request: web.Request) -> web.Response:

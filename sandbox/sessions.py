@@ -60,6 +60,9 @@ class Session:
         # The sandbox of the session's next command, started ahead (service.py
         # _prestart; a Task whose result is a runner.Prestarted or None).
         self.next_sandbox: asyncio.Task | None = None
+        # File calls under way in worker threads (service.py _file_call): they take no
+        # lock (they may run beside a command), so the release waits for them.
+        self.file_calls: set[asyncio.Future] = set()
 
     def touch(self) -> None:
         self.last_used = time.monotonic()

@@ -509,12 +509,13 @@ async def test_the_idle_reaper_survives_a_close_that_fails(tmp_path, monkeypatch
         remove()
 
 
-@pytest.mark.parametrize("call", ["exec", "submit"])
+@pytest.mark.parametrize("call", ["exec", "submit", "files"])
 async def test_a_call_that_arrives_while_its_session_closes_is_404_not_409(tmp_path, call):
     """A call whose request began before its session was closed, and whose body arrives
     after the close took the session (the close waits for the running command): the
     session is gone, 404, not 'busy, try again' (409), which would send a client into
-    retries of a session that will never come back."""
+    retries of a session that will never come back. A file write too: it wrote into the
+    closing session's tree (200; with the release off the loop, a tree being deleted)."""
     import json
 
     from sandbox.client import SandboxClient
@@ -529,12 +530,14 @@ async def test_a_call_that_arrives_while_its_session_closes_is_404_not_409(tmp_p
         session = live.service.pool.get(sid)
         running = asyncio.ensure_future(client.exec(sid, "sleep 1"))
         await wait_until_async(session.lock.locked, HANG_S, "the command running")
-        payload = json.dumps({"command": "true"} if call == "exec" else {"trajectory_id": "t"}).encode()
+        payload = json.dumps({"exec": {"command": "true"}, "submit": {"trajectory_id": "t"},
+                              "files": {"path": "late.py", "content": "late\n"}}[call]).encode()
+        method = "PUT" if call == "files" else "POST"
         # Raw HTTP: the headers now (the handler starts and takes its session), the body later.
         host, port = live.url.removeprefix("http://").split(":")
         reader, writer = await asyncio.open_connection(host, int(port))
         touched = session.last_used
-        writer.write(f"POST /sessions/{sid}/{call} HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n"
+        writer.write(f"{method} /sessions/{sid}/{call} HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n"
                      f"Content-Length: {len(payload)}\r\nConnection: close\r\n\r\n".encode())
         await writer.drain()
         # The handler took its session (touched it) and now waits for the body.
@@ -548,6 +551,57 @@ async def test_a_call_that_arrives_while_its_session_closes_is_404_not_409(tmp_p
         assert status_line.split()[1] == "404", status_line
         await running
         await closing
+        assert not session.workspace.root.exists()
+
+
+async def test_a_file_call_under_way_when_its_session_closes_ends_before_the_tree_goes(tmp_path, monkeypatch):
+    """File calls take no session lock (they may run beside the session's command), so a
+    close (or a graded submit) could delete the tree under one already in its thread: with
+    the release off the loop, at the same time. The release waits for the file calls under
+    way; none starts once the session is closed. Here a read is held in its thread while
+    the session closes: the tree's removal begins only after it, and it is answered."""
+    import threading
+
+    from sandbox.client import SandboxClient
+    from tests.sandbox_helpers import live_sandbox
+    from tests.waiting import wait_until_async
+
+    (tmp_path / "tasks").mkdir()
+    cfg = SandboxConfig(max_sessions=2, workspace_root=str(tmp_path / "ws"), tasks_dir=str(tmp_path / "tasks"))
+    async with live_sandbox(cfg, store=_task_store(tmp_path / "tasks")) as live, SandboxClient(live.url) as client:
+        sid = await client.create_session("race")
+        session = live.service.pool.get(sid)
+        workspace = session.workspace
+        read, remove = workspace.read, workspace.remove
+        entered, go = threading.Event(), threading.Event()
+        reading_at_removal: list[bool] = []
+
+        def held_read(*args):
+            entered.set()
+            go.wait(HANG_S)
+            try:
+                return read(*args)
+            finally:
+                entered.clear()
+
+        def noted_remove():
+            reading_at_removal.append(entered.is_set())
+            remove()
+
+        monkeypatch.setattr(workspace, "read", held_read)
+        monkeypatch.setattr(workspace, "remove", noted_remove)
+        reading = asyncio.ensure_future(client.read_file(sid, "f.py"))
+        await wait_until_async(entered.is_set, HANG_S, "the read in its thread")
+        closing = asyncio.ensure_future(client.close_session(sid))
+        await wait_until_async(lambda: session.closed, HANG_S, "the close begun")
+        # Time for the close to reach the removal were it to go on under the read (not an
+        # assertion: with the read waited for, no wait is long enough to reach it).
+        await asyncio.wait({closing}, timeout=0.3)
+        go.set()
+        assert await reading == START
+        await closing
+        assert reading_at_removal == [False]
+        assert not workspace.root.exists()
 
 
 async def test_a_sessions_release_never_holds_up_another_sessions_calls(tmp_path, monkeypatch):
