@@ -3,7 +3,8 @@
 run, and restarted from its data folder. Both wait for it (no crash, no traceback),
 the trainer logs the next step once the broker is back, and both stop cleanly (exit 0)
 on SIGTERM. A 1-node cluster: losing its broker is a whole outage, the harder case
-(with RF 3 a client fails over; tests/test_kafka_broker.py loses one of three)."""
+(with RF 3 a client fails over; tests/test_kafka_broker.py loses one of three). During
+the outage a reader asks for metadata and end offsets as a catching-up service does."""
 
 from __future__ import annotations
 
@@ -50,6 +51,55 @@ def start(config: Path, log: Path, *args: str) -> subprocess.Popen:
                                 cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT)
 
 
+async def asks_across_the_outage(kafka: LocalKafka, kcfg, bootstrap: str) -> None:
+    """Kill the 1-node cluster's broker under a live reader and restart it 5 s later.
+    aiokafka fails a metadata fetch at once and gives up on end offsets after
+    ``request_timeout_ms`` (chaos seed 4471: the restarted feeder, catching up on the
+    rewards log, exited 1 on that KafkaTimeoutError). ``bus.reader`` asks again with
+    back-off in a service and answers with the true partitions and ends from the
+    restarted broker; a CLI tool (the default policy) and an expired window get the error."""
+    topic = topic_spec("evals", kcfg.topic_prefix).name(kcfg.topic_prefix)  # nobody else writes it
+    (node,) = kafka.state.nodes
+    restarted = threading.Event()
+
+    def restart_later() -> None:
+        time.sleep(5.0)
+        kafka.restart_node(node.node_id, timeout=180)
+        restarted.set()
+
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap)
+    await start_client(producer, bootstrap)
+    for i in range(7):
+        await producer.send_and_wait(topic, b"r%d" % i)
+    await producer.stop()
+    consumer = plain_reader(kcfg, "catch-up")
+    await start_client(consumer, bootstrap)
+    try:
+        tps_before = await topic_partitions(consumer, topic)
+        ends_before = await consumer.end_offsets(tps_before)
+        assert tps_before and sum(ends_before.values()) == 7
+        os.kill(node.pid, signal.SIGKILL)
+        wait_until(lambda: not pid_alive(node.pid), 30, "the broker to die")
+        assert not waiting_for_broker()  # the CLI policy: the first failure is the answer
+        with pytest.raises(KafkaError, match="Unable to get cluster metadata"):
+            await topic_partitions(consumer, topic)
+        with pytest.raises(KafkaTimeoutError):
+            await end_offsets(consumer, tps_before)
+        threading.Thread(target=restart_later, daemon=True).start()
+        with pytest.raises(KafkaTimeoutError):  # a service's window that runs out
+            await end_offsets(consumer, tps_before, window_s=1.0)
+        wait_for_broker(True)
+        try:
+            tps_after = await topic_partitions(consumer, topic)
+            ends_after = await end_offsets(consumer, tps_after)
+        finally:
+            wait_for_broker(False)
+        assert restarted.is_set()  # answered by the restarted broker, not before it
+        assert tps_after == tps_before and ends_after == ends_before
+    finally:
+        await stop_consumer(consumer)
+
+
 def test_services_wait_for_a_lost_broker_and_go_on_when_it_is_back(tmp_path, tiny_model_path):
     kafka = LocalKafka(tmp_path / "kafka", nodes=1)
     procs: list[subprocess.Popen] = []
@@ -76,11 +126,9 @@ def test_services_wait_for_a_lost_broker_and_go_on_when_it_is_back(tmp_path, tin
         issued_before = len(asyncio.run(read_topic(kcfg, "tasks")))
 
         # The broker dies mid-run (SIGKILL: no clean shutdown) and comes back from its
-        # data folder on the same port.
-        (node,) = kafka.state.nodes
-        os.kill(node.pid, signal.SIGKILL)
-        wait_until(lambda: not pid_alive(node.pid), 30, "the broker to die")
-        kafka.restart_node(node.node_id, timeout=180)
+        # data folder on the same port; meanwhile a reader asks for metadata and end
+        # offsets as a catching-up service does.
+        asyncio.run(asks_across_the_outage(kafka, kcfg, bootstrap))
         assert trainer.poll() is None, trainer_log.read_text()[-3000:]
         assert feeder.poll() is None, feeder_log.read_text()[-3000:]
 
@@ -110,63 +158,3 @@ def test_services_wait_for_a_lost_broker_and_go_on_when_it_is_back(tmp_path, tin
                 proc.wait()
         kafka.stop()
 
-
-def test_a_service_asks_again_for_metadata_and_end_offsets_while_the_broker_is_lost(tmp_path):
-    """A service catching up on a log asks for partitions and end offsets; the broker
-    dies first. aiokafka fails a metadata fetch at once and gives up on offsets after
-    ``request_timeout_ms`` (chaos seed 4471: the restarted feeder exited 1 on that
-    KafkaTimeoutError). ``bus.reader`` asks again with back-off in a service and answers
-    with the true partitions and ends once the broker is back; a CLI tool (the default
-    policy) and an expired window get the error."""
-    kafka = LocalKafka(tmp_path / "kafka", nodes=1)
-    try:
-        bootstrap = kafka.start(timeout=180)
-        kcfg = make_kafka_config(bootstrap, request_timeout_ms=1500)
-        asyncio.run(ensure_topics(kcfg))
-        topic = topic_spec("rewards", kcfg.topic_prefix).name(kcfg.topic_prefix)
-        (node,) = kafka.state.nodes
-        restarted = threading.Event()
-
-        def restart_later() -> None:
-            time.sleep(5.0)  # well past request_timeout_ms: aiokafka has given up at least once
-            kafka.restart_node(node.node_id, timeout=180)
-            restarted.set()
-
-        async def scenario() -> tuple[list, list, dict, dict]:
-            producer = AIOKafkaProducer(bootstrap_servers=bootstrap)
-            await start_client(producer, bootstrap)
-            for i in range(7):
-                await producer.send_and_wait(topic, b"r%d" % i, partition=i % 2)
-            await producer.stop()
-            consumer = plain_reader(kcfg, "catch-up")
-            await start_client(consumer, bootstrap)
-            try:
-                tps_before = await topic_partitions(consumer, topic)
-                ends_before = await consumer.end_offsets(tps_before)
-                os.kill(node.pid, signal.SIGKILL)
-                wait_until(lambda: not pid_alive(node.pid), 30, "the broker to die")
-                assert not waiting_for_broker()  # the CLI policy: the first failure is the answer
-                with pytest.raises(KafkaError, match="Unable to get cluster metadata"):
-                    await topic_partitions(consumer, topic)
-                with pytest.raises(KafkaTimeoutError):
-                    await end_offsets(consumer, tps_before)
-                with pytest.raises(KafkaTimeoutError):  # a service's window that runs out
-                    await end_offsets(consumer, tps_before, window_s=2.0)
-                threading.Thread(target=restart_later, daemon=True).start()
-                wait_for_broker(True)
-                try:
-                    tps_after = await topic_partitions(consumer, topic)
-                    ends_after = await end_offsets(consumer, tps_after)
-                finally:
-                    wait_for_broker(False)
-                assert restarted.is_set()  # answered by the restarted broker, not before it
-                return tps_before, tps_after, ends_before, ends_after
-            finally:
-                await stop_consumer(consumer)
-
-        tps_before, tps_after, ends_before, ends_after = asyncio.run(scenario())
-        assert len(tps_before) >= 2 and tps_after == tps_before
-        assert ends_after == ends_before
-        assert sum(ends_before.values()) == 7
-    finally:
-        kafka.stop()
