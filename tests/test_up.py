@@ -449,3 +449,38 @@ def test_model_init_is_asked_for_the_samplers_format_where_it_can_build_it():
     # Families init cannot build are left to init's default; the agent then refuses a
     # model whose tokenizer does not match the configured format, with a message.
     assert model_command("m", "qwen3") == ["model", "init", "--out", "m"]
+
+
+def test_an_outdated_warm_start_is_rebuilt_with_the_settings_it_records(tmp_path):
+    """A warm start built by hand with other settings (2,000 SFT steps, another seed and
+    teacher) and then outdated by a source edit comes back with the same settings: the
+    command up runs parses to exactly the recorded config, not to init's defaults."""
+    import json
+
+    import msgspec
+
+    from rollway.cli import build_parser
+    from rollway.commands.model import init_config
+    from rollway.commands.up import model_command
+    from trainer.sft import SFTConfig
+    from trainer.warm_start import MARKER, WarmStartConfig
+
+    recorded = WarmStartConfig(seed=3, format="chatml-hermes",
+                               sft=SFTConfig(steps=2000, seed=3, premature_submit_rate=0.25))
+    folder = tmp_path / "tiny"
+    folder.mkdir()
+    (folder / MARKER).write_text(json.dumps({"config": msgspec.to_builtins(recorded), "cache_key": "0" * 12}))
+
+    argv = model_command(str(folder))
+    assert argv[argv.index("--steps") + 1] == "2000"
+    assert init_config(build_parser().parse_args(argv)) == recorded
+    # The sampler's configured format wins over the recorded one; the rest is kept.
+    rollway_argv = model_command(str(folder), "rollway")
+    assert init_config(build_parser().parse_args(rollway_argv)) == msgspec.structs.replace(recorded, format="rollway")
+    # A marker this version cannot read, or none: init's defaults.
+    (folder / MARKER).write_text(json.dumps({"config": {"no_such_setting": 1}}))
+    assert model_command(str(folder)) == ["model", "init", "--out", str(folder)]
+    (folder / MARKER).write_text("{truncated")
+    assert model_command(str(folder), "chatml-hermes") == ["model", "init", "--out", str(folder), "--format",
+                                                          "chatml-hermes"]
+    assert init_config(build_parser().parse_args(model_command(str(tmp_path / "none")))) == WarmStartConfig()

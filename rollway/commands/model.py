@@ -81,19 +81,28 @@ def run(args: argparse.Namespace) -> int:
 
     import msgspec
 
-    from rollway.commands import given
     from rollway.config import describe
     from trainer.warm_start import MARKER, WarmStartConfig, warm_start_dir
 
-    # The warm start's own config (not rollway.toml's): its defaults and the flags,
-    # converted and validated once like every command's.
-    data = msgspec.to_builtins(WarmStartConfig())
-    data.update(given(seed=args.seed, format=args.format))
-    data["sft"].update(given(steps=args.steps, seed=args.seed, num_threads=args.threads,
-                            premature_submit_rate=args.premature_submit_rate))
     try:
-        cfg = msgspec.convert(data, WarmStartConfig)
+        cfg = init_config(args)
     except msgspec.ValidationError as exc:
         print(f"rollway model: {describe(exc, WarmStartConfig)}", file=sys.stderr)
         return 2
     return _copy_out(warm_start_dir(cfg), args.out, MARKER)
+
+
+def init_config(args: argparse.Namespace):
+    """The WarmStartConfig ``rollway model init`` builds: the warm start's own defaults
+    (not rollway.toml's) and the flags, converted and validated once like every
+    command's (msgspec.ValidationError when a flag is out of range)."""
+    import msgspec
+
+    from rollway.commands import given
+    from trainer.warm_start import WarmStartConfig
+
+    data = msgspec.to_builtins(WarmStartConfig())
+    data.update(given(seed=args.seed, format=args.format))
+    data["sft"].update(given(steps=args.steps, seed=args.seed, num_threads=args.threads,
+                            premature_submit_rate=args.premature_submit_rate))
+    return msgspec.convert(data, WarmStartConfig)

@@ -132,11 +132,40 @@ INIT_FORMATS = ("rollway", "chatml-hermes")
 
 def model_command(path: str, sampler_format: str = "auto") -> list[str]:
     """The warm start (``rollway model init``: SFT on the family's train split), copied to
-    ``path``, in the sampler's format where init can build it (``auto``: init's default)."""
+    ``path``, in the sampler's format where init can build it (``auto``: the format of the
+    warm start ``path`` held, else init's default).
+
+    An outdated warm start is rebuilt with the settings its marker records (seed, SFT
+    steps, premature-submit rate), not with init's defaults: a 2,000-step warm start
+    made by hand must not come back from a source edit as a 500-step one."""
     argv = ["model", "init", "--out", path]
+    recorded = _recorded_warm_start(path)
+    if recorded is not None:
+        if recorded.seed == recorded.sft.seed:  # init's --seed sets both
+            argv += ["--seed", str(recorded.seed)]
+        argv += ["--steps", str(recorded.sft.steps),
+                 "--premature-submit-rate", repr(recorded.sft.premature_submit_rate)]
     if sampler_format in INIT_FORMATS:
         argv += ["--format", sampler_format]
+    elif recorded is not None:
+        argv += ["--format", recorded.format]
     return argv
+
+
+def _recorded_warm_start(path: str):
+    """The WarmStartConfig the warm start in ``path`` was built with; None for a folder
+    without a marker, or a marker this version cannot read (init's defaults then)."""
+    import json
+    from pathlib import Path
+
+    import msgspec
+
+    from trainer.warm_start import MARKER, WarmStartConfig
+
+    try:
+        return msgspec.convert(json.loads(Path(path, MARKER).read_text())["config"], WarmStartConfig)
+    except (OSError, ValueError, KeyError, TypeError, msgspec.ValidationError):
+        return None
 
 
 def run(args: argparse.Namespace) -> int:
