@@ -103,7 +103,9 @@ async def template_turns(agent: "AgentLoop", task: "Task", rec: "TrajectoryRecor
             segment = bridge
             continue
         state.template_rerenders += 1
-        logger.info("template re-render: new segment", turn=state.turns, segment=rec.segment_index + 1)
+        # The sampled turn's text, so each re-render can be explained from the log (rare).
+        logger.info("template re-render: new segment", turn=state.turns, segment=rec.segment_index + 1,
+                    sampled_text=fmt.tokens.decode(generated)[-400:])
         await rec.new_segment()
         segment = await _start_segment(agent, rec, conversation)
         if len(rec.segment_tokens) > agent.context_limit:
