@@ -2,7 +2,8 @@
 
 JSON in and out; errors are ``{"error": "..."}`` with a 4xx/5xx status: 400 bad input,
 404 unknown session/file/task, 409 the session is busy with another command, 413 too
-large, 429 no session slot / no command slot, 502 the reward could not be published.
+large, 429 no session slot / no command slot, 502 the reward could not be published,
+503 an image that cannot be provided, or a session asked for while the service shuts down.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from sandbox.cgroups import CgroupJoinFailed, CgroupManager, make_cgroup_manager
 from sandbox.config import RewardConfig, SandboxConfig
 from sandbox.grader import Grader, Publisher, SubmitRequest
 from sandbox.images import ImageError, ImageStore
-from sandbox.isolation import command_problem
+from sandbox.isolation import WORKSPACE, command_problem
 from sandbox.quota import Quota, QuotaError
 from sandbox.quota import available as quota_available
 from sandbox.runner import Busy, Jail
@@ -58,6 +59,10 @@ class ExecRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
 class WriteFile(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     path: str
     content: str
+
+
+class ServiceStopping(RuntimeError):
+    """The service is shutting down: no new session (HTTP 503)."""
 
 
 class HttpError(Exception):
@@ -97,6 +102,7 @@ _STATUS_OF = [
     # An image that cannot be provided is the infrastructure's failure, not the task's.
     (ImageError, 503),
     (CgroupJoinFailed, 503),  # a command that never started: the host's failure
+    (ServiceStopping, 503),
 ]
 
 
@@ -172,6 +178,14 @@ class SandboxService:
         self._pool_threads = concurrent.futures.ThreadPoolExecutor(thread_name_prefix="rollway-pool")
         # Session releases under way in pool threads (_release): shutdown waits for them.
         self._releasing: set[asyncio.Future] = set()
+        # Session opens under way (_open), owned by the service, not by their requests:
+        # shutdown waits for them, and each ends closing what it made.
+        self._opening: set[asyncio.Future] = set()
+        # Closes of sessions opened for a request that was cancelled meanwhile (_orphaned).
+        self._orphans: set[asyncio.Future] = set()
+        # Set as the runner begins to stop (on_shutdown, before it waits for the requests
+        # under way): from then on no session is handed out (503).
+        self._shutting_down = False
         self._loop: asyncio.AbstractEventLoop | None = None
         self.grader = Grader(cfg, reward_cfg, store, self.jail, publisher, quota=self.quota, images=self.images)
         self._reaper: asyncio.Task | None = None
@@ -190,6 +204,7 @@ class SandboxService:
             web.get("/health", self.health),
         ])
         self.app.on_startup.append(self._on_startup)
+        self.app.on_shutdown.append(self._on_shutdown)
         self.app.on_cleanup.append(self._on_cleanup)
 
     async def self_check(self) -> None:
@@ -217,26 +232,48 @@ class SandboxService:
         if self.pool.follow_demand and self.pool.warm_per_image > 0:
             self._trimmer = asyncio.create_task(self._trim_warm())
 
+    async def _on_shutdown(self, app: web.Application) -> None:
+        """The runner begins to stop (``rollway sandbox``'s SIGTERM), before it waits for
+        the requests under way: a create from now on is refused (503), also one whose
+        tree is being made (_open releases it), so no client is handed a session of a
+        service about to end."""
+        self._shutting_down = True
+
     async def _on_cleanup(self, app: web.Application) -> None:
-        if self._reaper is not None:
-            self._reaper.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._reaper
-        self._stopping.set()
-        if self._trimmer is not None:
-            await self._trimmer  # ends between trims: a trim in its thread is never left running
-        # Refills are a few tree creations: let them finish, then drop what they made.
-        await asyncio.gather(*self._refilling.values(), return_exceptions=True)
-        for session in self.pool.all():
-            await self._close(session)
-        await self._in_pool_thread(self.pool.drain_warm)
-        # A release whose close was cancelled (the reaper's, above) goes on in its thread
-        # and its session is no longer listed: wait for it, so nothing is left behind.
-        await asyncio.gather(*self._releasing, return_exceptions=True)
-        self._pool_threads.shutdown(wait=False)
-        if self.cgroups is not None:
-            self.cgroups.close()
-        self.uid_claim.release()
+        """After the requests (answered, or cancelled when the runner's grace ran out):
+        end everything the service made, so nothing is left after it: sessions, opens
+        still under way in their threads, warm trees, releases, cgroups, the uid claim.
+        One part that fails does not keep the rest (the uid range above all) from going."""
+        self._shutting_down = True
+        try:
+            if self._reaper is not None:
+                self._reaper.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await self._reaper
+            self._stopping.set()
+            if self._trimmer is not None:
+                await self._trimmer  # ends between trims: a trim in its thread is never left running
+            # Opens under way: a request the runner cancelled left its open going on in its
+            # thread, which made its session after the closes below had run (the tree, an
+            # image's overlay mount, stayed). Each ends closing what it made.
+            await asyncio.gather(*self._opening, return_exceptions=True)
+            # Refills stop at their next tree (_shutting_down): let them, then drop what they made.
+            await asyncio.gather(*self._refilling.values(), return_exceptions=True)
+            await asyncio.gather(*self._orphans, return_exceptions=True)
+            for session in self.pool.all():
+                try:
+                    await self._close(session)
+                except Exception:
+                    log.exception("session_close_at_shutdown_failed", session_id=session.id)
+            await self._in_pool_thread(self.pool.drain_warm)
+            # A release whose close was cancelled (the reaper's, above) goes on in its thread
+            # and its session is no longer listed: wait for it, so nothing is left behind.
+            await asyncio.gather(*self._releasing, return_exceptions=True)
+        finally:
+            self._pool_threads.shutdown(wait=False)
+            if self.cgroups is not None:
+                self.cgroups.close()
+            self.uid_claim.release()
 
     async def _trim_warm(self) -> None:
         """Drop the warm trees an image's groups no longer need (SessionPool.trim_warm),
@@ -267,8 +304,14 @@ class SandboxService:
 
     # --- handlers ---------------------------------------------------------------
 
+    def _refuse_if_stopping(self) -> None:
+        if self._shutting_down:
+            raise ServiceStopping("the sandbox service is shutting down: no new session; "
+                                  "open it on another sandbox service or once this one is back")
+
     async def create_session(self, request: web.Request) -> web.Response:
         body = await _body(request, CreateSession)
+        self._refuse_if_stopping()
         files = body.files
         try:
             spec = self.store.get(body.task_id)
@@ -279,21 +322,69 @@ class SandboxService:
         if files is None:
             files = spec.files
         if spec is None or not spec.image:
-            session, dropped = await self._in_pool_thread(self.pool.open, body.task_id, files)
-            self._prestart(session)
+            session, dropped = await self._open(body.task_id, files)
             return _json({"session_id": session.id, "dropped": dropped})
         # An image task: its root (pulled and unpacked on first use; an ImageError is a
         # 503 naming the image), held until the session closes.
         root = await self.images.acquire(spec.image)
         try:
-            session, dropped = await self._in_pool_thread(
-                self.pool.open, body.task_id, files, root=root, workdir=spec.workdir)
-        except BaseException:
+            self._refuse_if_stopping()  # the pull may have taken minutes
+        except ServiceStopping:
             self.images.release(root)
             raise
-        self._prestart(session)
-        self._refill(root, spec.workdir)
+        session, dropped = await self._open(body.task_id, files, root=root, workdir=spec.workdir)
         return _json({"session_id": session.id, "dropped": dropped, "image": root.ref, "digest": root.digest})
+
+    async def _open(self, task_id: str, files: dict[str, str], *, root=None,
+                    workdir: str = WORKSPACE) -> tuple[Session, list[str]]:
+        """SessionPool.open in a pool thread, as a task of the service's own (shutdown
+        waits for it), shielded from its request: a thread cannot be stopped, so a
+        cancelled request (the runner's shutdown grace ran out) used to leave the open
+        going on unseen. ``root`` (held by the caller) is the open's from here on: released
+        if the open fails, the session's otherwise (it was released on the request's
+        cancel while the session went on to hold it, one release too many). An open that
+        ends while the service shuts down closes its session and answers 503."""
+
+        async def opening() -> tuple[Session, list[str]]:
+            try:
+                session, dropped = await self._in_pool_thread(self.pool.open, task_id, files, root=root,
+                                                              workdir=workdir)
+            except BaseException:
+                if root is not None:
+                    self.images.release(root)
+                raise
+            if self._shutting_down:
+                await self._close(session)
+                self._refuse_if_stopping()
+            self._prestart(session)
+            if root is not None:
+                self._refill(root, workdir)
+            return session, dropped
+
+        opened = asyncio.ensure_future(opening())
+        self._opening.add(opened)
+        opened.add_done_callback(self._opening.discard)
+        try:
+            return await asyncio.shield(opened)
+        except asyncio.CancelledError:
+            # Nobody will learn the session's id: it is closed once open.
+            opened.add_done_callback(self._orphaned)
+            raise
+
+    def _orphaned(self, opened: asyncio.Future) -> None:
+        if opened.cancelled() or opened.exception() is not None:
+            return
+        session, _ = opened.result()
+        log.warning("session_orphaned_closed", session_id=session.id, task_id=session.task_id,
+                    reason="its create request was cancelled while it opened")
+        closing = asyncio.ensure_future(self._close(session))
+        self._orphans.add(closing)
+        closing.add_done_callback(self._orphan_closed)
+
+    def _orphan_closed(self, closing: asyncio.Future) -> None:
+        self._orphans.discard(closing)
+        if not closing.cancelled() and closing.exception() is not None:
+            log.warning("session_orphan_close_failed", error=repr(closing.exception()))
 
     def _refill(self, root, workdir: str) -> None:
         """Make the image's warm trees in the background (sandbox.images.warm_sessions_per_image)."""
@@ -305,7 +396,9 @@ class SandboxService:
             try:
                 if _REFILL_PAUSE_S:
                     await asyncio.sleep(_REFILL_PAUSE_S)
-                while (warm := await asyncio.to_thread(self.pool.make_warm, root, workdir)) is not None:
+                # Not while shutting down: each tree made would only be dropped again.
+                while not self._shutting_down and \
+                        (warm := await asyncio.to_thread(self.pool.make_warm, root, workdir)) is not None:
                     # Its first command's sandbox too, offered with the tree (set before
                     # add_warm: a session may take the tree at once).
                     if self.cfg.prestart_sandboxes:

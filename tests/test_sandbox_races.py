@@ -653,3 +653,111 @@ async def test_a_sessions_release_never_holds_up_another_sessions_calls(tmp_path
             assert err.value.status == 404
         await client.close_session(other)
     assert list((tmp_path / "ws").iterdir()) == []
+
+
+@pytest.mark.parametrize("grace", ["waited", "ran_out"])
+@pytest.mark.parametrize("kind", ["host", "image"])
+async def test_a_session_opening_as_the_service_shuts_down_is_refused_and_leaves_nothing(
+        tmp_path, monkeypatch, kind, grace):
+    """A create whose tree is being made (held in its thread here) when the service is
+    told to stop (``rollway sandbox``'s SIGTERM: the runner's cleanup). ``waited``: the
+    runner waits for the request (its grace, 60 s by default): the create is answered
+    503 'shutting down', never handed a session of a service about to end, and its tree
+    is released. ``ran_out``: the grace ends first and the runner cancels the request:
+    its open went on in its thread and made the session after the shutdown had closed
+    every listed one, so the tree (an overlay mount for an image task) was left behind,
+    the uid range unclaimed under it. Either way, after the shutdown: no session folder,
+    no mount under the workspace root, no image held, every slot free, the uid range's
+    claim given back, no process of a session uid."""
+    import fcntl
+    import json
+    import shutil
+    import threading
+
+    import aiohttp
+    from aiohttp import web
+
+    from sandbox import image_workspace, quota, uid_claim
+    from sandbox.config import ImageConfig, RewardConfig
+    from sandbox.service import SandboxService
+    from tasks.store import TaskStore
+    from tests.image_helpers import REPO, example_images
+
+    tasks = tmp_path / "tasks"
+    tasks.mkdir()
+    if kind == "image":
+        examples = REPO / "tasks/images/examples.jsonl"
+        shutil.copy(examples, tasks / "examples.jsonl")
+        task = json.loads(examples.read_text().splitlines()[0])["instance_id"]
+        images = ImageConfig(cache_dir=example_images().cache_dir, warm_sessions_per_image=2)
+    else:
+        _task_store(tasks)
+        task, images = "race", ImageConfig()
+    ws_root = tmp_path / "ws"
+    cfg = SandboxConfig(max_sessions=4, workspace_root=str(ws_root), tasks_dir=str(tasks), images=images)
+    service = SandboxService(cfg, RewardConfig(), TaskStore(tasks))
+
+    # The session's tree is made, then held in its thread until the shutdown is under way.
+    entered, go = threading.Event(), threading.Event()
+    owner, name = (image_workspace, "create") if kind == "image" else (Workspace, "create")
+    real = getattr(owner, name)
+
+    def held(*args, **kwargs):
+        made = real(*args, **kwargs)
+        if not entered.is_set():  # the session's own tree (warm trees come after it)
+            entered.set()
+            go.wait(HANG_S)
+        return made
+
+    monkeypatch.setattr(owner, name, held)
+    shutting = asyncio.Event()
+
+    async def noted(app) -> None:
+        shutting.set()
+
+    service.app.on_shutdown.append(noted)
+    runner = web.AppRunner(service.app, shutdown_timeout=60.0 if grace == "waited" else 0.2)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    host, port = runner.addresses[0][:2]
+    uids = {service.cfg.uid_base + i for i in range(cfg.max_sessions)}
+    async with aiohttp.ClientSession() as http:
+
+        async def create():
+            async with http.post(f"http://{host}:{port}/sessions", json={"task_id": task}) as resp:
+                return resp.status, await resp.json()
+
+        creating = asyncio.ensure_future(create())
+        assert await asyncio.to_thread(entered.wait, HANG_S), "the session's tree never began"
+        stopping = asyncio.ensure_future(runner.cleanup())
+        await asyncio.wait_for(shutting.wait(), HANG_S)
+        if grace == "ran_out":
+            # The runner cancels the request: the client's connection is dropped.
+            await asyncio.wait({creating}, timeout=HANG_S)
+            assert creating.done() and isinstance(creating.exception(), aiohttp.ClientError), creating
+        go.set()
+        await asyncio.wait_for(stopping, HANG_S)
+        answer = await creating if grace == "waited" else None
+    # Whatever is still running in the service's pool threads ends (the open, unwaited).
+    await asyncio.to_thread(service._pool_threads.shutdown, True)
+    with open(uid_claim.LOCK_DIR / f"uids-{service.uid_claim.base}.lock", "ab") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            claimed = False
+        except BlockingIOError:
+            claimed = True
+    mounts = [m.split()[4] for m in Path("/proc/self/mountinfo").read_text().splitlines() if str(ws_root) in m]
+    for point in sorted(mounts, reverse=True):  # a failure leaves nothing mounted on the host
+        quota.unmount(Path(point))
+    left = {
+        "folders": sorted(p.name for p in ws_root.iterdir()),
+        "mounts": mounts,
+        "sessions": len(service.pool), "warm": service.pool.warm, "free": sorted(service.pool._free),
+        "held": dict(service.images._held), "claimed": claimed, "pids": {u: uid_pids(u) for u in uids if uid_pids(u)},
+    }
+    assert left == {"folders": [], "mounts": [], "sessions": 0, "warm": 0, "free": list(range(cfg.max_sessions)),
+                    "held": {}, "claimed": False, "pids": {}}
+    if answer is not None:
+        status, body = answer
+        assert status == 503 and "shutting down" in body["error"], answer
