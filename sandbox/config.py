@@ -45,6 +45,14 @@ class ImageConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     warm_follow_demand: bool = True
     warm_group_window_s: float = 2.0
     warm_demand_ttl_s: float = 300.0
+    # An image none of whose sessions is open or opening is idle (its group ended). The
+    # trees of the warm_idle_images images that went idle last are kept (the image's next
+    # group may come soon); an older idle image's trees are dropped at once, giving back
+    # their slots and their hold on the image in the cache. In SWE-Gym-style training
+    # every instance has its own image, which recurs only within its group: without this
+    # bound each image's trees kept their slots (the floor for good, the group size for
+    # warm_demand_ttl_s) and pinned the image in the cache. 0 = drop as soon as idle.
+    warm_idle_images: int = 2
 
     def __post_init__(self) -> None:
         if self.max_cache_bytes <= 0:
@@ -53,6 +61,8 @@ class ImageConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
             raise ValueError(f"sandbox.images.max_concurrent_unpacks must be positive, got {self.max_concurrent_unpacks}")
         if self.warm_sessions_per_image < 0:
             raise ValueError("sandbox.images.warm_sessions_per_image must be 0 (off) or positive")
+        if self.warm_idle_images < 0:
+            raise ValueError(f"sandbox.images.warm_idle_images must be 0 or positive, got {self.warm_idle_images}")
         if self.warm_group_window_s <= 0 or self.warm_demand_ttl_s <= 0:
             raise ValueError("sandbox.images.warm_group_window_s and warm_demand_ttl_s must be positive, got "
                              f"{self.warm_group_window_s} and {self.warm_demand_ttl_s}")

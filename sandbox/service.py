@@ -166,7 +166,8 @@ class SandboxService:
                                 images=self.images, warm_per_image=cfg.images.warm_sessions_per_image,
                                 follow_demand=cfg.images.warm_follow_demand,
                                 group_window_s=cfg.images.warm_group_window_s,
-                                demand_ttl_s=cfg.images.warm_demand_ttl_s)
+                                demand_ttl_s=cfg.images.warm_demand_ttl_s,
+                                idle_images=cfg.images.warm_idle_images)
         self._refilling: dict[tuple[str, str], asyncio.Task] = {}
         # Next-sandbox starts still in their pause (_prestart's delay_s).
         self._pausing: set[asyncio.Task] = set()
@@ -229,7 +230,7 @@ class SandboxService:
     async def _on_startup(self, app: web.Application) -> None:
         self._loop = asyncio.get_running_loop()
         self._reaper = asyncio.create_task(self._reap_idle())
-        if self.pool.follow_demand and self.pool.warm_per_image > 0:
+        if self.pool.warm_per_image > 0:
             self._trimmer = asyncio.create_task(self._trim_warm())
 
     async def _on_shutdown(self, app: web.Application) -> None:
@@ -326,7 +327,7 @@ class SandboxService:
             return _json({"session_id": session.id, "dropped": dropped})
         # An image task: its root (pulled and unpacked on first use; an ImageError is a
         # 503 naming the image), held until the session closes.
-        root = await self.images.acquire(spec.image)
+        root = await self._acquire(spec.image)
         try:
             self._refuse_if_stopping()  # the pull may have taken minutes
         except ServiceStopping:
@@ -334,6 +335,18 @@ class SandboxService:
             raise
         session, dropped = await self._open(body.task_id, files, root=root, workdir=spec.workdir)
         return _json({"session_id": session.id, "dropped": dropped, "image": root.ref, "digest": root.digest})
+
+    async def _acquire(self, ref: str):
+        """ImageStore.acquire; when the cache is full, the trees kept for idle images (whose
+        groups ended: SessionPool.drop_idle_warm) give up their hold on their images, and
+        the image is acquired again (the least recently used unheld images make room)."""
+        try:
+            return await self.images.acquire(ref)
+        except ImageError as exc:
+            if exc.kind != "cache_full" or not await self._in_pool_thread(self.pool.drop_idle_warm):
+                raise
+        log.info("image_cache_room_from_idle_trees", image=ref)
+        return await self.images.acquire(ref)
 
     async def _open(self, task_id: str, files: dict[str, str], *, root=None,
                     workdir: str = WORKSPACE) -> tuple[Session, list[str]]:
@@ -405,7 +418,10 @@ class SandboxService:
                         warm.next_sandbox = asyncio.create_task(self.jail.prestart(
                             workspace=warm.workspace.root, uid=warm.uid, label=f"s{warm.slot}", root=root,
                             workdir=workdir))
-                    self.pool.add_warm(warm, workdir)
+                    if not self.pool.add_warm(warm, workdir):
+                        # The image's group ended meanwhile and its trees are not kept.
+                        await self._in_pool_thread(self.pool.drop_warm, warm)
+                        break
             except Exception as exc:
                 log.warning("warm_session_failed", image=root.ref, error=repr(exc))
             finally:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import collections
 import threading
 import time
 import uuid
@@ -108,11 +109,20 @@ class SessionPool:
     (:meth:`warm_target`: never fewer than ``warm_per_image``, at most ``capacity``; free
     slots bound it further) until ``demand_ttl_s`` after the last group that large;
     :meth:`trim_warm` then drops the trees above the floor. Sessions opened one after
-    another count as groups of one."""
+    another count as groups of one.
+
+    Images whose groups ended (``idle_images``): an image none of whose sessions is open
+    or opening is idle. Its trees are kept only while it is among the ``idle_images``
+    images that went idle last (its next group may come soon: an LRU); an older idle
+    image's trees are dropped at once, the floor too, giving back their slots and their
+    hold on the image in the cache. Trees of idle images are also the first to give way:
+    to a session when the pool is full, to a tree of an image in use when no slot is
+    free (:meth:`make_warm`), and to an image that needs room in the cache
+    (:meth:`drop_idle_warm`)."""
 
     def __init__(self, root: Path, *, capacity: int, uid_base: int, quota: Quota | None = None,
                  images: ImageStore | None = None, warm_per_image: int = 0, follow_demand: bool = False,
-                 group_window_s: float = 2.0, demand_ttl_s: float = 120.0) -> None:
+                 group_window_s: float = 2.0, demand_ttl_s: float = 120.0, idle_images: int = 2) -> None:
         self.root = root
         self.quota = quota
         self.images = images
@@ -123,6 +133,12 @@ class SessionPool:
         self.group_window_s = group_window_s
         self.demand_ttl_s = demand_ttl_s
         self._demand: dict[tuple[str, str], _Demand] = {}
+        self.idle_images = idle_images
+        # Per image key: its live sessions, and its opens under way (not yet live).
+        self._live: collections.Counter[tuple[str, str]] = collections.Counter()
+        self._opening: collections.Counter[tuple[str, str]] = collections.Counter()
+        # Idle image keys whose trees are kept, the one that went idle last at the end.
+        self._idle: collections.OrderedDict[tuple[str, str], None] = collections.OrderedDict()
         self._free = list(range(capacity))
         self._sessions: dict[str, Session] = {}
         self._warm: dict[tuple[str, str], list[_Warm]] = {}
@@ -172,7 +188,9 @@ class SessionPool:
         surplus: list[_Warm] = []
         with self._lock:
             for key, trees in self._warm.items():
-                extra = len(trees) - self.warm_target(key, now)
+                # An image neither in use nor among the idle ones kept (a refill that ended
+                # after its group): none of its trees is wanted.
+                extra = len(trees) - (self.warm_target(key, now) if self._wanted(key) else 0)
                 if extra > 0:
                     surplus += trees[:extra]
                     del trees[:extra]
@@ -184,19 +202,73 @@ class SessionPool:
             log.info("warm_sessions_trimmed", dropped=len(surplus), warm=self.warm)
         return len(surplus)
 
+    def _active(self, key: tuple[str, str]) -> bool:
+        """A session of ``key`` is open or opening (caller holds ``_lock``)."""
+        return self._live[key] > 0 or self._opening[key] > 0
+
+    def _wanted(self, key: tuple[str, str]) -> bool:
+        """Trees of ``key`` are kept: in use, or idle among the last ones (caller holds ``_lock``)."""
+        return self._active(key) or key in self._idle
+
+    def _spare_tree(self, exclude: tuple[str, str] | None = None, *, idle_only: bool = False) -> _Warm | None:
+        """A warm tree to give way, taken out of the pool: an idle image's (the one idle
+        longest), else (unless ``idle_only``) any other image's (caller holds ``_lock``)."""
+        for k in [*self._idle] if idle_only else [*self._idle, *self._warm]:
+            if k != exclude and self._warm.get(k):
+                return self._warm[k].pop(0)  # the oldest: started, so ended without a wait
+        return None
+
+    def _began(self, key: tuple[str, str]) -> None:
+        with self._lock:
+            self._opening[key] += 1
+            self._idle.pop(key, None)
+
+    def _ended(self, key: tuple[str, str], *, opening: bool) -> None:
+        """An open (``opening``) or a session of ``key`` ended: if it was the image's last,
+        the image is idle; the trees of the idle images beyond the newest
+        ``idle_images`` are dropped now (in the caller's thread: a pool thread)."""
+        counter = self._opening if opening else self._live
+        dropped: list[_Warm] = []
+        with self._lock:
+            counter[key] -= 1
+            if counter[key] <= 0:
+                del counter[key]
+            if self._active(key):
+                return
+            self._idle[key] = None
+            self._idle.move_to_end(key)
+            while len(self._idle) > self.idle_images:
+                old, _ = self._idle.popitem(last=False)
+                dropped += self._warm.pop(old, [])
+        for warm in dropped:
+            self._drop_warm(warm)
+        if dropped:
+            log.info("warm_sessions_of_idle_images_dropped", dropped=len(dropped), warm=self.warm)
+
+    def drop_idle_warm(self) -> int:
+        """Drop every tree of the idle images (an image needs their room in the cache);
+        returns how many. Blocking: from a pool thread."""
+        with self._lock:
+            dropped = [w for k in self._idle for w in self._warm.pop(k, [])]
+        for warm in dropped:
+            self._drop_warm(warm)
+        if dropped:
+            log.info("warm_sessions_of_idle_images_dropped", dropped=len(dropped), warm=self.warm,
+                     reason="cache room")
+        return len(dropped)
+
     def _take_slot(self, key: tuple[str, str] | None) -> tuple[int, _Warm | None]:
         """A warm tree for ``key`` with its slot, else a free slot (a warm one of another
-        image is dropped when no slot is free)."""
+        image is dropped when no slot is free, an idle image's first)."""
         with self._lock:
             if key is not None and self._warm.get(key):
                 # The oldest: its sandbox has had the longest to start.
                 warm = self._warm[key].pop(0)
                 return warm.slot, warm
             if not self._free:
-                spare = next((k for k, v in self._warm.items() if v), None)
-                if spare is None:
+                dropped = self._spare_tree()
+                if dropped is None:
                     raise PoolFull(f"all {self.capacity} sessions are in use; close one or retry later")
-                dropped = self._warm[spare].pop(0)  # the oldest: started, so ended without a wait
             else:
                 return self._free.pop(0), None
         self._drop_warm(dropped)
@@ -216,17 +288,32 @@ class SessionPool:
         """Make one more warm tree of ``root`` if below its target and a slot is
         free; returns whether it did (the service calls it until False)."""
         warm = self.make_warm(root, workdir)
-        if warm is not None:
-            self.add_warm(warm, workdir)
+        if warm is not None and not self.add_warm(warm, workdir):
+            self.drop_warm(warm)
+            return False
         return warm is not None
 
     def make_warm(self, root: ImageRoot, workdir: str) -> _Warm | None:
         """A warm tree of ``root`` (slot taken, image held), not yet offered to sessions
-        (:meth:`add_warm`), or None when there are enough or no slot is free."""
+        (:meth:`add_warm`), or None when there are enough, the image's trees are not
+        wanted (idle and not among the last ones), or no slot is free (for an image in
+        use, an idle image's tree gives way)."""
         key = (root.digest, workdir)
+        spare = None
         with self._lock:
-            if len(self._warm.get(key, ())) >= self.warm_target(key) or not self._free or self.images is None:
+            if len(self._warm.get(key, ())) >= self.warm_target(key) or self.images is None or not self._wanted(key):
                 return None
+            if not self._free:
+                # An image in use may take the slot of an idle image's tree, never of
+                # another image in use (their trees are as wanted as its own).
+                spare = self._spare_tree(exclude=key, idle_only=True) if self._active(key) else None
+                if spare is None:
+                    return None
+        if spare is not None:
+            self._drop_warm(spare)
+        with self._lock:
+            if not self._free:
+                return None  # taken meanwhile
             slot = self._free.pop(0)
         uid = self.uid_base + slot
         try:
@@ -239,9 +326,20 @@ class SessionPool:
         self.images.hold(root)
         return _Warm(slot, uid, workspace, root)
 
-    def add_warm(self, warm: _Warm, workdir: str) -> None:
+    def add_warm(self, warm: _Warm, workdir: str) -> bool:
+        """Offer the tree to sessions; False (the caller drops it, :meth:`drop_warm`) when
+        its image's trees are no longer wanted (its group ended meanwhile and the image
+        is not among the idle ones kept)."""
+        key = (warm.root.digest, workdir)
         with self._lock:
-            self._warm.setdefault((warm.root.digest, workdir), []).append(warm)
+            if not self._wanted(key):
+                return False
+            self._warm.setdefault(key, []).append(warm)
+            return True
+
+    def drop_warm(self, warm: _Warm) -> None:
+        """End a tree that :meth:`add_warm` refused. Blocking: from a pool thread."""
+        self._drop_warm(warm)
 
     def drain_warm(self) -> None:
         with self._lock:
@@ -255,7 +353,18 @@ class SessionPool:
         """A new session. ``root`` (already held by the caller, see ImageStore.acquire):
         the session runs on that image, its tree a copy-on-write layer over the image's
         ``workdir`` with ``files`` written over it; the pool releases the hold on close."""
-        slot, warm = self._take_slot((root.digest, workdir) if root is not None else None)
+        key = (root.digest, workdir) if root is not None else None
+        if key is None:
+            return self._open(task_id, files, None, workdir, None)
+        self._began(key)
+        try:
+            return self._open(task_id, files, root, workdir, key)
+        finally:
+            self._ended(key, opening=True)
+
+    def _open(self, task_id: str, files: dict[str, str], root: ImageRoot | None, workdir: str,
+              key: tuple[str, str] | None) -> tuple[Session, list[str]]:
+        slot, warm = self._take_slot(key)
         uid = self.uid_base + slot
         session_id = uuid.uuid4().hex
         try:
@@ -281,8 +390,9 @@ class SessionPool:
             session.warm = True
         with self._lock:
             self._sessions[session_id] = session
-            if root is not None:
-                self._note_open((root.digest, workdir), session.created)
+            if key is not None:
+                self._live[key] += 1
+                self._note_open(key, session.created)
         log.info("session_opened", session_id=session_id, task_id=task_id, uid=uid, files=len(files),
                  image=root.ref if root else "", warm=session.warm)
         return session, dropped
@@ -310,6 +420,8 @@ class SessionPool:
             finally:
                 with self._lock:
                     self._free.append(session.slot)
+                if session.root is not None:
+                    self._ended((session.root.digest, session.workdir), opening=False)
         log.info("session_closed", session_id=session.id, task_id=session.task_id, calls=len(session.calls))
 
     async def close(self, session: Session) -> None:

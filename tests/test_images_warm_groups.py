@@ -88,3 +88,102 @@ async def test_warm_trees_follow_the_group_size_within_max_sessions_and_shrink_b
         uids = {live.service.cfg.uid_base + i for i in range(CAPACITY)}
     assert {uid: uid_pids(uid) for uid in uids} == {uid: [] for uid in uids}
     assert list((tmp_path / "ws").iterdir()) == []
+
+
+def _image_tasks(tmp_path, refs: list[str]) -> TaskStore:
+    """One task per image (its tree at /testbed), as SWE-Gym has one image per instance."""
+    from tasks.spec import TaskSpec
+
+    (tmp_path / "tasks").mkdir()
+    store = TaskStore(tmp_path / "tasks")
+    for i, ref in enumerate(refs):
+        store.add(TaskSpec(task_id=f"img{i}", instruction="-", files={"note.txt": f"{i}\n"},
+                           hidden_tests={"test_x.py": ""}, image=ref, workdir="/testbed"))
+    return store
+
+
+async def test_trees_of_images_whose_groups_ended_give_their_slots_back_but_the_last_ones_stay(tmp_path):
+    """SWE-Gym-style: every task has its own image, so an image recurs only within its
+    GRPO group. Groups of G on five distinct images, one after another: after each group
+    closes, the slots free for the next one and the images whose trees are kept. Trees of
+    an image whose sessions are all closed stay only for the newest
+    ``warm_idle_images`` (2) such images, so the next group finds CAPACITY - 2 * 2 slots,
+    not fewer with every image seen. Before, every image's trees kept their slots (the
+    target's floor never expires; the group size for warm_demand_ttl_s, 300 s) and held
+    their image in the cache: the free slots went 10, 8, 6, 4, 2, and from the fifth
+    group on no image got a tree. An image whose group comes back while it is among
+    the kept ones finds its trees: all G sessions open warm."""
+    from tests.image_helpers import HOSTILE, QUIRKS
+
+    images = example_images()
+    refs = [f"rollway.local/examples/{name}:1" for name in ("namekit", "gridfmt", "wordstats")] + [HOSTILE, QUIRKS]
+    store = _image_tasks(tmp_path, refs)
+    cfg = SandboxConfig(max_sessions=CAPACITY, workspace_root=str(tmp_path / "ws"), tasks_dir=str(tmp_path / "tasks"),
+                        images=ImageConfig(cache_dir=images.cache_dir, warm_sessions_per_image=FLOOR,
+                                           warm_group_window_s=60.0, warm_demand_ttl_s=600.0))
+    G2 = 2
+    async with live_sandbox(cfg, store=store) as live, SandboxClient(live.url) as client:
+        service, pool = live.service, live.service.pool
+        digests = {}
+
+        def settled() -> bool:
+            return not service._refilling and not service._releasing
+
+        def holding() -> list[int]:
+            """The images (their index) that warm trees are kept for."""
+            kept = {key[0] for key, trees in pool._warm.items() if trees}
+            return sorted(i for i, d in digests.items() if d in kept)
+
+        accounting = []
+        for i in range(len(refs)):
+            free = len(pool._free)
+            group = list(await asyncio.gather(*(client.create_session(f"img{i}") for _ in range(G2))))
+            digests[i] = pool.get(group[0]).root.digest
+            await wait_until_async(settled, 60, f"image {i}'s trees made")
+            for sid in group:
+                await client.close_session(sid)
+            await wait_until_async(settled, 60, f"image {i}'s group released")
+            held = sorted(i for i, d in digests.items() if d.split(":")[1] in service.images._held)
+            accounting.append({"free": free, "trees_of": holding(), "held": held})
+        assert accounting == [
+            {"free": 10, "trees_of": [0], "held": [0]},
+            {"free": 8, "trees_of": [0, 1], "held": [0, 1]},
+            {"free": 6, "trees_of": [1, 2], "held": [1, 2]},
+            {"free": 6, "trees_of": [2, 3], "held": [2, 3]},
+            {"free": 6, "trees_of": [3, 4], "held": [3, 4]},
+        ]
+        assert len(pool._free) == CAPACITY - 2 * FLOOR
+        # The image before last comes back: its group opens on the trees kept for it.
+        again = list(await asyncio.gather(*(client.create_session("img3") for _ in range(G2))))
+        assert [pool.get(s).warm for s in again] == [True] * G2
+        for sid in again:
+            await client.close_session(sid)
+        uids = {service.cfg.uid_base + i for i in range(CAPACITY)}
+    assert {uid: uid_pids(uid) for uid in uids} == {uid: [] for uid in uids}
+    assert list((tmp_path / "ws").iterdir()) == []
+
+
+async def test_an_image_that_needs_cache_room_gets_it_from_trees_of_images_whose_groups_ended(tmp_path):
+    """A cache with room for two unpacked images, and sessions of three images one after
+    another. The trees kept for an image whose sessions have all closed hold it in the
+    cache; the third image needs room: those trees are dropped and the pull retried, so
+    the session opens (the least recently used image is evicted). Before, the two
+    images' trees held them for good and the third image's session was refused 503,
+    'cache full'."""
+    images = example_images()
+    refs = [f"oci:{images.layout}:{name}" for name in ("namekit", "gridfmt", "wordstats")]
+    store = _image_tasks(tmp_path, refs)
+    cfg = SandboxConfig(max_sessions=CAPACITY, workspace_root=str(tmp_path / "ws"), tasks_dir=str(tmp_path / "tasks"),
+                        images=ImageConfig(cache_dir=str(tmp_path / "cache"), max_cache_bytes=140 * 1024 * 1024,
+                                           warm_sessions_per_image=FLOOR))
+    async with live_sandbox(cfg, store=store) as live, SandboxClient(live.url) as client:
+        service = live.service
+        for i in range(len(refs)):
+            sid = await client.create_session(f"img{i}")
+            result = await client.exec(sid, "cat note.txt")
+            assert (result.exit_code, result.stdout) == (0, f"{i}\n")
+            await wait_until_async(lambda: not service._refilling, 60, f"image {i}'s trees made")
+            await client.close_session(sid)
+        assert [i.refs for i in service.images.list()][:1] == [[refs[2]]]
+        assert len(service.images.list()) == 2
+    assert list((tmp_path / "ws").iterdir()) == []
