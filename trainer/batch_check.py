@@ -8,8 +8,10 @@ once over the batch's bytes joined end to end:
 
 * the usual chunk (schema 2, at least one token, one version span, no routes, kept
   capped flags recorded) is checked in the batch: its lengths in Python, the CSR
-  layout and the kept sizes by a few numpy passes over the whole batch. It is accepted
-  only where every check of :meth:`TrajectoryChunk.arrays` holds. An accepted chunk
+  layout and the kept sizes by one compiled pass over the whole batch
+  (``trainer.intake_kernels.bad_chunks``; row lengths in int64, so offsets that wrap
+  around in int32 are not taken for rows). It is accepted only where every check of
+  :meth:`TrajectoryChunk.arrays` holds. An accepted chunk
   gets the versions ``check_chunk`` gives it and no per-chunk array views
   (``CheckedChunk.arrays`` is None): the assembly reads its checked bytes joined with
   the rest of its segment (``trainer.trajectory._segment``);
@@ -24,11 +26,13 @@ came in (``tests/test_batch_check.py``).
 from __future__ import annotations
 
 import sys
+from operator import attrgetter
 from typing import Sequence
 
 import numpy as np
 
 from schemas import TrajectoryChunk, arrays
+from trainer.intake_kernels import bad_chunks
 from trainer.trajectory import CheckedChunk, check_chunk
 
 # Below this many batch-checkable chunks the joins and batch passes cost more than they
@@ -37,6 +41,9 @@ MIN_BATCH = 8
 _LITTLE_ENDIAN = sys.byteorder == "little"
 _ONE_SPAN_START = b"\0\0\0\0"
 _INT32, _UINT8 = arrays.INT32, arrays.UINT8
+_len = len
+_token_ids, _kept_ids, _kept_offsets, _kept_sizes, _kept_capped = (
+    attrgetter(name) for name in ("token_ids", "kept_ids", "kept_offsets", "kept_sizes", "kept_capped"))
 
 
 def check_chunks(chunks: Sequence[TrajectoryChunk]) -> list[CheckedChunk | ValueError]:
@@ -68,26 +75,14 @@ def check_chunks(chunks: Sequence[TrajectoryChunk]) -> list[CheckedChunk | Value
 def _batch(chunks: list[TrajectoryChunk]) -> list[CheckedChunk | None]:
     """Checked chunks of ``chunks`` (each of the usual layout, its lengths agreeing),
     None for one the batch pass does not accept (checked one by one after)."""
-    b = len(chunks)
-    counts = np.fromiter((len(c.token_ids) >> 2 for c in chunks), dtype=np.int64, count=b)
-    kept_counts = np.fromiter((len(c.kept_ids) >> 2 for c in chunks), dtype=np.int64, count=b)
-    total = int(counts.sum())
-    chunk_of = np.repeat(np.arange(b), counts)
-    off_start = np.zeros(b, dtype=np.int64)  # where each chunk's n + 1 offsets start
-    np.cumsum(counts[:-1] + 1, out=off_start[1:])
-    offsets = np.frombuffer(b"".join([c.kept_offsets for c in chunks]), _INT32)
-    sizes = np.frombuffer(b"".join([c.kept_sizes for c in chunks]), _INT32)
-    capped = np.frombuffer(b"".join([c.kept_capped for c in chunks]), _UINT8)
-    # Token t's row in its own chunk's CSR: offsets at t + k and t + k + 1 in the join
-    # (k = its chunk's index: each chunk before it has one offset more than tokens).
-    lo_at = np.arange(total) + chunk_of
-    recorded = offsets[lo_at + 1] - offsets[lo_at]
-    # Each chunk's CSR starts at 0 and ends at its kept ids' count; no row is negative.
-    bad_chunk = (offsets[off_start] != 0) | (offsets[off_start + counts] != kept_counts)
-    # A complete set has exactly its recorded ids; a capped one (-1: size unknown) at least as many.
-    bad_token = (recorded < 0) | ((sizes != recorded) & ((capped != 1) | ((sizes < recorded) & (sizes != -1))))
-    if bad_token.any():
-        bad_chunk[np.unique(chunk_of[bad_token])] = True
+    counts = np.fromiter(map(_len, map(_token_ids, chunks)), dtype=np.int64, count=len(chunks)) >> 2
+    kept_counts = np.fromiter(map(_len, map(_kept_ids, chunks)), dtype=np.int64, count=len(chunks)) >> 2
+    # One compiled pass over the batch (trainer.intake_kernels.bad_chunks): each chunk's
+    # CSR starts at 0 and ends at its kept ids' count, no row is negative; a complete set
+    # has exactly its recorded ids, a capped one (-1: size unknown) at least as many.
+    bad_chunk = bad_chunks(np.frombuffer(b"".join(map(_kept_offsets, chunks)), _INT32),
+                           np.frombuffer(b"".join(map(_kept_sizes, chunks)), _INT32),
+                           np.frombuffer(b"".join(map(_kept_capped, chunks)), _UINT8), counts, kept_counts)
     out: list[CheckedChunk | None] = []
     for c, bad, n in zip(chunks, bad_chunk.tolist(), counts.tolist()):
         if bad:

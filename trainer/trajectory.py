@@ -14,7 +14,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import cached_property
-from itertools import accumulate
 from operator import attrgetter
 from typing import Sequence
 
@@ -22,6 +21,7 @@ import msgspec
 import numpy as np
 
 from schemas import ChunkArrays, RecordRef, Reward, TrajectoryChunk, TrajectoryKey, key_of
+from trainer.intake_kernels import first_bad_kept_set, join_offsets
 
 
 GREEDY_TEMPERATURE = 1e-5  # below this a sampler decodes greedily (vLLM's convention)
@@ -246,8 +246,8 @@ def assemble(
 
 def _segment(chunks: list[CheckedChunk], tid: str) -> Segment:
     """The segment of ``chunks`` (in order): one concatenation per array, the CSR
-    offsets shifted while they are joined (a fixed handful of numpy calls, not a few per
-    chunk), one temperature filled where the chunks share it (else expanded by one
+    offsets shifted while they are joined (one compiled pass,
+    ``trainer.intake_kernels.join_offsets``), one temperature filled where the chunks share it (else expanded by one
     ``np.repeat``). Chunks checked in a batch (no array views, ``CheckedChunk.arrays``
     None) are joined from their bytes (:func:`_segment_of_bytes`): the same arrays."""
     if all(c.arrays is None for c in chunks):
@@ -256,8 +256,9 @@ def _segment(chunks: list[CheckedChunk], tid: str) -> Segment:
     tokens = np.concatenate([a.token_ids for a in parts], dtype=np.int64)
     mask = np.concatenate([a.loss_mask for a in parts]).astype(bool)
     behaviour = np.concatenate([a.logprobs for a in parts], dtype=np.float32)
-    kept_offsets = _joined_offsets(np.concatenate([a.kept_offsets for a in parts], dtype=np.int64),
-                                   [a.kept_offsets.size for a in parts], [a.kept_ids.size for a in parts])
+    kept_offsets = join_offsets(np.concatenate([a.kept_offsets for a in parts], dtype=_INT32),
+                                np.array([a.token_ids.size for a in parts], dtype=np.int64),
+                                np.array([a.kept_ids.size for a in parts], dtype=np.int64))
     kept_ids = np.concatenate([a.kept_ids for a in parts])
     capped = np.concatenate([a.kept_capped for a in parts]).astype(bool)
     kept_size = np.concatenate([a.kept_sizes for a in parts], dtype=np.int64)
@@ -278,8 +279,8 @@ def _segment_of_bytes(chunks: list[CheckedChunk], tid: str) -> Segment:
     mask = np.frombuffer(b"".join(map(_loss_mask, events)), np.uint8).astype(bool)
     behaviour = np.frombuffer(bytearray().join(map(_logprobs, events)), np.float32)
     kept_ids = np.frombuffer(bytearray().join(kept), _INT32)
-    kept_offsets = _joined_offsets(np.frombuffer(b"".join(map(_kept_offsets, events)), _INT32).astype(np.int64),
-                                   [n + 1 for n in counts], [len(b) >> 2 for b in kept])
+    kept_offsets = join_offsets(np.frombuffer(bytearray().join(map(_kept_offsets, events)), _INT32),
+                                np.array(counts, dtype=np.int64), np.array([len(b) >> 2 for b in kept], dtype=np.int64))
     capped = np.frombuffer(b"".join(map(_kept_capped, events)), np.uint8).astype(bool)
     kept_size = np.frombuffer(b"".join(map(_kept_sizes, events)), _INT32).astype(np.int64)
     versions = np.repeat(np.array([c.newest_loaded for c in chunks], dtype=np.int64), counts)
@@ -300,7 +301,6 @@ def _checked_segment(chunks: list[CheckedChunk], tid: str, tokens: np.ndarray, m
                      parts: list[ChunkArrays] | None) -> Segment:
     """The segment's temperatures and checks, in the order their errors are reported
     (routes last, from ``parts``; None: the chunks have none)."""
-    lengths = kept_offsets[1:] - kept_offsets[:-1]
     first_temperature = chunks[0].chunk.temperature
     if all(c.chunk.temperature == first_temperature for c in chunks):  # (the usual segment: one fill)
         temperature = np.empty(tokens.size, dtype=np.float32)
@@ -321,78 +321,36 @@ def _checked_segment(chunks: list[CheckedChunk], tid: str, tokens: np.ndarray, m
             # Greedy decoding (temperature 0): the kept set is the argmax alone, so the
             # token's log-prob is 0 at any temperature; 1.0 keeps the arithmetic finite.
             temperature = np.where(greedy, np.float32(1.0), temperature)
-    _check_kept_sets(tokens, mask, greedy, kept_offsets, lengths, kept_ids, tid)
+    _check_kept_sets(tokens, mask, greedy, kept_offsets, None, kept_ids, tid)
     if not np.isfinite(behaviour[mask]).all():
         raise InvalidTrajectory(f"trajectory {tid}: non-finite behaviour log-prob")
     return Segment(tokens, mask, behaviour, kept_offsets, kept_ids, capped, versions, temperature, kept_size,
                    None if parts is None else _routes(parts, tid))
 
 
-def _joined_offsets(joined: np.ndarray, sizes: list[int], kept_counts: list[int]) -> np.ndarray:
-    """The chunks' CSR offsets joined into the segment's (int64, n + 1). ``joined``: the
-    chunks' offsets end to end (int64, a fresh array: shifted in place), ``sizes`` each
-    chunk's count of them (n + 1), ``kept_counts`` its kept ids. Each chunk's are shifted
-    by the kept ids before it and its leading 0 is dropped but the first chunk's (each
-    is checked: starts at 0, ends at its kept ids' count)."""
-    if len(sizes) == 1:
-        return joined
-    joined += np.repeat(np.fromiter(accumulate(kept_counts[:-1], initial=0), np.int64, len(sizes)), sizes)
-    keep = np.ones(joined.size, dtype=bool)
-    keep[list(accumulate(sizes[:-1]))] = False
-    return joined[keep]
-
-
 def _check_kept_sets(tokens: np.ndarray, mask: np.ndarray, greedy: np.ndarray | None, offsets: np.ndarray,
-                     lengths: np.ndarray, kept_ids: np.ndarray, tid: str) -> None:
+                     lengths: np.ndarray | None, kept_ids: np.ndarray, tid: str) -> None:
     """Every generated token has a non-empty kept set holding it (one id when greedy;
     ``greedy`` None: no greedy token); the first token that breaks a rule is named.
 
-    Sets are recorded most likely first, so a sampled token is most often its set's
-    first id: that is compared first (one gather over the generated tokens), and only
-    the sets where it is not are searched (one pass over their ids). Where anything
-    fails, the whole check runs again as the reference pass to name the first token."""
-    gen = np.flatnonzero(mask)
-    if not gen.size:
+    One compiled pass over the generated tokens (``trainer.intake_kernels``): each set is
+    searched from its first id (sets are recorded most likely first, so the token is most
+    often there) and the search stops at the match. ``lengths`` (the rows' sizes, None:
+    read off ``offsets``) only names what failed."""
+    t = first_bad_kept_set(tokens, mask, _NO_GREEDY if greedy is None else greedy, offsets, kept_ids)
+    if t == -1:
         return
-    lens = lengths[gen]
-    starts = offsets[gen]
-    if kept_ids.size and not (greedy is not None and (greedy[gen] & (lens != 1)).any()):
-        first = kept_ids[np.minimum(starts, kept_ids.size - 1)]
-        miss = np.flatnonzero((first != tokens[gen]) | (lens == 0))
-        if not miss.size:
-            return
-        rest, rest_lens = gen[miss], lens[miss]
-        if (rest_lens > 1).all():
-            at = np.zeros(rest.size, dtype=np.int64)
-            np.cumsum(rest_lens[:-1], out=at[1:])
-            where = np.repeat(starts[miss] - at, rest_lens) + np.arange(int(at[-1] + rest_lens[-1]))
-            if np.logical_or.reduceat(kept_ids[where] == np.repeat(tokens[rest], rest_lens), at).all():
-                return
-    _name_bad_kept_set(tokens, mask, np.zeros(mask.size, dtype=bool) if greedy is None else greedy, offsets, lengths,
-                       kept_ids, tid)
-
-
-def _name_bad_kept_set(tokens: np.ndarray, mask: np.ndarray, greedy: np.ndarray, offsets: np.ndarray,
-                       lengths: np.ndarray, kept_ids: np.ndarray, tid: str) -> None:
-    """The reference pass of :func:`_check_kept_sets`: raise naming the first bad token."""
-    # Token t holds its id iff a match lies in kept_ids[offsets[t]:offsets[t + 1]]: one
-    # pass over the ids (each compared with its token's id, repeated), then one OR over
-    # each row (``reduceat``: an empty row gives the element at its start, which is the
-    # next row's, so it is masked by its length; a False after the last id keeps every
-    # start a valid index). Token ids come off the wire as int32.
-    eq = np.empty(kept_ids.size + 1, dtype=bool)
-    np.equal(kept_ids, np.repeat(tokens.astype(np.int32), lengths), out=eq[:-1])
-    eq[-1] = False
-    holds = np.logical_or.reduceat(eq, offsets[:-1]) if tokens.size else np.zeros(0, dtype=bool)
-    bad = mask & ((lengths == 0) | (greedy & (lengths != 1)) | ~holds)
-    if not bad.any():
-        return
-    t = int(np.flatnonzero(bad)[0])
-    if lengths[t] == 0:
+    if t == -2:  # (the chunk checks make this unreachable: each chunk's CSR was checked)
+        raise InvalidTrajectory(f"trajectory {tid}: kept-set offsets do not index its kept ids")
+    size = int(offsets[t + 1] - offsets[t]) if lengths is None else int(lengths[t])
+    if size == 0:
         raise InvalidTrajectory(f"trajectory {tid}: generated token {t} has an empty kept set")
-    if greedy[t] and lengths[t] != 1:
-        raise InvalidTrajectory(f"trajectory {tid}: greedy token {t} has a kept set of {lengths[t]}, not 1")
+    if greedy is not None and greedy[t] and size != 1:
+        raise InvalidTrajectory(f"trajectory {tid}: greedy token {t} has a kept set of {size}, not 1")
     raise InvalidTrajectory(f"trajectory {tid}: generated token {t} ({tokens[t]}) is not in its kept set")
+
+
+_NO_GREEDY = np.zeros(0, dtype=bool)  # (first_bad_kept_set's "no greedy token")
 
 
 def _routes(parts: list[ChunkArrays], tid: str) -> np.ndarray | None:
