@@ -244,8 +244,10 @@ def _fast_arrays(c: TrajectoryChunk) -> "ChunkArrays | None":
             or (kept_capped and len(kept_capped) != n)):
         return None
     off = np.frombuffer(kept_offsets, arrays.INT32)
-    # CSR: starts at 0, ends at len(ids), non-decreasing (every row length >= 0).
-    recorded = off[1:] - off[:-1]
+    # CSR: starts at 0, ends at len(ids), non-decreasing (every row length >= 0). Row
+    # lengths in int64: in int32, offsets 0, 2**31 - 1, -2 (a descent) differ by a
+    # positive wrapped-around 2**31 - 1, and the malformed chunk was taken for valid.
+    recorded = np.subtract(off[1:], off[:-1], dtype=np.int64)
     if off[0] != 0 or off[n] != len(kept_ids) >> 2 or _min(recorded) < 0:
         return None
     sizes = np.frombuffer(kept_sizes, arrays.INT32)

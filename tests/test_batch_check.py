@@ -192,3 +192,14 @@ def test_add_many_ends_as_add_one_by_one(monkeypatch):
     assert a == b
     assert len(a[1]) == 1 and "kept_sizes differs from the recorded ids" in a[1][0][1]  # dead-lettered, with why
     assert [key for key, _ in a[3]] == [("t0", "g0")]  # the other group is invalid
+
+
+def test_a_chunk_whose_int32_row_lengths_wrap_around_is_refused_in_a_batch():
+    from tests.test_chunk_arrays import wrapping_chunk
+
+    bad = wrapping_chunk()
+    rng = np.random.default_rng(11)
+    batch = [usual(random_chunk(rng)) for _ in range(MIN_BATCH)] + [bad]
+    got = check_chunks(batch)
+    assert isinstance(got[-1], ValueError) and str(got[-1]).startswith("malformed CSR")
+    assert [verdict(v) for v in got] == [verdict(v) for v in one_by_one(batch)]

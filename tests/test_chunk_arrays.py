@@ -109,3 +109,27 @@ def test_fast_check_agrees_with_the_reference_check(seed):
                 seen["fast"] += 1
     # The fast path took most valid chunks, and the broken ones failed in many ways.
     assert seen["fast"] > 200 and len(seen["errors"]) >= 7, seen
+
+
+def wrapping_chunk() -> TrajectoryChunk:
+    """A chunk whose CSR offsets descend (0, 2**31 - 1, -2, 2), so malformed, but whose
+    row lengths computed in int32 wrap around to 2**31 - 1, 2**31 - 1 and 4, all >= 0,
+    matching its recorded kept sizes."""
+    return TrajectoryChunk(
+        trajectory_id="t", task_id="k", group_id="g", sample_index=0, group_size=2, attempt="a", chunk_index=0,
+        token_ids=arrays.pack([1, 2, 3], arrays.INT32), logprobs=arrays.pack([-0.5] * 3, arrays.FLOAT32),
+        loss_mask=bytes([0, 1, 1]), kept_offsets=arrays.pack([0, 2**31 - 1, -2, 2], arrays.INT32),
+        kept_ids=arrays.pack([2, 3], arrays.INT32), kept_capped=bytes(3),
+        kept_sizes=arrays.pack([2**31 - 1, 2**31 - 1, 4], arrays.INT32),
+        version_starts=b"\0\0\0\0", versions=arrays.pack([1], arrays.INT64), final=True,
+    )
+
+
+def test_offsets_whose_int32_row_lengths_wrap_around_are_malformed():
+    # (Taken for valid, the chunk reached the assembly, whose numpy pass raised a bare
+    # ValueError there instead of refusing the trajectory: the intake crashed.)
+    c = wrapping_chunk()
+    want = outcome(c._checked_arrays)
+    assert want[0] == "error" and want[1].startswith("malformed CSR")
+    assert _fast_arrays(c) is None
+    assert outcome(c.arrays) == want
