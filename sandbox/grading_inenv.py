@@ -150,6 +150,7 @@ def tree(spec: TaskSpec, code: dict[str, bytes], plan: HiddenPlan, *, base_confi
         elif path in files and before is None and not path.startswith(_PREFIX):
             notes.append(f"{path} (added, replaced by the hidden tests)")
         files[path] = data
+    notes += _drop_shadows(files, links, code, original, [*protected, *plan.tests])
     above = {str(parent) for path in files for parent in PurePosixPath(path).parents}
     for path in sorted(links):
         if path in files or path in above:
@@ -157,6 +158,40 @@ def tree(spec: TaskSpec, code: dict[str, bytes], plan: HiddenPlan, *, base_confi
             if not any(n.startswith(f"{path} ") for n in notes):
                 notes.append(f"{path} (a link where the run's files go, removed)")
     return files, notes, links
+
+
+def _drop_shadows(files: dict[str, bytes], links: dict[str, str], code: dict[str, bytes], original: dict[str, bytes],
+                  run: list[str]) -> list[str]:
+    """Remove what the agent added or changed that Python would import instead of a module
+    of the run (``run``: the restored support and configuration files, the hidden tests):
+    a package of the same name beside it (``tests/helpers/__init__.py`` shadows
+    ``tests/helpers.py``: in one folder the import system takes the package first) or an
+    extension module (``helpers.cpython-311-x86_64-linux-gnu.so``, found before source), as
+    files or links. Without this a restored helper was dead code: an agent's package with a
+    ``check`` that asserts nothing was paid 1.0 in-env. The task's own entries stay."""
+    stems = {path.removesuffix(".py"): path for path in run if path.endswith(".py")}
+
+    def shadowed(path: str, link: bool = False) -> str | None:
+        p = PurePosixPath(path)
+        for parent in list(p.parents)[:-1]:
+            if str(parent) in stems:
+                return stems[str(parent)]
+        if p.name.endswith(".so"):
+            return stems.get(str(p.parent / p.name.split(".")[0]))
+        return stems.get(path) if link else None  # (a link at the bare name: a package elsewhere)
+
+    notes = []
+    for path in sorted(files):
+        module = shadowed(path)
+        if module is not None and path not in stems.values() and original.get(path) != code.get(path, files[path]):
+            del files[path]
+            notes.append(f"{path} (added, shadows {module}, removed)")
+    for path in sorted(links):
+        module = shadowed(path, link=True)
+        if module is not None:
+            del links[path]
+            notes.append(f"{path} (a link that shadows {module}, removed)")
+    return notes
 
 
 def image_configs(root: ImageRoot, spec: TaskSpec, plan: HiddenPlan) -> dict[str, bytes]:
