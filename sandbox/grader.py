@@ -17,8 +17,10 @@ On submit:
    against what was selected and collected (:mod:`sandbox.result_check`): tampering is
    cheating. Outcomes come from the report, never from the exit code alone: exit 0 with
    a missing report, or with failures in it, is an exit-code trick (cheating). A task
-   whose test command is not pytest runs as written in one sandbox, and only its exit
-   code counts (refused unless ``sandbox.allow_unisolated_grading``);
+   whose test command is not pytest runs as written, on the task's tests, test
+   configuration and runner files (:mod:`sandbox.grading_plain`, on its image where it
+   has one), and only its exit code counts (refused unless
+   ``sandbox.allow_unisolated_grading``);
 4. score (``all``: 1 when every test passed; ``fraction``: passed / total), reward via
    :func:`sandbox.reward.compute_reward`, publish ``Reward`` on ``rollway.rewards``.
 """
@@ -37,22 +39,22 @@ from typing import Protocol
 import msgspec
 import structlog
 
-from sandbox import grading_bridged, grading_inenv, image_changes
+from sandbox import grading_bridged, grading_inenv, grading_plain, image_changes
 from sandbox.cheating import find_cheats
 from sandbox.config import RewardConfig, SandboxConfig
 from sandbox.grading_common import (
-    HIDDEN_TESTS_DIR, HiddenPlan, RunOutput, make_plan, root_configs, solution_files, write_ro,
+    HIDDEN_TESTS_DIR, HiddenPlan, RunOutput, make_plan, root_configs, solution_files,
 )
 from sandbox.image_repo import ImageRepoCache, ImageTree, image_tree
 from sandbox.images import ImageStore
-from sandbox.isolation import WORKSPACE, Bind, Limits
+from sandbox.isolation import Limits
 from sandbox.junit import Report, ReportError, outcomes_of, parse_report
 from sandbox.netwatch import ToolCall, network_attempts
 from sandbox.quota import Quota
 from sandbox.result_check import INTERNAL_ERROR_CASE, check as check_result
 from sandbox.reward import compute_reward
 from sandbox.runner import CommandResult, Jail
-from sandbox.workspace import Snapshot, Workspace, clean_relpath
+from sandbox.workspace import Snapshot, Workspace
 from schemas import Cost, Reward
 from tasks.spec import TaskSpec, pytest_arguments
 from tasks.store import TaskStore
@@ -166,8 +168,9 @@ class Grader:
         # An image task: what the image holds as it is (its links, binaries) is not the agent's doing.
         tree = await self.image_tree(spec) if spec.image else None
         checked = image_changes.agent_view(snapshot, tree) if tree is not None else snapshot
+        # Test configuration is the task's in every mode (a non-pytest run restores it too).
         findings = find_cheats(spec.files, checked, hidden_dir=HIDDEN_TESTS_DIR, in_env=in_env,
-                               by_report=by_report)
+                               by_report=by_report, configs_restored=True)
         findings += [f"network access attempted: {e}" for e in network_attempts(calls)]
         if findings:
             return Verdict(score=0.0, cheated=True, reason="; ".join(findings))
@@ -216,14 +219,12 @@ class Grader:
             else:
                 base = grade_dir
             args = pytest_arguments(spec.test_command)
-            if args is None:
-                if not self.cfg.allow_unisolated_grading:
-                    reason = (f"task {spec.task_id}'s test command {spec.test_command!r} is not pytest, so its hidden "
-                              f"tests would run in the solution's process; set sandbox.allow_unisolated_grading = "
-                              f"true to grade it by exit code anyway")
-                    log.error("grading refused", task_id=spec.task_id, reason=reason)
-                    return Verdict(score=0.0, reason=reason)
-                return await self._run_plain(spec, snapshot, base, uid=uid)
+            if args is None and not self.cfg.allow_unisolated_grading:
+                reason = (f"task {spec.task_id}'s test command {spec.test_command!r} is not pytest, so its hidden "
+                          f"tests would run in the solution's process; set sandbox.allow_unisolated_grading = "
+                          f"true to grade it by exit code anyway")
+                log.error("grading refused", task_id=spec.task_id, reason=reason)
+                return Verdict(score=0.0, reason=reason)
             code = solution_files(snapshot)
             known = {**image_changes.config_texts(tree), **spec.files}
             # An image task grades on its image (an ImageError is the infrastructure's
@@ -232,6 +233,12 @@ class Grader:
             try:
                 # The agent's final tree over the image (both modes): its deletions and links too.
                 changes = image_changes.tree_changes(snapshot, tree) if tree is not None else None
+                if args is None:
+                    # Either mode: the command as written, by its exit code, on the task's
+                    # tests, test configuration and runner (sandbox/grading_plain.py).
+                    output = await grading_plain.run(self.jail, self.cfg, self._limits(), spec, code, base, uid=uid,
+                                                     root=root, changes=changes)
+                    return self._judge(output, None)
                 if spec.grading == "in-env":
                     run_args = grading_inenv.pytest_args(spec, args)
                     plan = make_plan(run_args, grading_inenv.layout(spec), run_configs(known, run_args))
@@ -276,20 +283,6 @@ class Grader:
         self._bridge_runs += 1
         return cpus[self._bridge_runs % len(cpus)]
 
-    async def _run_plain(self, spec: TaskSpec, snapshot: Snapshot, base: Path, *, uid: int) -> Verdict:
-        """A task whose test command is not pytest: it runs as written in one sandbox over
-        the workspace, and only its exit code counts (no isolation from the solution)."""
-        ws = Workspace.create(base / "ws", uid, solution_files(snapshot))[0]
-        hidden = base / "hidden"
-        for rel, text in spec.hidden_tests.items():
-            write_ro(hidden / clean_relpath(rel), text.encode())
-        hidden.mkdir(mode=0o755, exist_ok=True)
-        result = await self.jail.run(
-            spec.test_command, workspace=ws.root, uid=uid, timeout_s=self.cfg.grading_timeout_s,
-            binds=[Bind(str(hidden), f"{WORKSPACE}/{HIDDEN_TESTS_DIR}")], limits=self._limits(), label="grade",
-        )
-        return self._judge(RunOutput(result=result, report=None, collected=None), None)
-
     def _judge(self, output: RunOutput, plan: HiddenPlan | None) -> Verdict:
         result = output.result
         runs = [result] if output.solution is None else [result, output.solution]
@@ -306,11 +299,13 @@ class Grader:
         if extra:
             why.append("limits: " + ", ".join(extra))
         stopped = f" ({'; '.join(why)})" if why else ""
+        discarded = (f"; agent changes to test files discarded: {', '.join(output.notes)}" if output.notes else "")
         if plan is None:
             passed = result.exit_code == 0 and not result.killed
-            return Verdict(score=float(passed), tests_passed=int(passed), tests_total=1,
-                           reason="" if passed else f"test command exited {result.exit_code}{stopped}")
-        discarded = (f"; agent changes to test files discarded: {', '.join(output.notes)}" if output.notes else "")
+            reason = "" if passed else f"test command exited {result.exit_code}{stopped}"
+            if discarded:
+                reason = (reason + discarded) if reason else discarded.removeprefix("; ")
+            return Verdict(score=float(passed), tests_passed=int(passed), tests_total=1, reason=reason)
         report = output.report
         if report is None:
             if result.exit_code == 0 and not result.killed:

@@ -98,6 +98,7 @@ def command_prefix(test_command: str) -> list[str]:
 
 def tree(spec: TaskSpec, code: dict[str, bytes], plan: HiddenPlan, *, base_configs: dict[str, bytes] | None = None,
          changes: TreeChanges | None = None, support: dict[str, bytes] | None = None,
+         runner: dict[str, bytes | None] | None = None,
          ) -> tuple[dict[str, bytes], list[str], dict[str, str]]:
     """The run's tree: the agent's files with the task's tests and test configuration
     restored; one note per agent change that was discarded; and the agent's links the
@@ -108,7 +109,10 @@ def tree(spec: TaskSpec, code: dict[str, bytes], plan: HiddenPlan, *, base_confi
     hold (a linked or non-UTF-8 ``setup.cfg``, a latin-1 ``conftest.py``); restored as
     regular files. ``changes``: the agent's removals and links against the image.
     ``support``: the task's test-support files as bytes (an image task's: :func:`image_support`);
-    None: found in the task's text and ``base_configs``."""
+    None: found in the task's text and ``base_configs``. ``runner``: more files of the
+    tests' side (a test command that is not pytest: the runner script it names,
+    sandbox/grading_plain.py), each the task's bytes, or None where the task has none (an
+    agent's file there is removed)."""
     files = dict(code)
     original = {**(base_configs or {}), **{clean_relpath(p): t.encode() for p, t in spec.files.items()}}
     removed = set(changes.removed) if changes is not None else set()
@@ -124,13 +128,15 @@ def tree(spec: TaskSpec, code: dict[str, bytes], plan: HiddenPlan, *, base_confi
     if support is None:
         support = support_files(spec, original, plan.tests)
     protected.update({path: data for path, data in support.items() if path not in plan.tests})
+    absent = {path for path, data in (runner or {}).items() if data is None}
+    protected.update({path: data for path, data in (runner or {}).items() if data is not None})
     for path in sorted(files):
         name = PurePosixPath(path).name
-        if name in CONFIG_NAMES and path not in protected:
+        if (name in CONFIG_NAMES or path in absent) and path not in protected:
             del files[path]
             notes.append(f"{path} (added, removed)")
     for path in sorted(links):
-        if PurePosixPath(path).name in CONFIG_NAMES and path not in protected:
+        if (PurePosixPath(path).name in CONFIG_NAMES or path in absent) and path not in protected:
             del links[path]
             notes.append(f"{path} (added as a link, removed)")
     for path, data in protected.items():
@@ -163,8 +169,8 @@ def tree(spec: TaskSpec, code: dict[str, bytes], plan: HiddenPlan, *, base_confi
 def _drop_shadows(files: dict[str, bytes], links: dict[str, str], code: dict[str, bytes], original: dict[str, bytes],
                   run: list[str]) -> list[str]:
     """Remove what the agent added or changed that Python would import instead of a module
-    of the run (``run``: the restored support and configuration files, the hidden tests):
-    a package of the same name beside it (``tests/helpers/__init__.py`` shadows
+    of the run (``run``: the restored support, configuration and runner files, the hidden
+    tests): a package of the same name beside it (``tests/helpers/__init__.py`` shadows
     ``tests/helpers.py``: in one folder the import system takes the package first) or an
     extension module (``helpers.cpython-311-x86_64-linux-gnu.so``, found before source), as
     files or links. Without this a restored helper was dead code: an agent's package with a

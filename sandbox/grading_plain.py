@@ -1,0 +1,134 @@
+"""Grading a task whose test command is not pytest (``sandbox.allow_unisolated_grading``):
+the command runs as written, in the solution's process, and only its exit code counts.
+
+No report, canary or witness can judge such a run, so the solution's code can set the
+exit code (patch ``unittest``, leave with 0 from a call the tests make): that is why it is
+refused by default. What the grader can do is what in-env grading does for pytest
+(sandbox/grading_inenv.py): run the command on the task's own tests' side, not the
+agent's. One fresh sandbox (the task's image at its ``workdir`` where it has one, the
+host root otherwise) holds the agent's final tree with, restored from the task:
+
+- the hidden tests, at their real repository paths for SWE-style rows (the command names
+  them there) and under ``hidden_tests/`` otherwise;
+- the repository's test-support files and test configuration at any depth, as in-env;
+- the runner: every file of the task the command names (``bash run_tests.sh``,
+  ``./tests/runtests.py``, ``bin/test``, ``python -m tests.runner``) and the files the
+  program it starts reads on its own (make's makefiles, nox's ``noxfile.py``), unless the
+  reference solution changes it (then it is code under test: ``python -m doctest calc.py``).
+  One the agent added where the task has none (a ``GNUmakefile``, which make reads
+  before ``Makefile``) is removed.
+
+Every agent change discarded is named in the reward's reason, as in-env.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import shlex
+from pathlib import Path, PurePosixPath
+
+from sandbox import grading_inenv, image_workspace
+from sandbox.config import SandboxConfig
+from sandbox.grading_common import HiddenPlan, RunOutput
+from sandbox.image_changes import TreeChanges
+from sandbox.image_repo import image_file_bytes
+from sandbox.images import ImageRoot
+from sandbox.isolation import WORKSPACE, Limits
+from sandbox.runner import Jail
+from sandbox.test_selection import Selection
+from sandbox.workspace import Workspace, clean_relpath
+from tasks.spec import TaskSpec
+
+# Files a program reads without being told (where the command names none with -f/--file).
+IMPLICIT_INPUTS: dict[str, tuple[str, ...]] = {
+    "make": ("GNUmakefile", "makefile", "Makefile"),
+    "gmake": ("GNUmakefile", "makefile", "Makefile"),
+    "nox": ("noxfile.py",),
+}
+_NO_SELECTION = Selection(expected=[], by_node_id=False, stops_early=False, canaries_allowed=False)
+
+
+def command_paths(test_command: str, workdir: str) -> list[str]:
+    """Repository paths the command may run or read: every word that is a relative path
+    (or an absolute one under ``workdir``), the value of ``--opt=path``, the module files
+    of ``-m module``, the implicit inputs of the programs it starts; the words of a quoted
+    inner command (``bash -c "..."``) too. A superset: only the task's files among them count."""
+    try:
+        words = shlex.split(test_command)
+    except ValueError:
+        return []
+    out: list[str] = []
+    top = workdir.rstrip("/") + "/"
+    after_m = False
+    for word in words:
+        if any(c.isspace() for c in word):
+            out += command_paths(word, workdir)
+            continue
+        value = word.split("=", 1)[1] if word.startswith("-") and "=" in word else word
+        if after_m:
+            module = value.replace(".", "/")
+            out += [f"{module}.py", f"{module}/__main__.py", f"{module}/__init__.py"]
+        after_m = word == "-m"
+        if value.startswith(top):
+            value = value.removeprefix(top)
+        if not value or value.startswith(("-", "/")) or "=" in value:
+            continue
+        out += IMPLICIT_INPUTS.get(PurePosixPath(value).name, ())
+        try:
+            out.append(clean_relpath(value))
+        except ValueError:
+            continue
+    return list(dict.fromkeys(out))
+
+
+def runner_files(spec: TaskSpec, original: dict[str, bytes]) -> dict[str, bytes | None]:
+    """``{path: the task's bytes, or None where the task has no such file}`` of the
+    runner (:func:`command_paths`): named files of the task, implicit inputs whether or
+    not the task has them; never a file the reference solution changes or deletes."""
+    gold = {clean_relpath(p) for p in [*spec.solution, *spec.solution_deletes]}
+    implicit = {name for names in IMPLICIT_INPUTS.values() for name in names}
+    out: dict[str, bytes | None] = {}
+    for path in command_paths(spec.test_command, spec.workdir):
+        if path in gold:
+            continue
+        if path in original:
+            out[path] = original[path]
+        elif PurePosixPath(path).name in implicit:
+            out[path] = None
+    return out
+
+
+async def run(jail: Jail, cfg: SandboxConfig, limits: Limits, spec: TaskSpec, code: dict[str, bytes], base: Path,
+              *, uid: int, root: ImageRoot | None = None, changes: TreeChanges | None = None) -> RunOutput:
+    """``root``: the task's image (the command runs on it, in a fresh copy-on-write tree of
+    its ``workdir`` with the agent's removals and links redone); None: the host root."""
+    tests = {path: text.encode() for path, text in grading_inenv.layout(spec).items()}
+    plan = HiddenPlan(args=[], tests=tests, selection=_NO_SELECTION, canaries=[], plugin="", collected_file="")
+    original = {clean_relpath(p): t.encode() for p, t in spec.files.items()}
+    configs = support = None
+    if root is not None:
+        configs = await asyncio.to_thread(grading_inenv.image_configs, root, spec, plan)
+        support = await asyncio.to_thread(grading_inenv.image_support, root, spec, plan, configs)
+        top = spec.workdir.rstrip("/")
+        for path in command_paths(spec.test_command, spec.workdir):
+            if path not in original:
+                data = await asyncio.to_thread(image_file_bytes, root, f"{top}/{path}")
+                if data is not None:
+                    original[path] = data
+    runner = runner_files(spec, original)
+    files, notes, links = grading_inenv.tree(spec, code, plan, base_configs=configs, changes=changes,
+                                             support=support, runner=runner)
+    if root is not None:
+        ws, _ = image_workspace.create(base / "ws", uid, files, None, root, spec.workdir,
+                                       removed=changes.removed if changes is not None else (), links=links)
+        on_root = {"root": root, "workdir": spec.workdir}
+    else:
+        ws, _ = Workspace.create(base / "ws", uid, files)
+        on_root = {"workdir": WORKSPACE}
+    try:
+        result = await jail.run(spec.test_command, workspace=ws.root, uid=uid, timeout_s=cfg.grading_timeout_s,
+                                limits=limits, label="grade-plain", **on_root)
+    finally:
+        if root is not None:
+            ws.remove()
+    return RunOutput(result=result, report=None, collected=None, notes=notes)

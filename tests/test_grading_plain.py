@@ -1,0 +1,40 @@
+"""What a test command that is not pytest runs from the task (sandbox/grading_plain.py),
+without a sandbox: the repository paths it names or its program reads on its own, and
+which of them are restored from the task (never code under test)."""
+
+from __future__ import annotations
+
+import pytest
+
+from sandbox.grading_plain import command_paths, runner_files
+from tasks.spec import TaskSpec
+
+
+@pytest.mark.parametrize("command,paths", [
+    ("bash run_tests.sh", ["bash", "run_tests.sh"]),
+    ("./tests/runtests.py --settings=test_sqlite model_fields", ["tests/runtests.py", "test_sqlite", "model_fields"]),
+    ("PYTHONWARNINGS='ignore::UserWarning' bin/test -C --verbose", ["bin/test"]),
+    ("make -C . test", ["GNUmakefile", "makefile", "Makefile", "make", "test"]),
+    ("python -m tests.runner --config=ci/conf.toml", ["python", "tests/runner.py", "tests/runner/__main__.py",
+                                                      "tests/runner/__init__.py", "tests.runner", "ci/conf.toml"]),
+    ("bash -c 'cd /testbed && nox -s tests'", ["bash", "cd", "&&", "noxfile.py", "nox", "tests"]),
+    ("/testbed/scripts/check.sh", ["scripts/check.sh"]),
+    ("python ../outside.py /etc/passwd", ["python"]),
+    ("unbalanced 'quote", []),
+])
+def test_command_paths(command, paths):
+    assert command_paths(command, "/testbed") == paths
+
+
+TASK = TaskSpec(task_id="t", instruction="", test_command="bash run_tests.sh && python -m doctest calc.py && make check",
+                files={"run_tests.sh": "exit 1\n", "calc.py": "", "Makefile": "check:\n\ttrue\n"},
+                hidden_tests={"test_calc.py": ""}, solution={"calc.py": "x = 1\n"}, workdir="/testbed")
+
+
+def test_runner_files_are_the_tasks_named_files_and_implicit_inputs_but_never_code_under_test():
+    original = {path: text.encode() for path, text in TASK.files.items()}
+    assert runner_files(TASK, original) == {
+        "run_tests.sh": b"exit 1\n",  # named: the task's copy runs
+        "GNUmakefile": None, "makefile": None,  # make reads them first: an agent's is removed
+        "Makefile": b"check:\n\ttrue\n",
+    }  # calc.py, named by the command, is what the reference solution changes: the agent's runs
