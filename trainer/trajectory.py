@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import cached_property
-from operator import attrgetter
+from operator import attrgetter, itemgetter
 from typing import Sequence
 
 import msgspec
@@ -170,25 +170,36 @@ class Group:
 
 
 def order_chunks(chunks: Sequence[TrajectoryChunk]) -> list[int]:
-    """Indices of ``chunks`` in trajectory order; raises on gaps or repeats."""
-    order = sorted(range(len(chunks)), key=lambda i: (chunks[i].segment_index, chunks[i].chunk_index))
-    keys = [(chunks[i].segment_index, chunks[i].chunk_index) for i in order]
+    """Indices of ``chunks`` in trajectory order; raises on gaps or repeats.
+
+    (Called twice for every trajectory the trainer reads: the positions are read once
+    as C attribute-getter tuples, and the per-segment layout is walked only where the
+    index does not count across the trajectory.)"""
+    positions = list(map(_position, chunks))
+    order = sorted(range(len(positions)), key=positions.__getitem__)
+    keys = list(map(positions.__getitem__, order))
     if len(set(keys)) != len(keys):
         raise InvalidTrajectory(f"repeated (segment, chunk) index among {keys}")
-    global_ok = [k[1] for k in keys] == list(range(len(keys)))
-    per_segment_ok = True
+    segments = sorted(set(map(_first, keys)))
+    if segments != list(range(len(segments))):
+        raise InvalidTrajectory(f"segment indices {segments} are not 0..{len(segments) - 1}")
+    if list(map(_second, keys)) != list(range(len(keys))) and not _counts_per_segment(keys):
+        raise InvalidTrajectory(f"chunk indices have a gap: {keys}")
+    return order
+
+
+_position = attrgetter("segment_index", "chunk_index")
+_first, _second = itemgetter(0), itemgetter(1)
+
+
+def _counts_per_segment(keys: list[tuple[int, int]]) -> bool:
+    """Whether the sorted ``keys`` count 0, 1, ... within each segment."""
     expected: dict[int, int] = {}
     for seg, idx in keys:
         if idx != expected.get(seg, 0):
-            per_segment_ok = False
-            break
+            return False
         expected[seg] = idx + 1
-    segments = sorted({k[0] for k in keys})
-    if segments != list(range(len(segments))):
-        raise InvalidTrajectory(f"segment indices {segments} are not 0..{len(segments) - 1}")
-    if not (global_ok or per_segment_ok):
-        raise InvalidTrajectory(f"chunk indices have a gap: {keys}")
-    return order
+    return True
 
 
 def chunks_complete(chunks: Sequence[TrajectoryChunk]) -> bool:
@@ -196,11 +207,10 @@ def chunks_complete(chunks: Sequence[TrajectoryChunk]) -> bool:
     if not any(c.final for c in chunks):
         return False
     try:
-        order_chunks(chunks)
+        order = order_chunks(chunks)
     except InvalidTrajectory:
         return False
-    last = max(chunks, key=lambda c: (c.segment_index, c.chunk_index))
-    return last.final
+    return chunks[order[-1]].final  # (positions are distinct here: the last in order is the max)
 
 
 def assemble(
