@@ -62,6 +62,7 @@ CONFIG_NAMES = frozenset({"conftest.py", *INIFILE_NAMES})
 _TAKES_VALUE = frozenset({"-p", "-o", "-k", "-m", "-c", "-W", "--deselect", "--ignore", "--ignore-glob", "--rootdir",
                           "--confcutdir", "--basetemp", "--override-ini", "--config-file"})
 _PREFIX = HIDDEN_TESTS_DIR + "/"
+_BOOT_SOURCE = (Path(__file__).parent / "grading_boot.py").read_bytes()
 
 
 def real_paths(spec: TaskSpec) -> bool:
@@ -94,6 +95,17 @@ def command_prefix(test_command: str) -> list[str]:
     argv = shlex.split(test_command)
     args = pytest_arguments(test_command) or []
     return argv[: len(argv) - len(args)]
+
+
+def boot_prefix(prefix: list[str], plugin: Path, plan: HiddenPlan) -> list[str]:
+    """``python -m pytest`` as ``python /grader-plugin/<plugin>_boot.py`` (written into the
+    plugin folder): the grader's plugin is imported, and the hidden sources read, before the
+    agent's tree goes on sys.path (sandbox/grading_boot.py). Any other prefix (``pytest``, a
+    console script: its own folder first on sys.path) as it is."""
+    if len(prefix) != 3 or prefix[1:] != ["-m", "pytest"]:
+        return prefix
+    write_ro(plugin / f"{plan.plugin}_boot.py", _BOOT_SOURCE)
+    return [prefix[0], f"{PLUGIN_DIR}/{plan.plugin}_boot.py"]
 
 
 def tree(spec: TaskSpec, code: dict[str, bytes], plan: HiddenPlan, *, base_configs: dict[str, bytes] | None = None,
@@ -297,7 +309,7 @@ async def run(jail: Jail, cfg: SandboxConfig, limits: Limits, spec: TaskSpec, co
     pin = inifile_pin(spec, plan, workdir, configs)
     if pin[1].startswith(PLUGIN_DIR + "/"):
         write_ro(plugin / PurePosixPath(pin[1]).name, b"[pytest]\n")
-    command = shlex.join([*command_prefix(spec.test_command), *pin, *plan.args])
+    command = shlex.join([*boot_prefix(command_prefix(spec.test_command), plugin, plan), *pin, *plan.args])
     try:
         result = await jail.run(
             command, workspace=ws.root, uid=uid, timeout_s=cfg.grading_timeout_s,

@@ -20,6 +20,9 @@ It does three things, read by :mod:`sandbox.result_check`:
   memory (its ``_rewrite_test``/``_read_pyc`` are wrapped for those paths only; nothing
   is written to ``__pycache__``), and other imports of them go through a finder placed
   before the standard path finder.
+
+PYTEST_DONT_REWRITE: nothing here needs assertion rewriting, and a run started by
+sandbox/grading_boot.py imports this module before pytest marks it for rewriting.
 """
 
 import builtins

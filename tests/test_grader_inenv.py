@@ -33,7 +33,7 @@ from sandbox.reward import cheat_floor
 from schemas import Reward
 from tasks.store import TaskStore
 from tasks.swe import load_swe_jsonl
-from tests.hostile.inenv import SOLUTIONS
+from tests.hostile.inenv import EARLY_KEY_ARGPARSE, EARLY_KEY_SUM, SOLUTIONS
 from tests.sandbox_helpers import live_sandbox
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -109,6 +109,8 @@ GRADINGS = {
     **{f"sum_to_in_env_{k}": (SUM_TO.task_id, {"mathutil.py": SOLUTIONS[k]})
        for k in ("selective_forger", "keyed_liar", "answer_key", "pool")},
     "sum_to_bridged_pool": ("sum_to", {"mathutil.py": SOLUTIONS["pool"]}),
+    "sum_to_in_env_early_answer_key": (SUM_TO.task_id, {"argparse.py": EARLY_KEY_ARGPARSE,
+                                                        "mathutil.py": EARLY_KEY_SUM}),
 }
 
 
@@ -245,3 +247,16 @@ def test_hidden_test_files_are_not_an_answer_key_in_env(graded):
 def test_an_honest_fork_pool_solution_is_paid(graded, name):
     reward = graded[name]
     assert (reward.score, reward.reward, reward.cheated, reward.reason) == (1.0, 1.0, False, "")
+
+
+
+def test_a_standard_module_in_the_tree_cannot_read_the_hidden_sources_before_the_plugin(graded):
+    """``python -m pytest`` put the tree first on sys.path as pytest started: the agent's
+    argparse.py ran before the grader's plugin and read the hidden sources it was about to
+    delete (tests/hostile/inenv.py EARLY_KEY_ARGPARSE). Before sandbox/grading_boot.py its
+    answer key passed all 4 tests (a canary mutant caught it: the cheat floor; one that
+    skipped the mutants would have been paid). Now pytest starts without the tree on the
+    path, the sources are gone when it goes on, and the key is empty."""
+    reward = graded["sum_to_in_env_early_answer_key"]
+    assert (reward.score, reward.reward, reward.cheated) == (0.0, 0.0, False), reward.reason
+    assert (reward.tests_passed, reward.tests_total) == (0, 4)

@@ -1,0 +1,23 @@
+"""Starts an in-env hidden run whose task says ``python -m pytest``, run by path instead.
+
+``python -m pytest`` puts the working folder, the agent's tree, first on sys.path before
+pytest starts, so a module of the tree named like a standard module pytest imports on
+its way up (``argparse.py``, ``shlex.py``, ``dataclasses.py``) ran before the grader's
+plugin, and could read the hidden test sources the plugin reads and deletes when it is
+imported (canaries and witness nonces in them). Run by path, sys.path starts with this
+folder (the grader's own), so: the plugin (named after this file, ``<plugin>_boot.py``)
+is imported first, with pytest and what it imports from the interpreter's own paths;
+then the working folder goes first on sys.path, where ``python -m`` puts it, and pytest
+runs as ``python -m pytest`` would run it. The plugin's docstring says
+PYTEST_DONT_REWRITE, so pytest does not warn that the ``-p`` plugin was imported early.
+Standard library only; Python 3.9+.
+"""
+
+import os
+import runpy
+import sys
+
+_plugin = os.path.basename(__file__)[: -len("_boot.py")]
+__import__(_plugin)
+sys.path[0] = os.getcwd()
+runpy.run_module("pytest", run_name="__main__", alter_sys=True)
