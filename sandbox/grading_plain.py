@@ -45,6 +45,8 @@ IMPLICIT_INPUTS: dict[str, tuple[str, ...]] = {
     "gmake": ("GNUmakefile", "makefile", "Makefile"),
     "nox": ("noxfile.py",),
 }
+_SCRIPT_DEPTH = 3  # the command, the scripts it names, the scripts they name
+_MAX_SCRIPT_BYTES = 64 * 1024
 _NO_SELECTION = Selection(expected=[], by_node_id=False, stops_early=False, canaries_allowed=False)
 
 
@@ -84,17 +86,27 @@ def command_paths(test_command: str, workdir: str) -> list[str]:
 def runner_files(spec: TaskSpec, original: dict[str, bytes]) -> dict[str, bytes | None]:
     """``{path: the task's bytes, or None where the task has no such file}`` of the
     runner (:func:`command_paths`): named files of the task, implicit inputs whether or
-    not the task has them; never a file the reference solution changes or deletes."""
+    not the task has them; never a file the reference solution changes or deletes. A
+    named file that is not Python (a shell script, a makefile) is read for the paths its
+    lines name in turn (``run_tests.sh`` saying ``make test``: the Makefile is the
+    runner's too), a few levels deep."""
     gold = {clean_relpath(p) for p in [*spec.solution, *spec.solution_deletes]}
     implicit = {name for names in IMPLICIT_INPUTS.values() for name in names}
     out: dict[str, bytes | None] = {}
-    for path in command_paths(spec.test_command, spec.workdir):
-        if path in gold:
-            continue
-        if path in original:
-            out[path] = original[path]
-        elif PurePosixPath(path).name in implicit:
-            out[path] = None
+    level = command_paths(spec.test_command, spec.workdir)
+    for _ in range(_SCRIPT_DEPTH):
+        found: list[str] = []
+        for path in level:
+            if path in gold or path in out:
+                continue
+            if path in original:
+                out[path] = original[path]
+                if not path.endswith(".py") and len(original[path]) <= _MAX_SCRIPT_BYTES:
+                    for line in original[path].decode(errors="replace").splitlines():
+                        found += command_paths(line.split("#", 1)[0], spec.workdir)
+            elif PurePosixPath(path).name in implicit:
+                out[path] = None
+        level = found
     return out
 
 

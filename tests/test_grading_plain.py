@@ -38,3 +38,19 @@ def test_runner_files_are_the_tasks_named_files_and_implicit_inputs_but_never_co
         "GNUmakefile": None, "makefile": None,  # make reads them first: an agent's is removed
         "Makefile": b"check:\n\ttrue\n",
     }  # calc.py, named by the command, is what the reference solution changes: the agent's runs
+
+
+def test_a_named_script_is_read_for_the_runner_files_it_names_in_turn():
+    """run_tests.sh says ``make check``: the Makefile is the runner's too (and what make
+    reads first); the Python helper the Makefile runs as well. A Python script is not read
+    (its imports are test support, sandbox/test_support.py)."""
+    task = TaskSpec(task_id="t", instruction="", test_command="bash run_tests.sh", workdir="/testbed",
+                    files={"run_tests.sh": "set -e  # runs calc.py's checks\nmake check\n",
+                           "Makefile": "check:\n\tpython tools/check.py\n", "tools/check.py": "import tools.more\n",
+                           "tools/more.py": "", "calc.py": ""},
+                    hidden_tests={"test_calc.py": ""}, solution={"calc.py": "x = 1\n"})
+    original = {path: text.encode() for path, text in task.files.items()}
+    assert runner_files(task, original) == {
+        "run_tests.sh": original["run_tests.sh"], "GNUmakefile": None, "makefile": None,
+        "Makefile": original["Makefile"], "tools/check.py": original["tools/check.py"],
+    }
