@@ -170,7 +170,8 @@ class Grader:
         checked = image_changes.agent_view(snapshot, tree) if tree is not None else snapshot
         # Test configuration is the task's in every mode (a non-pytest run restores it too).
         findings = find_cheats(spec.files, checked, hidden_dir=HIDDEN_TESTS_DIR, in_env=in_env,
-                               by_report=by_report, configs_restored=True)
+                               by_report=by_report, configs_restored=True,
+                               runner_dirs=None if by_report else grading_plain.runner_dirs(spec))
         findings += [f"network access attempted: {e}" for e in network_attempts(calls)]
         if findings:
             return Verdict(score=0.0, cheated=True, reason="; ".join(findings))

@@ -169,6 +169,7 @@ def tree(spec: TaskSpec, code: dict[str, bytes], plan: HiddenPlan, *, base_confi
             notes.append(f"{path} (added, replaced by the hidden tests)")
         files[path] = data
     notes += _drop_shadows(files, links, code, original, [*protected, *plan.tests])
+    notes += _drop_in_the_way(files, {*protected, *plan.tests})
     above = {str(parent) for path in files for parent in PurePosixPath(path).parents}
     for path in sorted(links):
         if path in files or path in above:
@@ -209,6 +210,27 @@ def _drop_shadows(files: dict[str, bytes], links: dict[str, str], code: dict[str
         if module is not None:
             del links[path]
             notes.append(f"{path} (a link that shadows {module}, removed)")
+    return notes
+
+
+def _drop_in_the_way(files: dict[str, bytes], run: set[str]) -> list[str]:
+    """Remove the agent's files that stand where the run's files (``run``) or their folders
+    go: a file at a folder of the run (``tests`` where ``tests/test_x.py`` is restored) or
+    below a run file's path (``tests/test_x.py/a`` after the test file was deleted and a
+    folder made in its place). Both trees cannot be written: the grading failed (HTTP 400,
+    no reward at all), so a wrong solution escaped its score by making its tree unwritable."""
+    folders = {str(parent) for path in run for parent in PurePosixPath(path).parents}
+    notes = []
+    for path in sorted(files):
+        if path in run:
+            continue
+        below = next((str(p) for p in PurePosixPath(path).parents if str(p) in run), None)
+        if path in folders:
+            del files[path]
+            notes.append(f"{path} (a file where the run's folder {path}/ goes, removed)")
+        elif below is not None:
+            del files[path]
+            notes.append(f"{path} (below {below}, a file of the run, removed)")
     return notes
 
 

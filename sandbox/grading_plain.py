@@ -55,32 +55,42 @@ def command_paths(test_command: str, workdir: str) -> list[str]:
     (or an absolute one under ``workdir``), the value of ``--opt=path``, the module files
     of ``-m module``, the implicit inputs of the programs it starts; the words of a quoted
     inner command (``bash -c "..."``) too. A superset: only the task's files among them count."""
+    return [path for path, _ in _named_paths(test_command, workdir)]
+
+
+def _named_paths(test_command: str, workdir: str) -> list[tuple[str, bool]]:
+    """:func:`command_paths`, each with whether it is a module file of ``-m module`` (code
+    the command imports, maybe the solution's own)."""
     try:
         words = shlex.split(test_command)
     except ValueError:
         return []
-    out: list[str] = []
+    out: list[tuple[str, bool]] = []
     top = workdir.rstrip("/") + "/"
     after_m = False
     for word in words:
         if any(c.isspace() for c in word):
-            out += command_paths(word, workdir)
+            out += _named_paths(word, workdir)
             continue
         value = word.split("=", 1)[1] if word.startswith("-") and "=" in word else word
+        is_module = after_m
         if after_m:
             module = value.replace(".", "/")
-            out += [f"{module}.py", f"{module}/__main__.py", f"{module}/__init__.py"]
+            out += [(f"{module}.py", True), (f"{module}/__main__.py", True), (f"{module}/__init__.py", True)]
         after_m = word == "-m"
         if value.startswith(top):
             value = value.removeprefix(top)
         if not value or value.startswith(("-", "/")) or "=" in value:
             continue
-        out += IMPLICIT_INPUTS.get(PurePosixPath(value).name, ())
+        out += [(name, False) for name in IMPLICIT_INPUTS.get(PurePosixPath(value).name, ())]
         try:
-            out.append(clean_relpath(value))
+            out.append((clean_relpath(value), is_module))
         except ValueError:
             continue
-    return list(dict.fromkeys(out))
+    seen: dict[str, bool] = {}
+    for path, module in out:
+        seen[path] = seen.get(path, False) or module
+    return list(seen.items())
 
 
 def runner_files(spec: TaskSpec, original: dict[str, bytes]) -> dict[str, bytes | None]:
@@ -89,25 +99,66 @@ def runner_files(spec: TaskSpec, original: dict[str, bytes]) -> dict[str, bytes 
     not the task has them; never a file the reference solution changes or deletes. A
     named file that is not Python (a shell script, a makefile) is read for the paths its
     lines name in turn (``run_tests.sh`` saying ``make test``: the Makefile is the
-    runner's too), a few levels deep."""
+    runner's too), a few levels deep; a path those lines name that the task lacks is
+    None too (an optional file the runner reads: ``-include local.mk``), unless it is a
+    module of ``-m``."""
     gold = {clean_relpath(p) for p in [*spec.solution, *spec.solution_deletes]}
     implicit = {name for names in IMPLICIT_INPUTS.values() for name in names}
     out: dict[str, bytes | None] = {}
-    level = command_paths(spec.test_command, spec.workdir)
-    for _ in range(_SCRIPT_DEPTH):
-        found: list[str] = []
-        for path in level:
+    level = _named_paths(spec.test_command, spec.workdir)
+    for depth in range(_SCRIPT_DEPTH):
+        found: list[tuple[str, bool]] = []
+        for path, module in level:
             if path in gold or path in out:
                 continue
             if path in original:
                 out[path] = original[path]
                 if not path.endswith(".py") and len(original[path]) <= _MAX_SCRIPT_BYTES:
                     for line in original[path].decode(errors="replace").splitlines():
-                        found += command_paths(line.split("#", 1)[0], spec.workdir)
-            elif PurePosixPath(path).name in implicit:
+                        found += _named_paths(line.split("#", 1)[0], spec.workdir)
+            elif PurePosixPath(path).name in implicit or (depth > 0 and not module and _file_like(path)):
+                # A file a runner script names that the task lacks is one it reads only if
+                # present (``-include local.mk``, ``[ -f ci/env.sh ] && . ci/env.sh``): an
+                # agent's there set the runner's outcome (``SHELL := /bin/true``, ``exit 0``;
+                # paid 1.0). Not a module of ``-m``: that may be the solution's own code.
                 out[path] = None
         level = found
     return out
+
+
+def runner_dirs(spec: TaskSpec) -> frozenset[str]:
+    """Folders the command may run a script from, or put on sys.path: every path the
+    command and the task's files it names (Python scripts too, a few levels deep) name,
+    each with its parents, and the hidden tests' folders (a runner imports the tests from
+    theirs; pytest puts a test's folder first). A superset: a module named like a test
+    runner's (``unittest.py``) counts as shadowing it only in one of these
+    (sandbox/cheating.py)."""
+    original = {clean_relpath(p): t.encode() for p, t in spec.files.items()}
+    seen: set[str] = set()
+    level = _named_paths(spec.test_command, spec.workdir)
+    for _ in range(_SCRIPT_DEPTH):
+        found: list[tuple[str, bool]] = []
+        for path, _module in level:
+            if path in seen:
+                continue
+            seen.add(path)
+            data = original.get(path)
+            if data is not None and len(data) <= _MAX_SCRIPT_BYTES:
+                for line in data.decode(errors="replace").splitlines():
+                    found += _named_paths(line.split("#", 1)[0], spec.workdir)
+        level = found
+    dirs: set[str] = set()
+    for path in [*seen, *grading_inenv.layout(spec)]:
+        p = PurePosixPath(path)
+        dirs.update([str(p), *(str(q) for q in p.parents)])
+    return frozenset(dirs)
+
+
+def _file_like(path: str) -> bool:
+    """A word of a script that names a file (a folder in it, a suffix, a dotfile), not a
+    bare word (``set``, ``python``, a make target)."""
+    name = PurePosixPath(path).name
+    return "/" in path or name.startswith(".") or bool(PurePosixPath(name).suffix)
 
 
 async def run(jail: Jail, cfg: SandboxConfig, limits: Limits, spec: TaskSpec, code: dict[str, bytes], base: Path,

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from sandbox.grading_plain import command_paths, runner_files
+from sandbox.grading_plain import command_paths, runner_dirs, runner_files
 from tasks.spec import TaskSpec
 
 
@@ -54,3 +54,29 @@ def test_a_named_script_is_read_for_the_runner_files_it_names_in_turn():
         "run_tests.sh": original["run_tests.sh"], "GNUmakefile": None, "makefile": None,
         "Makefile": original["Makefile"], "tools/check.py": original["tools/check.py"],
     }
+
+
+def test_a_path_a_runner_script_names_that_the_task_lacks_is_removed_but_not_a_module_of_dash_m():
+    """``-include local.mk`` and ``[ -f ci/env.sh ] && . ci/env.sh`` read a file only if it is
+    there: an agent's one set the outcome (``SHELL := /bin/true``: paid 1.0), so it is None
+    (removed). A module of ``-m`` the task lacks may be the solution's (a package the
+    reference adds as a module), and a bare word (a make target, ``set``) names no file."""
+    task = TaskSpec(task_id="t", instruction="", test_command="bash run_tests.sh", workdir="/testbed",
+                    files={"run_tests.sh": "set -e\n[ -f ci/env.sh ] && . ci/env.sh\nmake check\n",
+                           "Makefile": "-include local.mk\ncheck:\n\tpython -m calc.selftest\n", "calc/__init__.py": ""},
+                    hidden_tests={"test_calc.py": ""}, solution={"calc/selftest.py": "x = 1\n"})
+    original = {path: text.encode() for path, text in task.files.items()}
+    assert runner_files(task, original) == {
+        "run_tests.sh": original["run_tests.sh"], "ci/env.sh": None, "GNUmakefile": None, "makefile": None,
+        "Makefile": original["Makefile"], "local.mk": None,
+    }
+
+
+def test_runner_dirs_are_the_folders_the_command_runs_scripts_from_or_imports_tests_from():
+    task = TaskSpec(task_id="t", instruction="", test_command="bash run_tests.sh", workdir="/testbed",
+                    files={"run_tests.sh": "python tests/runtests.py\n", "tests/runtests.py": "import tools.x\n",
+                           "lib/calc.py": ""},
+                    hidden_tests={"test_calc.py": ""}, solution={"lib/calc.py": "x = 1\n"})
+    dirs = runner_dirs(task)
+    assert {"tests", "hidden_tests", "."} <= dirs
+    assert "lib" not in dirs
