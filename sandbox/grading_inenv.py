@@ -172,7 +172,9 @@ def tree(spec: TaskSpec, code: dict[str, bytes], plan: HiddenPlan, *, base_confi
     notes += _drop_in_the_way(files, {*protected, *plan.tests})
     above = {str(parent) for path in files for parent in PurePosixPath(path).parents}
     for path in sorted(links):
-        if path in files or path in above:
+        # (At, above or below a file of the run: below, the link's folder is where the
+        # file goes, and the tree could not be written.)
+        if path in files or path in above or any(str(p) in files for p in PurePosixPath(path).parents):
             del links[path]
             if not any(n.startswith(f"{path} ") for n in notes):
                 notes.append(f"{path} (a link where the run's files go, removed)")

@@ -84,9 +84,12 @@ class ImageWorkspace(Workspace):
             os.close(dfd)
             return None
         os.close(dfd)
+        # Checked before fdopen, which refuses a folder (IsADirectoryError): an agent's file
+        # where the image has a folder (``tests`` made a file) failed the snapshot, HTTP 500.
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            os.close(fd)
+            return None
         with os.fdopen(fd, "rb") as f:
-            if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
-                return None
             return f.read()
 
     def remove(self) -> None:
