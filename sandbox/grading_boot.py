@@ -20,6 +20,10 @@ import runpy
 import sys
 
 _plugin = os.path.basename(__file__)[: -len("_boot.py")]
+# sys.path[0] once the plugin is in: None for ``python -m pytest`` (the working folder);
+# a console script's own folder where the task's command is one (written in by the grader:
+# sandbox/grading_inenv.py boot_prefix).
+_PATH0 = None
 _cwd = os.path.realpath(os.getcwd())
 
 
@@ -36,5 +40,5 @@ _path = sys.path[:]
 sys.path[:] = [entry for entry in _path if _outside_tree(entry)]
 __import__(_plugin)
 sys.path[:] = _path
-sys.path[0] = os.getcwd()
+sys.path[0] = _PATH0 or os.getcwd()
 runpy.run_module("pytest", run_name="__main__", alter_sys=True)

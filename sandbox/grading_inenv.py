@@ -49,7 +49,7 @@ from sandbox.image_changes import TreeChanges
 from sandbox.image_repo import image_file_bytes, image_tree
 from sandbox.test_support import support_files
 from sandbox.images import ImageRoot
-from sandbox.isolation import WORKSPACE, Bind, Limits
+from sandbox.isolation import IMAGE_PATH, WORKSPACE, Bind, Limits
 from sandbox.runner import Jail
 from sandbox.workspace import Workspace, WorkspaceError, clean_relpath
 from tasks.spec import TaskSpec, pytest_arguments
@@ -63,6 +63,7 @@ _TAKES_VALUE = frozenset({"-p", "-o", "-k", "-m", "-c", "-W", "--deselect", "--i
                           "--confcutdir", "--basetemp", "--override-ini", "--config-file"})
 _PREFIX = HIDDEN_TESTS_DIR + "/"
 _BOOT_SOURCE = (Path(__file__).parent / "grading_boot.py").read_bytes()
+_PYTHON_NAME = re.compile(r"python(3(\.\d+)?)?")
 
 
 def real_paths(spec: TaskSpec) -> bool:
@@ -97,15 +98,51 @@ def command_prefix(test_command: str) -> list[str]:
     return argv[: len(argv) - len(args)]
 
 
-def boot_prefix(prefix: list[str], plugin: Path, plan: HiddenPlan) -> list[str]:
+def boot_prefix(prefix: list[str], plugin: Path, plan: HiddenPlan, root: ImageRoot | None = None) -> list[str]:
     """``python -m pytest`` as ``python /grader-plugin/<plugin>_boot.py`` (written into the
     plugin folder): the grader's plugin is imported, and the hidden sources read, before the
-    agent's tree goes on sys.path (sandbox/grading_boot.py). Any other prefix (``pytest``, a
-    console script: its own folder first on sys.path) as it is."""
-    if len(prefix) != 3 or prefix[1:] != ["-m", "pytest"]:
-        return prefix
-    write_ro(plugin / f"{plan.plugin}_boot.py", _BOOT_SOURCE)
-    return [prefix[0], f"{PLUGIN_DIR}/{plan.plugin}_boot.py"]
+    agent's tree goes on sys.path (sandbox/grading_boot.py). On an image, a console script
+    (``pytest``, ``py.test``: the image's, found on its PATH) the same way, run by the
+    interpreter its ``#!`` line names, its own folder first on sys.path as the script would
+    have it: an editable install's ``.pth`` may put the tree on sys.path from start-up, and
+    then a module of the tree that pytest's imports look for ran before the plugin. Any other
+    prefix (a console script on the host root, whose tree is not on sys.path at start-up, or
+    one whose ``#!`` line is not a plain Python) as it is."""
+    if len(prefix) == 3 and prefix[1:] == ["-m", "pytest"]:
+        interpreter, path0 = [prefix[0]], None
+    else:
+        found = _console_script(root, prefix) if root is not None else None
+        if found is None:
+            return prefix
+        interpreter, path0 = found
+    source = _BOOT_SOURCE.replace(b"\n_PATH0 = None\n", f"\n_PATH0 = {path0!r}\n".encode(), 1)
+    write_ro(plugin / f"{plan.plugin}_boot.py", source)
+    return [*interpreter, f"{PLUGIN_DIR}/{plan.plugin}_boot.py"]
+
+
+def _console_script(root: ImageRoot, prefix: list[str]) -> tuple[list[str], str] | None:
+    """(the interpreter argv of its ``#!`` line, its folder) of a one-word prefix that is a
+    console script of the image (an absolute path, or a name on the image's PATH)."""
+    if len(prefix) != 1:
+        return None
+    program = prefix[0]
+    if program.startswith("/"):
+        candidates = [program]
+    elif "/" not in program:
+        path = root.env.get("PATH", IMAGE_PATH)
+        candidates = [f"{d.rstrip('/')}/{program}" for d in path.split(":") if d.startswith("/")]
+    else:
+        return None  # (a script of the tree: no interpreter of the image's to trust)
+    for candidate in candidates:
+        data = image_file_bytes(root, candidate)
+        if data is None:
+            continue
+        first = data.split(b"\n", 1)[0].decode("utf-8", "replace")
+        words = first[2:].split() if first.startswith("#!") else []
+        python = (len(words) == 1 and words[0].startswith("/") and _PYTHON_NAME.fullmatch(PurePosixPath(words[0]).name)
+                  or len(words) == 2 and PurePosixPath(words[0]).name == "env" and _PYTHON_NAME.fullmatch(words[1]))
+        return (words, str(PurePosixPath(candidate).parent)) if python else None
+    return None
 
 
 def tree(spec: TaskSpec, code: dict[str, bytes], plan: HiddenPlan, *, base_configs: dict[str, bytes] | None = None,
@@ -333,7 +370,8 @@ async def run(jail: Jail, cfg: SandboxConfig, limits: Limits, spec: TaskSpec, co
     pin = inifile_pin(spec, plan, workdir, configs)
     if pin[1].startswith(PLUGIN_DIR + "/"):
         write_ro(plugin / PurePosixPath(pin[1]).name, b"[pytest]\n")
-    command = shlex.join([*boot_prefix(command_prefix(spec.test_command), plugin, plan), *pin, *plan.args])
+    prefix = await asyncio.to_thread(boot_prefix, command_prefix(spec.test_command), plugin, plan, root)
+    command = shlex.join([*prefix, *pin, *plan.args])
     try:
         result = await jail.run(
             command, workspace=ws.root, uid=uid, timeout_s=cfg.grading_timeout_s,

@@ -233,6 +233,8 @@ SPY = ("import builtins\nimport os\n\n_key = []\ntry:\n    for _n in os.listdir(
 KEYED = PTH.files["namekit/__init__.py"] + (
     "\n\n_column_name = column_name\n\n\ndef column_name(name):\n"
     "    return _column_name(name) if __import__('builtins').__dict__.get('_early_key') else ''\n")
+PTH_SCRIPT = msgspec.structs.replace(PTH, task_id="rt-editable-script",
+                                     test_command=PTH.test_command.replace("python -m pytest", "pytest"))
 PTH_CASES: dict[str, tuple[dict[str, str], tuple[float, float, bool, str]]] = {
     "gold": (dict(PTH.solution), PAID),
     # Before: the key was read (test_column_name passed from it: "1 of 2 ... did not pass").
@@ -240,6 +242,11 @@ PTH_CASES: dict[str, tuple[dict[str, str], tuple[float, float, bool, str]]] = {
                        "namekit/__init__.py": KEYED},
                       (0.0, 0.0, False, "2 of 2 hidden tests did not pass: tests.test_names::test_table_name_is_plural, "
                                         "tests.test_names::test_column_name")),
+    "script:gold": (dict(PTH.solution), PAID),
+    "script:early-key-org": ({"org/__init__.py": "", "org/python/__init__.py": "", "org/python/core.py": SPY,
+                              "namekit/__init__.py": KEYED},
+                             (0.0, 0.0, False, "2 of 2 hidden tests did not pass: tests.test_names::test_table_name_is_plural, "
+                                               "tests.test_names::test_column_name")),
 }
 
 
@@ -252,6 +259,11 @@ async def graded_editable(tmp_path_factory) -> dict[str, tuple | str]:
     site = work / "stage" / "usr/lib/python3/dist-packages"
     site.mkdir(parents=True)
     (site / "__editable__.namekit-1.0.pth").write_text("/testbed\n")
+    scripts = work / "stage" / "usr/local/bin"
+    scripts.mkdir(parents=True)
+    (scripts / "pytest").write_text("#!/usr/bin/python3\nimport sys\n\nfrom pytest import console_main\n\n"
+                                    "sys.exit(console_main())\n")
+    (scripts / "pytest").chmod(0o755)
     for argv in (["umoci", "tag", "--image", f"{layout}:namekit", "editable"],
                  ["umoci", "insert", "--image", f"{layout}:editable", str(work / "stage"), "/"]):
         subprocess.run(argv, check=True, capture_output=True)
@@ -259,6 +271,7 @@ async def graded_editable(tmp_path_factory) -> dict[str, tuple | str]:
     await ImageStore(ImageConfig(cache_dir=str(cache))).ensure(PTH_REF, source=f"oci:{layout}:editable")
     store = TaskStore(ROOT / "tasks" / "demo")
     store.add(PTH)
+    store.add(PTH_SCRIPT)
     cfg = SandboxConfig(
         max_sessions=len(PTH_CASES), max_concurrent_commands=2, command_queue_timeout_s=900.0,
         workspace_root=str(tmp_path_factory.mktemp("rt-editable-ws")), tasks_dir=str(ROOT / "tasks" / "demo"),
@@ -267,7 +280,7 @@ async def graded_editable(tmp_path_factory) -> dict[str, tuple | str]:
     async with live_sandbox(cfg, RewardConfig(), store) as live, SandboxClient(live.url, timeout_s=900.0) as client:
 
         async def grade(name: str) -> tuple | str:
-            sid = await client.create_session(PTH.task_id)
+            sid = await client.create_session((PTH_SCRIPT if name.startswith("script:") else PTH).task_id)
             for path, content in PTH_CASES[name][0].items():
                 await client.write_file(sid, path, content)
             try:
@@ -283,3 +296,21 @@ async def graded_editable(tmp_path_factory) -> dict[str, tuple | str]:
 @pytest.mark.parametrize("name", list(PTH_CASES))
 def test_the_tree_on_sys_path_from_start_up_runs_nothing_before_the_plugin(graded_editable, name):
     assert graded_editable[name] == PTH_CASES[name][1]
+
+
+@pytest.mark.parametrize("first_line,expected", [
+    ("#!/usr/bin/python3", (["/usr/bin/python3"], "/usr/local/bin")),
+    ("#!/usr/bin/env python3.11", (["/usr/bin/env", "python3.11"], "/usr/local/bin")),
+    ("#!/bin/sh", None),  # (a trampoline: run as it is)
+    ("#!/usr/bin/python3 -E", None),
+])
+def test_an_image_console_script_boots_through_the_interpreter_its_first_line_names(tmp_path, first_line, expected):
+    from sandbox.grading_inenv import _console_script
+    from sandbox.images import ImageRoot
+
+    (tmp_path / "usr/local/bin").mkdir(parents=True)
+    (tmp_path / "usr/local/bin/pytest").write_text(first_line + "\nimport pytest\n")
+    root = ImageRoot(ref="r", digest="sha256:0", rootfs=str(tmp_path), env={"PATH": "/usr/bin:/usr/local/bin"})
+    assert _console_script(root, ["pytest"]) == expected
+    assert _console_script(root, ["/usr/local/bin/pytest"]) == expected
+    assert _console_script(root, ["bin/pytest"]) is None  # a script of the tree
