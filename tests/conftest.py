@@ -45,7 +45,7 @@ def pytest_configure(config: pytest.Config) -> None:
 ONE_WORKER_MODULES = frozenset({
     "test_grader_demo", "test_grader_hostile", "test_kafka_broker", "test_fsdp", "test_tls", "test_task_family",
     "test_engine_vllm", "test_grader", "test_grader_images", "test_grader_inenv", "test_grader_deferred",
-    "test_acl", "test_bridge_capabilities", "test_images",
+    "test_acl", "test_bridge_capabilities", "test_images", "test_grader_plain_hostile", "test_grader_restore_redteam",
 })
 
 
