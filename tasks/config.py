@@ -64,6 +64,11 @@ class FeederConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     # Weight ** (1 / temperature): < 1 draws more from tasks likely to give an
     # informative group, > 1 spreads draws more evenly.
     selection_temperature: float = 1.0
+    # Each task kind gets at least this share of the draws (spread over its tasks by their
+    # weights), so a sharp temperature cannot starve a kind; must be below 1 / (number of
+    # kinds). 0 = no floor (the default; 0.05 with temperature 0.1 is the rule replayed
+    # in docs/results.md, issue #30, not yet measured by a run).
+    selection_kind_floor: float = 0.0
     seed: int = 0
 
     def __post_init__(self) -> None:
@@ -82,6 +87,8 @@ class FeederConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
              f"feeder.selection_weight must be 'informative' or 'variance', got {self.selection_weight!r}"),
             (self.selection_temperature > 0,
              f"feeder.selection_temperature must be positive, got {self.selection_temperature}"),
+            (0.0 <= self.selection_kind_floor < 1.0,
+             f"feeder.selection_kind_floor must be in [0, 1), got {self.selection_kind_floor}"),
             (0 <= self.min_attempts_to_retire <= self.solve_rate_window,
              f"feeder.min_attempts_to_retire must be within 0..solve_rate_window ({self.solve_rate_window}), "
              f"got {self.min_attempts_to_retire}"),

@@ -46,6 +46,17 @@ the default a = b = 1, the maximum), so new tasks are tried early. A task is ret
 >= ``retire_at_or_above`` (always solved: nothing left to learn) or <=
 ``retire_at_or_below`` (never solved: no signal, only cost). ``min_attempts_to_retire
 = 0`` never retires.
+
+Kind floor: with ``kind_floor`` f > 0 and kinds known (``kinds``: task id -> kind), each
+kind with any active weight gets at least f of the draws, spread over its tasks by their
+weights; the rest follows the weights across kinds::
+
+    P(task) = (1 - K f) * w / W  +  f * w / W_kind        K: kinds with W_kind > 0
+
+So a sharp temperature (which sends nearly every draw to the few skills whose groups
+disagree) cannot starve a kind the policy does not yet solve: its draws keep measuring
+it. The floor weights tasks, never groups: what the trainer keeps is decided by the
+assembler once a group is complete (tests/test_dynamic_sampling.py).
 """
 
 from __future__ import annotations
@@ -95,6 +106,8 @@ class TaskSelector:
         skill_window: int = 64,
         group_size: int = 0,
         temperature: float = 1.0,
+        kinds: Mapping[str, str] | None = None,
+        kind_floor: float = 0.0,
     ) -> None:
         if group_window < 1:
             raise ValueError(f"group_window must be at least 1, got {group_window}")
@@ -127,6 +140,13 @@ class TaskSelector:
         self.skill_windows: dict[str, deque] = {k: deque(maxlen=skill_window) for k in self.skills.values()}
         self.group_size = group_size
         self.temperature = temperature
+        # The floor's kinds are its own mapping (kind pooling, groups, may be off); a task
+        # without a kind counts as the kind "".
+        self.kinds: dict[str, str] = {t: (kinds or {}).get(t, "") for t in self.stats}
+        if kind_floor < 0 or kind_floor * len(set(self.kinds.values())) >= 1:
+            raise ValueError(f"kind_floor must be >= 0 and below 1 / (number of kinds, "
+                             f"{len(set(self.kinds.values()))}), got {kind_floor}")
+        self.kind_floor = kind_floor
 
     @classmethod
     def from_config(cls, task_ids: Iterable[str], cfg: FeederConfig,
@@ -147,6 +167,8 @@ class TaskSelector:
             skill_window=max(1, cfg.pool_by_skill_window),
             group_size=cfg.group_size if cfg.selection_weight == "informative" else 0,
             temperature=cfg.selection_temperature,
+            kinds=groups if cfg.selection_kind_floor else None,
+            kind_floor=cfg.selection_kind_floor,
         )
 
     # -- observations ---------------------------------------------------------------
@@ -216,7 +238,17 @@ class TaskSelector:
     def probabilities(self) -> dict[str, float]:
         weights = self.weights()
         total = sum(weights.values())
-        return {t: (w / total if total else 0.0) for t, w in weights.items()}
+        if not total:
+            return {t: 0.0 for t in weights}
+        if not self.kind_floor:
+            return {t: w / total for t, w in weights.items()}
+        mass: dict[str, float] = {}
+        for t, w in weights.items():
+            mass[self.kinds[t]] = mass.get(self.kinds[t], 0.0) + w
+        floored = sum(1 for m in mass.values() if m > 0)
+        rest = 1.0 - self.kind_floor * floored
+        return {t: (rest * w / total + self.kind_floor * w / mass[self.kinds[t]] if w else 0.0)
+                for t, w in weights.items()}
 
     def expected_informative(self) -> float | None:
         """The chance that the next draw gives an informative group, by the current
@@ -233,8 +265,9 @@ class TaskSelector:
         return {t: s.retired for t, s in self.stats.items() if s.retired}
 
     def choose(self) -> str | None:
-        """A task drawn with probability proportional to its weight; None when all are retired."""
-        weights = self.weights()
+        """A task drawn with probability proportional to its weight (with a kind floor:
+        by :meth:`probabilities`); None when all are retired."""
+        weights = self.probabilities() if self.kind_floor else self.weights()
         total = sum(weights.values())
         if total <= 0:
             return None
