@@ -41,6 +41,9 @@ fi
 mkdir -p "$RUN"
 export ROLLWAY_SYNCER__STORE_URL="file://$PWD/$RUN/weights"
 export ROLLWAY_TRAINER__CHECKPOINT_DIR="$RUN/checkpoints"
+# The main job's context length (rollway up's MAIN_JOB), for the evaluations below too:
+# `rollway eval` runs with the components' defaults.
+export ROLLWAY_SAMPLER__MAX_MODEL_LEN=${ROLLWAY_SAMPLER__MAX_MODEL_LEN:-2048}
 for section in trainer sampler feeder; do export "ROLLWAY_${section^^}__SEED=$SEED"; done
 
 # BROKER_ARGS: extra arguments for `rollway broker start` (e.g. --insecure).

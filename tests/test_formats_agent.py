@@ -189,7 +189,8 @@ def test_a_chatml_hermes_warm_start_builds_and_its_transcripts_are_the_agent_str
     from trainer.sft import SFTConfig
     from trainer.warm_start import WarmStartConfig, build_warm_start, cache_key
 
-    assert cache_key(WarmStartConfig(format="chatml-hermes")) != cache_key(WarmStartConfig())
+    assert WarmStartConfig().format == "chatml-hermes"  # the main job's default
+    assert cache_key(WarmStartConfig(format="rollway")) != cache_key(WarmStartConfig())
     fmt = load_format(toks["chatml-hermes"])
     spec = next(s for s in generate("train", 8, seed=0) if s.metadata.get("kind") == "fix")
     ids, mask, first = render_chat_transcript(spec, fmt)

@@ -37,11 +37,12 @@ log = structlog.get_logger(__name__)
 
 
 class SFTConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
-    # 500 steps with premature_submit_rate 0.5: the held-out pass@1 of the warm start is
-    # 14-28% (half its episodes submit before writing code), and of the episodes that
-    # write, about half pass; RL has both the habit and the skill to work on
-    # (docs/results.md). 9 min of build on a loaded 2-core machine.
-    steps: int = 500
+    # 2,000 steps for the default chatml-hermes warm start (premature_submit_rate 0.5): its
+    # transcripts are ~650 tokens (the template's tool schemas), and 500 or 1,000 steps left
+    # it too weak for RL to reach +20 points in 30 minutes (docs/results.md, issue #27);
+    # ~26 min of build on a quiet 2-core machine. The rollway format's warm start learns
+    # the same in 500 (`rollway model init --format rollway --steps 500`, its documented runs).
+    steps: int = 2000
     batch_size: int = 16
     # Distinct train tasks rendered (recycled in epochs); fixed, not steps * batch.
     examples: int = 9600

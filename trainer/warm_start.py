@@ -57,9 +57,10 @@ class WarmStartConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     max_position_embeddings: int = 2048
     seed: int = 0
     sft: SFTConfig = msgspec.field(default_factory=SFTConfig)
-    # The chat format of the transcripts and tokenizer: "rollway" (the <tool> dialect) or
-    # "chatml-hermes" (Qwen2.5's layout and template with the tools; sampler/formats).
-    format: str = "rollway"
+    # The chat format of the transcripts and tokenizer: "chatml-hermes" (Qwen2.5's layout
+    # and chat template with the tools as JSON schemas, <tool_call> special tokens;
+    # sampler/formats), the main job's default, or "rollway" (the <tool> dialect).
+    format: str = "chatml-hermes"
 
     def __post_init__(self) -> None:
         if self.format not in ("rollway", "chatml-hermes"):

@@ -25,12 +25,12 @@ def configure(parser: argparse.ArgumentParser) -> None:
     init = sub.add_parser("init", help="build the warm-start model: SFT on the task family's train split")
     init.add_argument("--out", help="copy it here (default: print the cached path)")
     init.add_argument("--seed", type=int, default=None, help="model, data and SFT seed (default 0)")
-    init.add_argument("--steps", type=int, default=None, help="SFT steps (default: trainer.warm_start default)")
+    init.add_argument("--steps", type=int, default=None, help="SFT steps (default: trainer.warm_start default, 2000)")
     init.add_argument("--premature-submit-rate", type=float, default=None,
                       help="share of the imitated teacher's episodes that submit before writing code "
                            "(default: trainer.warm_start default; 0 = a flawless teacher)")
     init.add_argument("--format", default=None, choices=["rollway", "chatml-hermes"],
-                      help="transcripts and tokenizer layout (default: trainer.warm_start default, rollway)")
+                      help="transcripts and tokenizer layout (default: trainer.warm_start default, chatml-hermes)")
     init.add_argument("--threads", type=int, default=None, help="torch threads (default: trainer.sft num_threads, 1: deterministic)")
 
 

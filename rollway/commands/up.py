@@ -38,6 +38,9 @@ MAIN_JOB: dict[tuple[str, str], str] = {
     # 15 steps; docs/results.md has the runs and the offline sweep behind 2e-4.
     ("trainer", "learning_rate"): "2e-4",
     ("trainer", "muon_learning_rate"): "2e-4",
+    # The chatml-hermes warm start's prompt alone is ~520 tokens (the tool schemas): at the
+    # components' 1,024 a segment compacts after two or three turns.
+    ("sampler", "max_model_len"): "2048",
 }
 
 
