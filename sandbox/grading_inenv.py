@@ -358,13 +358,7 @@ async def run(jail: Jail, cfg: SandboxConfig, limits: Limits, spec: TaskSpec, co
     write_private(secrets_dir.root / name,
                   json.dumps({f"{workdir}/{p}": d.decode() for p, d in served.items()}).encode(), uid)
     plan.hidden_sources = f"{SECRETS_DIR}/{name}"
-    if root is not None:
-        ws, _ = image_workspace.create(base / "ws", uid, files, None, root, spec.workdir,
-                                       removed=changes.removed if changes is not None else (), links=links)
-        on_root = {"root": root, "workdir": spec.workdir}
-    else:
-        ws, _ = Workspace.create(base / "ws", uid, files)
-        on_root = {}
+    ws, on_root = run_workspace(base, uid, files, spec, root, changes, links)
     plugin = plugin_dir(base, plan)
     out = Workspace.create(base / "out", uid, {})[0]
     pin = inifile_pin(spec, plan, workdir, configs)
@@ -385,6 +379,18 @@ async def run(jail: Jail, cfg: SandboxConfig, limits: Limits, spec: TaskSpec, co
             ws.remove()
     return RunOutput(result=result, report=_read(out, REPORT_FILE), collected=_read(out, plan.collected_file),
                      notes=notes)
+
+
+def run_workspace(base: Path, uid: int, files: dict[str, bytes], spec: TaskSpec, root, changes, links):
+    """The hidden run's tree, ``files`` at ``base/ws``: over the image root at the task's
+    workdir (the agent's removals and links replayed) when ``root`` is given, else a
+    plain workspace; and the jail arguments that run in it (``root`` and ``workdir``, or
+    none: the jail's own workspace). The caller removes an image tree after the run."""
+    if root is None:
+        return Workspace.create(base / "ws", uid, files)[0], {}
+    ws, _ = image_workspace.create(base / "ws", uid, files, None, root, spec.workdir,
+                                   removed=changes.removed if changes is not None else (), links=links)
+    return ws, {"root": root, "workdir": spec.workdir}
 
 
 def inifile_pin(spec: TaskSpec, plan: HiddenPlan, workdir: str, base_configs: dict[str, bytes] | None = None,

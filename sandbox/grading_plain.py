@@ -27,16 +27,16 @@ import asyncio
 import shlex
 from pathlib import Path, PurePosixPath
 
-from sandbox import grading_inenv, image_workspace
+from sandbox import grading_inenv
 from sandbox.config import SandboxConfig
 from sandbox.grading_common import HiddenPlan, RunOutput
 from sandbox.image_changes import TreeChanges
 from sandbox.image_repo import image_file_bytes
 from sandbox.images import ImageRoot
-from sandbox.isolation import WORKSPACE, Limits
+from sandbox.isolation import Limits
 from sandbox.runner import Jail
 from sandbox.test_selection import Selection
-from sandbox.workspace import Workspace, clean_relpath
+from sandbox.workspace import clean_relpath
 from tasks.spec import TaskSpec
 
 # Files a program reads without being told (where the command names none with -f/--file).
@@ -181,13 +181,7 @@ async def run(jail: Jail, cfg: SandboxConfig, limits: Limits, spec: TaskSpec, co
     runner = runner_files(spec, original)
     files, notes, links = grading_inenv.tree(spec, code, plan, base_configs=configs, changes=changes,
                                              support=support, runner=runner)
-    if root is not None:
-        ws, _ = image_workspace.create(base / "ws", uid, files, None, root, spec.workdir,
-                                       removed=changes.removed if changes is not None else (), links=links)
-        on_root = {"root": root, "workdir": spec.workdir}
-    else:
-        ws, _ = Workspace.create(base / "ws", uid, files)
-        on_root = {"workdir": WORKSPACE}
+    ws, on_root = grading_inenv.run_workspace(base, uid, files, spec, root, changes, links)
     try:
         result = await jail.run(spec.test_command, workspace=ws.root, uid=uid, timeout_s=cfg.grading_timeout_s,
                                 limits=limits, label="grade-plain", **on_root)
