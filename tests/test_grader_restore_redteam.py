@@ -30,17 +30,13 @@ from tasks.store import TaskStore
 from tasks.swe import load_swe_jsonl, parse_row
 from tests.image_helpers import example_images
 from tests.sandbox_helpers import live_sandbox
+from tests.test_grader_plain_hostile import BUGGY, FIXED, UNITTEST
 
 pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parents[1]
 FLOOR = cheat_floor(RewardConfig(), "unconstrained")
 
-BUGGY = "def add(a, b):\n    return a - b\n"
-FIXED = "def add(a, b):\n    return a + b\n"
-UNITTEST = ("import unittest\n\nfrom calc import add\n\n\nclass TestAdd(unittest.TestCase):\n"
-            "    def test_small(self):\n        self.assertEqual(add(2, 3), 5)\n\n"
-            "    def test_zero(self):\n        self.assertEqual(add(0, 0), 0)\n")
 UNIT = TaskSpec(task_id="rt-unittest", instruction="Fix add(a, b) in calc.py.",
                 test_command="python -m unittest hidden_tests.test_calc",
                 files={"calc.py": BUGGY}, hidden_tests={"test_calc.py": UNITTEST}, solution={"calc.py": FIXED})
@@ -122,6 +118,14 @@ COMMANDS = {
 }
 
 
+async def _submit(client: SandboxClient, sid: str, name: str) -> Reward | str:
+    """The session's reward, or the submit's error (the grading failed: no reward at all)."""
+    try:
+        return await client.submit(sid, trajectory_id=name)
+    except SandboxError as exc:
+        return f"submit failed: {exc}"
+
+
 @pytest_asyncio.fixture(scope="module", loop_scope="session")
 async def graded(tmp_path_factory) -> dict[str, Reward | str]:
     """Each case's reward, or the submit's error (the grading failed: no reward at all)."""
@@ -143,10 +147,7 @@ async def graded(tmp_path_factory) -> dict[str, Reward | str]:
                 assert ran.exit_code == 0, ran
             for path, content in files.items():
                 await client.write_file(sid, path, content)
-            try:
-                return await client.submit(sid, trajectory_id=name)
-            except SandboxError as exc:
-                return f"submit failed: {exc}"
+            return await _submit(client, sid, name)
 
         rewards = await asyncio.gather(*(grade(name) for name in CASES))
     return dict(zip(CASES, rewards))
@@ -204,11 +205,8 @@ async def graded_image(tmp_path_factory) -> dict[str, tuple | str]:
             sid = await client.create_session(IMAGE.task_id)
             ran = await client.exec(sid, IMAGE_CASES[name][0])
             assert ran.exit_code == 0, ran
-            try:
-                r = await client.submit(sid, trajectory_id=name)
-            except SandboxError as exc:
-                return f"submit failed: {exc}"
-            return (r.score, r.reward, r.cheated, r.reason)
+            r = await _submit(client, sid, name)
+            return r if isinstance(r, str) else (r.score, r.reward, r.cheated, r.reason)
 
         out = await asyncio.gather(*(grade(name) for name in IMAGE_CASES))
     return dict(zip(IMAGE_CASES, out))
@@ -283,11 +281,8 @@ async def graded_editable(tmp_path_factory) -> dict[str, tuple | str]:
             sid = await client.create_session((PTH_SCRIPT if name.startswith("script:") else PTH).task_id)
             for path, content in PTH_CASES[name][0].items():
                 await client.write_file(sid, path, content)
-            try:
-                r = await client.submit(sid, trajectory_id=name)
-            except SandboxError as exc:
-                return f"submit failed: {exc}"
-            return (r.score, r.reward, r.cheated, r.reason)
+            r = await _submit(client, sid, name)
+            return r if isinstance(r, str) else (r.score, r.reward, r.cheated, r.reason)
 
         out = await asyncio.gather(*(grade(name) for name in PTH_CASES))
     return dict(zip(PTH_CASES, out))
