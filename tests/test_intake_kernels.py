@@ -58,7 +58,7 @@ def test_offsets_that_do_not_index_the_kept_ids_make_the_trajectory_invalid(offs
     off = np.array(offsets, dtype=np.int64)
     assert intake_kernels.first_bad_kept_set(tokens, mask, np.zeros(0, dtype=bool), off, kept) == -2
     with pytest.raises(trajectory.InvalidTrajectory, match="kept-set offsets do not index its kept ids"):
-        trajectory._check_kept_sets(tokens, mask, None, off, None, kept, "x")
+        trajectory._check_kept_sets(tokens, mask, None, off, kept, "x")
 
 
 def test_the_first_bad_token_is_named_before_a_broken_row_after_it():
@@ -70,7 +70,7 @@ def test_the_first_bad_token_is_named_before_a_broken_row_after_it():
     kept = np.array([9], dtype=np.int32)
     assert intake_kernels.first_bad_kept_set(tokens, mask, np.zeros(0, dtype=bool), off, kept) == 1
     with pytest.raises(trajectory.InvalidTrajectory, match=r"generated token 1 \(5\) is not in its kept set"):
-        trajectory._check_kept_sets(tokens, mask, None, off, None, kept, "x")
+        trajectory._check_kept_sets(tokens, mask, None, off, kept, "x")
 
 
 def test_the_kernels_leave_every_module_global_readable_for_vllms_kernel_scan():

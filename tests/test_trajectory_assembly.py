@@ -218,8 +218,8 @@ def test_kept_set_membership_names_the_first_token_whose_set_lacks_it(seed):
         greedy = np.zeros(n, dtype=bool)
         outcomes.add(want is None)
         if want is None:
-            after._check_kept_sets(tokens, mask, greedy, offsets, lengths, kept, "x")
+            after._check_kept_sets(tokens, mask, greedy, offsets, kept, "x")
             continue
         with pytest.raises(after.InvalidTrajectory, match=rf"generated token {want} \({tokens[want]}\) is not in"):
-            after._check_kept_sets(tokens, mask, greedy, offsets, lengths, kept, "x")
+            after._check_kept_sets(tokens, mask, greedy, offsets, kept, "x")
     assert outcomes == {True, False}

@@ -331,7 +331,7 @@ def _checked_segment(chunks: list[CheckedChunk], tid: str, tokens: np.ndarray, m
             # Greedy decoding (temperature 0): the kept set is the argmax alone, so the
             # token's log-prob is 0 at any temperature; 1.0 keeps the arithmetic finite.
             temperature = np.where(greedy, np.float32(1.0), temperature)
-    _check_kept_sets(tokens, mask, greedy, kept_offsets, None, kept_ids, tid)
+    _check_kept_sets(tokens, mask, greedy, kept_offsets, kept_ids, tid)
     if not np.isfinite(behaviour[mask]).all():
         raise InvalidTrajectory(f"trajectory {tid}: non-finite behaviour log-prob")
     return Segment(tokens, mask, behaviour, kept_offsets, kept_ids, capped, versions, temperature, kept_size,
@@ -339,20 +339,19 @@ def _checked_segment(chunks: list[CheckedChunk], tid: str, tokens: np.ndarray, m
 
 
 def _check_kept_sets(tokens: np.ndarray, mask: np.ndarray, greedy: np.ndarray | None, offsets: np.ndarray,
-                     lengths: np.ndarray | None, kept_ids: np.ndarray, tid: str) -> None:
+                     kept_ids: np.ndarray, tid: str) -> None:
     """Every generated token has a non-empty kept set holding it (one id when greedy;
     ``greedy`` None: no greedy token); the first token that breaks a rule is named.
 
     One compiled pass over the generated tokens (``trainer.intake_kernels``): each set is
     searched from its first id (sets are recorded most likely first, so the token is most
-    often there) and the search stops at the match. ``lengths`` (the rows' sizes, None:
-    read off ``offsets``) only names what failed."""
+    often there) and the search stops at the match."""
     t = first_bad_kept_set(tokens, mask, _NO_GREEDY if greedy is None else greedy, offsets, kept_ids)
     if t == -1:
         return
     if t == -2:  # (the chunk checks make this unreachable: each chunk's CSR was checked)
         raise InvalidTrajectory(f"trajectory {tid}: kept-set offsets do not index its kept ids")
-    size = int(offsets[t + 1] - offsets[t]) if lengths is None else int(lengths[t])
+    size = int(offsets[t + 1] - offsets[t])
     if size == 0:
         raise InvalidTrajectory(f"trajectory {tid}: generated token {t} has an empty kept set")
     if greedy is not None and greedy[t] and size != 1:
