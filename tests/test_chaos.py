@@ -41,9 +41,13 @@ def test_short_chaos_run_holds_every_invariant(tmp_path):
                           "--warmup-steps", "1", "--progress-steps", "1", "--work-dir", str(tmp_path / "chaos")],
                          cwd=REPO, capture_output=True, text=True, timeout=900)
     out = run.stdout + run.stderr
+    # The run's fault and invariant tables first (the failed row names what broke; a log
+    # tail alone had cut them off), then the tail of its output.
+    tables = "\n".join(line for line in run.stdout.splitlines() if line.startswith("|"))
     again = (f"chaos seed {seed} failed; reproduce: ROLLWAY_CHAOS_SEED={seed} (or benchmarks/chaos.py --short "
-             f"--seed {seed}{' --secure' if secure else ''} --warmup-steps 1 --progress-steps 1)")
-    assert run.returncode == 0, f"{again}\n{out[-6000:]}"
-    assert "| NO |" not in out, f"{again}\n{out[-6000:]}"
+             f"--seed {seed}{' --secure' if secure else ''} --warmup-steps 1 --progress-steps 1)\n{tables}\n"
+             f"{out[-6000:]}")
+    assert run.returncode == 0, again
+    assert "| NO |" not in out, again
     # garbage, sampler, trainer-checkpoint, trainer-freeze: each followed by new steps.
-    assert "4/4 faults followed by new steps" in out, f"{again}\n{out[-6000:]}"
+    assert "4/4 faults followed by new steps" in out, again
