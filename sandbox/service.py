@@ -20,6 +20,7 @@ import msgspec
 import structlog
 from aiohttp import web
 
+from sandbox import stale_trees
 from sandbox.auth import bearer_auth
 from sandbox.cgroups import CgroupJoinFailed, CgroupManager, make_cgroup_manager
 from sandbox.config import RewardConfig, SandboxConfig
@@ -151,11 +152,16 @@ class SandboxService:
         # A uid range no other sandbox service on this host uses (sandbox/uid_claim.py):
         # cleaning up a command kills every process of its uid.
         self.uid_claim = claim_uid_range(cfg.uid_base, cfg.max_sessions)
+        ranges_from = cfg.uid_base
         cfg = msgspec.structs.replace(cfg, uid_base=self.uid_claim.base)
         self.cfg = cfg
         self.store = store
         root = Path(cfg.workspace_root or tempfile.gettempdir())
         root.mkdir(parents=True, exist_ok=True)
+        # Before this service makes any tree: those of a service killed without releasing
+        # them (SIGKILL), told by their uid ranges' claims (sandbox/stale_trees.py).
+        stale_trees.sweep(root, own=self.uid_claim, uid_base=ranges_from,
+                          solution_uid_offset=cfg.grading_solution_uid_offset)
         self.cgroups = cgroups if cgroups is not None else make_cgroup_manager(
             cfg.cgroups, max_processes=cfg.max_processes, memory_bytes=cfg.memory_bytes
         )

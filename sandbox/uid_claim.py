@@ -6,9 +6,10 @@ every process of that uid on the host (``runner.reap_uid``). Two services with t
 beside a running stack) therefore killed each other's commands: SIGKILLed gradings,
 exit 137 with no report. Each service now claims a range with an exclusive ``flock`` on
 a per-range lock file, held for its lifetime (the kernel drops it when the process dies,
-so a crashed service leaves nothing to clean up). Ranges are ``RANGE_STRIDE`` uids apart
-from ``uid_base``; the grader's solution uids (``+ grading_solution_uid_offset``) move
-with them.
+so a crashed service's claim needs no clean-up; the trees it left are swept by the next
+service, sandbox/stale_trees.py, which tells whose a tree is by these claims). Ranges are
+``RANGE_STRIDE`` uids apart from ``uid_base``; the grader's solution uids
+(``+ grading_solution_uid_offset``) move with them.
 """
 
 from __future__ import annotations
@@ -48,18 +49,26 @@ def claim_uid_range(uid_base: int, sessions: int, lock_dir: Path = LOCK_DIR) -> 
     """The first free range at ``uid_base + k * RANGE_STRIDE`` (k < MAX_RANGES)."""
     if sessions > RANGE_STRIDE // 2:
         raise ValueError(f"sandbox.max_sessions {sessions} does not fit a uid range of {RANGE_STRIDE}")
-    lock_dir.mkdir(parents=True, exist_ok=True)
     for k in range(MAX_RANGES):
         base = uid_base + k * RANGE_STRIDE
-        lock = open(lock_dir / f"uids-{base}.lock", "ab")
-        try:
-            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            lock.close()
+        claim = try_claim(base, lock_dir)
+        if claim is None:
             continue
         if k:
             log.info("sandbox_uid_range_shifted", uid_base=base, configured=uid_base,
                      reason="another sandbox service on this host holds the lower ranges")
-        return UidClaim(base, lock)
+        return claim
     raise UidRangesExhausted(f"all {MAX_RANGES} sandbox uid ranges from {uid_base} are held by other "
                              f"sandbox services on this host (locks in {lock_dir})")
+
+
+def try_claim(base: int, lock_dir: Path = LOCK_DIR) -> UidClaim | None:
+    """The range at ``base``, or None while a live service holds it (its lock is taken)."""
+    lock_dir.mkdir(parents=True, exist_ok=True)
+    lock = open(lock_dir / f"uids-{base}.lock", "ab")
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        lock.close()
+        return None
+    return UidClaim(base, lock)

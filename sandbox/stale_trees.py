@@ -1,0 +1,125 @@
+"""Trees a killed sandbox service left behind, swept when a service starts.
+
+A service killed with SIGKILL (a crash, the chaos run's ``sandbox`` fault) releases
+nothing: the trees of its open sessions (``rollway-ws-*``, sandbox/sessions.py), its
+commands' private /tmp (``rollway-tmp-*``, sandbox/runner.py) and its gradings
+(``rollway-grade-*``, sandbox/grader.py) stay in ``workspace_root``, with their tmpfs
+and overlay mounts still on the host. A restarted service made new ones beside them.
+
+Whose a tree is comes from the uid claims (sandbox/uid_claim.py), never from its age: a
+tree is made for a sandbox uid, and that uid's range is claimed by a ``flock`` its
+service holds while it lives. A tree whose range no live service holds (the lock is
+free, or there never was one) is stale; a tree of this service's own range is one its
+predecessor left (the sweep runs before this service makes any). A live service's trees
+(two services sharing a root) are left alone, and so is a tree whose uid cannot be told
+(one still being made is root's until it is handed to its uid). While a dead range's
+trees are removed its claim is held, so no service starting meanwhile makes trees in it.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import stat
+from pathlib import Path
+
+import structlog
+
+from sandbox import quota as disk
+from sandbox.uid_claim import LOCK_DIR, MAX_RANGES, RANGE_STRIDE, UidClaim, try_claim
+
+log = structlog.get_logger(__name__)
+
+PREFIXES = ("rollway-ws-", "rollway-tmp-", "rollway-grade-")
+# How deep below a tree its uid is looked for: an image session's tree is at
+# ``base/tree`` or ``base/q/tree``, a grading's at ``grade/area/ws/tree`` (the folders
+# above are root's).
+_OWNER_DEPTH = 3
+
+
+def sweep(root: Path, *, own: UidClaim, uid_base: int, solution_uid_offset: int,
+          lock_dir: Path = LOCK_DIR) -> int:
+    """Unmount and remove the stale trees under ``root``; returns how many. ``uid_base``:
+    the configured one (ranges start there); ``own``: this service's claim."""
+    root = Path(os.path.realpath(root))  # as /proc/self/mountinfo names it
+    trees: dict[int, list[tuple[Path, int]]] = {}
+    for path in root.iterdir():
+        if not path.name.startswith(PREFIXES):
+            continue
+        uid = _owner(path)
+        base = _range(uid, uid_base, solution_uid_offset) if uid is not None else None
+        if base is not None:
+            trees.setdefault(base, []).append((path, uid))
+    swept = 0
+    for base, found in trees.items():
+        if base == own.base:
+            claim, reason = None, "this service's uid range: left by the service before it"
+        else:
+            claimed_once = (lock_dir / f"uids-{base}.lock").exists()
+            claim = try_claim(base, lock_dir)
+            if claim is None:
+                continue  # a live service's
+            reason = ("no live service holds its uid range's claim" if claimed_once
+                      else "its uid range was never claimed")
+        try:
+            mounts = _mount_points()
+            for path, uid in found:
+                # Innermost first (an overlay on its tmpfs); lazily (MNT_DETACH), so a
+                # mount something still holds open goes too.
+                inside = [m for m in mounts if m == path or path in m.parents]
+                try:
+                    for point in sorted(inside, key=lambda m: len(m.parts), reverse=True):
+                        disk.unmount(point)
+                except disk.QuotaError as exc:  # not root: the service starts, the tree stays
+                    log.warning("stale_tree_kept", path=str(path), uid=uid, error=str(exc))
+                    continue
+                shutil.rmtree(path, ignore_errors=True)
+                # A warning: a service before this one died without releasing its trees.
+                log.warning("stale_tree_swept", path=str(path), uid=uid, uid_range=base, reason=reason,
+                            mounts=len(inside))
+                swept += 1
+        finally:
+            if claim is not None:
+                claim.release()
+    return swept
+
+
+def _owner(tree: Path) -> int | None:
+    """The sandbox uid ``tree`` was made for: its owner, or the first owner other than root
+    (and this process) below it, breadth first, never following a link; None if none."""
+    level, mine = [tree], {0, os.geteuid()}
+    for _ in range(_OWNER_DEPTH + 1):
+        below = []
+        for path in level:
+            try:
+                st = os.lstat(path)
+            except OSError:
+                continue
+            if st.st_uid not in mine:
+                return st.st_uid
+            if stat.S_ISDIR(st.st_mode):
+                try:
+                    below += sorted(Path(e.path) for e in os.scandir(path))
+                except OSError:
+                    continue
+        level = below
+    return None
+
+
+def _range(uid: int, uid_base: int, solution_uid_offset: int) -> int | None:
+    """The base of the claimable range ``uid`` is in (a session uid, or a grading's
+    solution uid ``+ solution_uid_offset``), or None (no range of ``uid_base``'s)."""
+    for session_uid in (uid, uid - solution_uid_offset):
+        k = (session_uid - uid_base) // RANGE_STRIDE
+        if 0 <= k < MAX_RANGES:
+            return uid_base + k * RANGE_STRIDE
+    return None
+
+
+def _mount_points() -> list[Path]:
+    """Every mount point in this process's mount namespace (octal escapes undone)."""
+    points = []
+    for line in Path("/proc/self/mountinfo").read_text().splitlines():
+        points.append(Path(re.sub(r"\\([0-7]{3})", lambda m: chr(int(m[1], 8)), line.split(" ")[4])))
+    return points
