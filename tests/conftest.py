@@ -71,6 +71,26 @@ def unique(prefix: str = "t") -> str:
     return f"{prefix}{uuid.uuid4().hex[:10]}"
 
 
+@pytest.fixture
+def own_uid():
+    """A uid for a test that runs sandboxed processes itself (a Jail without a service):
+    the first uid of a range claimed like a service's (sandbox/uid_claim.py), held for the
+    test. A fixed uid was shared by the parametrized copies of a test on two xdist workers
+    and by services' ranges: each one's clean-up (every process of the uid killed) and
+    leftover check saw the other's processes. Unprivileged hosts run as themselves."""
+    from sandbox.config import SandboxConfig
+    from sandbox.uid_claim import claim_uid_range
+
+    if os.geteuid() != 0:  # what Jail.privileged reads
+        yield os.geteuid()
+        return
+    claim = claim_uid_range(SandboxConfig().uid_base, 1)
+    try:
+        yield claim.base
+    finally:
+        claim.release()
+
+
 @pytest.fixture(scope="session")
 def kafka_bootstrap(tmp_path_factory: pytest.TempPathFactory):
     external = external_bootstrap()

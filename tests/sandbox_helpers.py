@@ -4,7 +4,11 @@ the installed ``sandbox`` package."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import io
+import sys
+import traceback
 from pathlib import Path
 from typing import AsyncIterator
 
@@ -13,6 +17,28 @@ from sandbox.grader import Publisher
 from sandbox.service import SandboxService
 from tasks.spec import TaskSpec
 from tasks.store import TaskStore
+
+
+# The service's shutdown is bounded in tests: a hang there is a bug, and without the bound
+# it shows only as pytest's timeout minutes later, with thread stacks that show an idle
+# loop. With it, the test fails naming every task still waiting and where.
+SHUTDOWN_BOUND_S = 120.0
+
+
+def pending_work_report() -> str:
+    """Every asyncio task of the running loop that is not done and every thread, with
+    where each one waits: what a hang report needs."""
+    out = io.StringIO()
+    current = asyncio.current_task()
+    for task in asyncio.all_tasks():
+        if task is current:
+            continue
+        out.write(f"--- task {task.get_name()}: {task.get_coro()!r}\n")
+        task.print_stack(file=out)
+    for ident, frame in sys._current_frames().items():
+        out.write(f"--- thread {ident}\n")
+        traceback.print_stack(frame, file=out)
+    return out.getvalue()
 
 
 class LiveSandbox:
@@ -39,7 +65,12 @@ async def live_sandbox(
     try:
         yield LiveSandbox(service, f"http://{host}:{port}")
     finally:
-        await runner.cleanup()
+        cleanup = asyncio.ensure_future(runner.cleanup())
+        done, _ = await asyncio.wait([cleanup], timeout=SHUTDOWN_BOUND_S)
+        if not done:
+            raise AssertionError(f"the sandbox service did not shut down in {SHUTDOWN_BOUND_S:.0f} s; "
+                                 f"waiting:\n{pending_work_report()}")
+        cleanup.result()
 
 
 def write_task_dir(root: Path, spec: TaskSpec) -> Path:

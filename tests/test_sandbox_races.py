@@ -64,7 +64,7 @@ async def _cancel_at(jail: Jail, start, label: str, point: int, times: int) -> a
 
 
 @pytest.mark.parametrize("times", [1, 2, 3])
-async def test_sandbox_starts_and_commands_cancelled_anywhere_end_and_leave_nothing(tmp_path, times):
+async def test_sandbox_starts_and_commands_cancelled_anywhere_end_and_leave_nothing(tmp_path, times, own_uid):
     """Jail.prestart and Jail.run cancelled at every phase, once or several times (a close
     cancels a prestart, then a shutdown or a client disconnect cancels whoever waits on
     it): each ends, cancelled, and nothing of it is left. Before the fixes a second cancel
@@ -74,7 +74,7 @@ async def test_sandbox_starts_and_commands_cancelled_anywhere_end_and_leave_noth
     wait_for), so the command ran to its end."""
     cfg = SandboxConfig(workspace_root=str(tmp_path))
     jail = Jail(cfg, make_cgroup_manager("auto", max_processes=cfg.max_processes, memory_bytes=cfg.memory_bytes))
-    uid = 61017 if jail.privileged else os.geteuid()
+    uid = own_uid
     ws, _ = Workspace.create(tmp_path / "ws", uid, {"a.txt": "a\n"})
     fds = sorted(os.listdir("/proc/self/fd"))
     try:
@@ -195,7 +195,7 @@ async def test_sessions_raced_by_exec_write_submit_close_reaper_and_shutdown_lea
     import random
 
     from sandbox.client import SandboxClient
-    from tests.sandbox_helpers import live_sandbox
+    from tests.sandbox_helpers import live_sandbox, pending_work_report
 
     rng = random.Random(seed)
     (tmp_path / "tasks").mkdir()
@@ -217,7 +217,8 @@ async def test_sessions_raced_by_exec_write_submit_close_reaper_and_shutdown_lea
             calls = [asyncio.ensure_future(client.exec(s, "cat f.py")) for s in sids]
             await asyncio.sleep(rng.choice([0.0, 0.05, 0.1, 0.12]))
         groups = dict.fromkeys(service.cgroups.parents.values()) if service.cgroups is not None else {}
-    await asyncio.gather(*calls, return_exceptions=True)
+    _, pending = await asyncio.wait(calls, timeout=HANG_S)
+    assert not pending, f"calls still waiting after the shutdown:\n{pending_work_report()}"
     assert {uid: uid_pids(uid) for uid in seen["uids"]} == {uid: [] for uid in seen["uids"]}
     assert [p for p in groups if p.exists()] == []
     assert sorted(p.name for p in ws_root.iterdir()) == []

@@ -40,7 +40,7 @@ def test_a_cgroup_that_cannot_be_joined_runs_nothing(tmp_path):
     assert "cgroup.procs" in done.stderr
 
 
-async def test_a_prestarted_sandbox_runs_its_command_exactly_as_a_fresh_one(tmp_path):
+async def test_a_prestarted_sandbox_runs_its_command_exactly_as_a_fresh_one(tmp_path, own_uid):
     """Jail.prestart: the sandbox is started before its command; the command then runs
     with the same argv ($0), environment (SHLVL included), uid and shell parsing (a
     trailing heredoc, trailing newlines, a long command past the pipe's buffer) as in a
@@ -52,7 +52,7 @@ async def test_a_prestarted_sandbox_runs_its_command_exactly_as_a_fresh_one(tmp_
     from sandbox.workspace import Workspace
 
     jail = Jail(SandboxConfig(workspace_root=str(tmp_path), disk_quota="off"))
-    uid = 60999 if jail.privileged else os.geteuid()
+    uid = own_uid
     ws, _ = Workspace.create(tmp_path / "ws", uid, {})
     command = 'echo "$0 $SHLVL $(id -u)"; env | sort; ls -A /proc/self/fd | wc -l; cat <<EOF\nx\nEOF\n\n\n'
     long = "true " + "#" * 100_000 + "\necho long"
