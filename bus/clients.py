@@ -11,7 +11,11 @@ breaks in one place (aiokafka is pinned <0.15 in pyproject.toml):
 * :func:`client_user` — the SASL user a client authenticates as (for error lines);
 * :func:`client_tls` — the TLS context a client connects with (for bus.tls's check);
 * :func:`transaction_manager` — a transactional producer's state: the epoch the broker
-  granted it, whether it failed fatally (fenced), its transaction-end waiter.
+  granted it, whether it failed fatally (fenced), its transaction-end waiter;
+* :func:`decompress_fetches_ahead` — each fetch response's message sets handed to a
+  ``bus.prefetch.BatchPrefetcher`` as they arrive;
+* :func:`build_fetched_records_with` — what aiokafka's fetcher builds a partition's
+  records object with (``bus.prefetch.memory_records``: the prefetcher's results).
 """
 
 from __future__ import annotations
@@ -62,3 +66,43 @@ def client_tls(client: Any):
     if getattr(inner, "_security_protocol", "PLAINTEXT") not in ("SSL", "SASL_SSL"):
         return None
     return getattr(inner, "_ssl_context", None)
+
+
+def decompress_fetches_ahead(consumer: AIOKafkaConsumer, prefetcher: Any) -> None:
+    """Hand every partition's message set of ``consumer``'s fetch responses to
+    ``prefetcher.add(topic, partition, message_set)`` as the response arrives, before
+    aiokafka's fetcher stores it (the response itself is not changed). Private API: the
+    consumer's ``_client.send`` (wrapped on this instance only), the Fetch request's
+    ``API_KEY`` and the response's ``topics`` layout that aiokafka's fetcher reads
+    (``partition, error_code, highwater, *part_data`` with the message set last)."""
+    client = consumer._client
+    send = client.send
+
+    async def send_and_prefetch(node_id, request, *args, **kwargs):
+        response = await send(node_id, request, *args, **kwargs)
+        if getattr(request, "API_KEY", None) == 1 and response is not None:  # Fetch
+            for topic, partitions in response.topics:
+                for partition, error_code, _highwater, *part_data in partitions:
+                    if error_code == 0 and part_data:
+                        prefetcher.add(topic, partition, part_data[-1])
+        return response
+
+    client.send = send_and_prefetch
+
+
+def build_fetched_records_with(factory: Any) -> None:
+    """Make aiokafka's fetcher build each partition's records object with
+    ``factory(message_set)`` instead of ``MemoryRecords(message_set)`` (the factory
+    returns one, or a stand-in with its ``has_next``, ``next_batch`` and
+    ``size_in_bytes``). Process-wide and idempotent; raises if aiokafka's fetcher no
+    longer builds them with ``MemoryRecords``. Private API: the fetcher module's
+    ``MemoryRecords`` global, read by ``Fetcher._proc_fetch_request``."""
+    import aiokafka.consumer.fetcher as fetcher
+    from aiokafka.record.memory_records import MemoryRecords
+
+    if fetcher.MemoryRecords is factory:
+        return
+    if fetcher.MemoryRecords is not MemoryRecords:
+        raise RuntimeError("aiokafka.consumer.fetcher.MemoryRecords is not aiokafka's MemoryRecords: "
+                           "aiokafka changed, check bus/clients.py and bus/prefetch.py")
+    fetcher.MemoryRecords = factory

@@ -28,9 +28,10 @@ from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
 from aiokafka.structs import OffsetAndMetadata
 
 from bus import codec
-from bus.clients import new_consumer
+from bus.clients import decompress_fetches_ahead, new_consumer
 from bus.config import KafkaConfig
 from bus.connect import add_stop_handler, start_client, stop_consumer
+from bus.prefetch import BatchPrefetcher
 from bus.producer import EventProducer, RecordTooLarge
 from bus.topics import topic_spec
 from schemas import DeadLetter, Event, RecordRef, now
@@ -124,8 +125,15 @@ class EventConsumer:
         max_poll_interval_ms: int = 300_000,
         max_poll_records: int | None = None,
         commit_offsets: Callable[[dict[TopicPartition, OffsetAndMetadata]], Awaitable[None]] | None = None,
+        decompress_ahead: bool = False,
     ) -> None:
         self.cfg = cfg
+        # The trainer's intake: each fetched zstd batch's CRC checked and its records
+        # decompressed on a worker thread as the response arrives, while the loop's
+        # thread works (bus/prefetch.py); with max_poll_records bounding getmany, also
+        # while the caller handles the previous batch.
+        self._decompress_ahead = decompress_ahead
+        self._prefetcher: BatchPrefetcher | None = None
         # Where commits go instead of the group coordinator: a transactional writer
         # (the trainer) commits its consumed offsets in its own transactions, so they
         # move exactly with what it wrote and a fenced zombie commits nothing.
@@ -170,6 +178,9 @@ class EventConsumer:
     def _consumer(self) -> AIOKafkaConsumer:
         if self._client is None:
             self._client = new_consumer(self.cfg, self._client_id, **self._client_kwargs)
+            if self._decompress_ahead:
+                self._prefetcher = BatchPrefetcher()
+                decompress_fetches_ahead(self._client, self._prefetcher)
         return self._client
 
     @property
@@ -192,6 +203,9 @@ class EventConsumer:
         finally:
             self._started = False
             await stop_consumer(self._consumer)
+            if self._prefetcher is not None:
+                self._prefetcher.close()
+                self._prefetcher = None
             if self._dlq is not None:
                 await self._dlq.stop()
                 self._dlq = None
