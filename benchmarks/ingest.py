@@ -27,12 +27,19 @@ the same records (issue #29).
    * ``aiokafka``: a plain ``AIOKafkaConsumer``, ``getmany`` until every record is
      read, nothing done with them (the Python client's floor);
    * ``trainer intake``: what the trainer does per record, training off:
-     ``EventConsumer.getmany`` (decode into events), ``Assembler.add_many`` (the
-     trainer's one check of each chunk, over the whole batch: ``trainer.batch_check``;
-     trajectories and groups put together),
+     ``EventConsumer.getmany`` with the trainer's intake options
+     (``trainer.service.INTAKE_CONSUMER``: batches CRC-checked and decompressed on a
+     worker thread, ``bus/prefetch.py``; 500 records a getmany), decode into events,
+     ``Assembler.add_many`` (the trainer's one check of each chunk, over the whole
+     batch: ``trainer.batch_check``; trajectories and groups put together),
      batches taken and marked trained as soon as groups are ready;
-   * ``trainer intake, assembly before #29``: the same, with the chunk check and
-     assembly as they were before issue #29's intake work
+   * ``trainer intake, getmany unbounded``: the same, getmany handing over everything
+     fetched (the worker then only overlaps aiokafka's own reading of the records);
+   * ``trainer intake, consumer before the 6th pass``: the same with a plain
+     ``EventConsumer`` (aiokafka checks and decompresses every batch on the loop's
+     thread; getmany hands over everything fetched);
+   * ``trainer intake, assembly before #29``: the plain consumer, with the chunk check
+     and assembly as they were before issue #29's intake work
      (``benchmarks/trajectory_baseline.py``, swapped into the assembler for this row).
 
    Then the same intake without Kafka, after and before (decode, check, assemble of the
@@ -359,12 +366,19 @@ def intake_in_process(payloads: list[tuple[bytes, list]], group_size: int, basel
     return cpu, trained
 
 
-async def consume_trainer(cfg: KafkaConfig, records: int, group_size: int,
-                          baseline: bool = False) -> tuple[float, float, int, int, float]:
+async def consume_trainer(cfg: KafkaConfig, records: int, group_size: int, baseline: bool = False,
+                          consumer_options: dict | None = None) -> tuple[float, float, int, int, float]:
     """(wall s, CPU s, groups trained, records checked) of the trainer's intake
-    (``baseline``: the chunk check and assembly before issue #29's intake work)."""
+    (``baseline``: the chunk check and assembly before issue #29's intake work;
+    ``consumer_options``: the EventConsumer's, by default the trainer's,
+    ``trainer.service.INTAKE_CONSUMER``; ``{}`` reads as before the sixth pass: every
+    batch's CRC and decompression on the loop's thread, getmany unbounded)."""
+    if consumer_options is None:
+        from trainer.service import INTAKE_CONSUMER
+
+        consumer_options = INTAKE_CONSUMER
     with assembly(baseline):
-        return await _consume_trainer(cfg, records, group_size)
+        return await _consume_trainer(cfg, records, group_size, consumer_options)
 
 
 def _after_first(first: tuple[float, int] | None, seen: int, end: float) -> float:
@@ -375,7 +389,8 @@ def _after_first(first: tuple[float, int] | None, seen: int, end: float) -> floa
     return (seen - first[1]) / (end - first[0])
 
 
-async def _consume_trainer(cfg: KafkaConfig, records: int, group_size: int) -> tuple[float, float, int, int, float]:
+async def _consume_trainer(cfg: KafkaConfig, records: int, group_size: int,
+                           consumer_options: dict) -> tuple[float, float, int, int, float]:
     from bus.consumer import EventConsumer
     from trainer.assembler import Assembler
     from trainer.config import TrainerConfig
@@ -383,7 +398,7 @@ async def _consume_trainer(cfg: KafkaConfig, records: int, group_size: int) -> t
     tcfg = TrainerConfig(groups_per_step=1)
     assembler = Assembler(tcfg, current=0)
     consumer = EventConsumer(cfg, ["trajectories", "rewards"], group_id=f"ingest-{uuid.uuid4().hex[:8]}",
-                             dead_letters=False)
+                             dead_letters=False, **consumer_options)
     await consumer.start()
     try:
         seen = trained = 0
@@ -449,20 +464,31 @@ def main(argv: list[str] | None = None) -> None:
                           [[name, f"{w:.2f}", f"{len(chunk_sizes) / w:,.0f}", f"{chunk_mb / w:.1f}",
                             f"{kcat_w / w:.2f}x" if kcat_w else "-"] for name, w in anchor_rows])
 
+        # The numba kernels loaded (~0.13 s a process) before any timed row: the first
+        # intake row read would pay for it otherwise.
+        intake_in_process([codec.encode(e) for e in events], args.group_size, baseline=False)
+        from trainer.service import INTAKE_CONSUMER
+
         before = "trainer intake, assembly before #29"
-        runs: dict[str, list[float]] = {"kcat": [], "aiokafka": [], "trainer intake": [], before: []}
-        cpu: dict[str, list[float]] = {"trainer intake": [], before: []}
-        steady: dict[str, list[float]] = {"aiokafka": [], "trainer intake": [], before: []}
-        for _ in range(args.repeat):
+        plain = "trainer intake, consumer before the 6th pass"
+        unbounded = "trainer intake, getmany unbounded"
+        intakes = {"trainer intake": INTAKE_CONSUMER, unbounded: {**INTAKE_CONSUMER, "max_poll_records": None},
+                   plain: {}, before: {}}
+        runs: dict[str, list[float]] = {"kcat": [], "aiokafka": [], **{name: [] for name in intakes}}
+        cpu: dict[str, list[float]] = {name: [] for name in intakes}
+        steady: dict[str, list[float]] = {"aiokafka": [], **{name: [] for name in intakes}}
+        for i in range(args.repeat):
             k = consume_kcat(cfg, [len(chunk_sizes), args.trajectories])
             if k is not None:
                 runs["kcat"].append(k)
             wall, rate = asyncio.run(consume_aiokafka(cfg, len(events)))
             runs["aiokafka"].append(wall)
             steady["aiokafka"].append(rate)
-            for name in ("trainer intake", before):
-                wall, c, trained, seen, rate = asyncio.run(consume_trainer(cfg, len(events), args.group_size,
-                                                                     baseline=name == before))
+            # (the intake's consumers in turn first: none always reads right after another)
+            order = list(intakes) if i % 2 == 0 else [plain, unbounded, "trainer intake", before]
+            for name in order:
+                wall, c, trained, seen, rate = asyncio.run(consume_trainer(
+                    cfg, len(events), args.group_size, baseline=name == before, consumer_options=intakes[name]))
                 if trained != args.trajectories // args.group_size:
                     raise RuntimeError(f"{name} put together {trained} groups of {args.trajectories // args.group_size}")
                 runs[name].append(wall)
@@ -481,7 +507,9 @@ def main(argv: list[str] | None = None) -> None:
                      f"{len(events) / s:,.0f}", f"{kcat_s / s:.2f}x" if kcat_s else "-",
                      f"{after_first:.1f}" if after_first else "-"])
     print(f"\nconsume (median of {args.repeat}; CPU s: the trainer intake {statistics.median(cpu['trainer intake']):.2f}, "
-          f"with the assembly before #29 {statistics.median(cpu[before]):.2f}):")
+          f"getmany unbounded {statistics.median(cpu[unbounded]):.2f}, "
+          f"with the consumer before the 6th pass {statistics.median(cpu[plain]):.2f}, "
+          f"with the consumer and assembly before #29 {statistics.median(cpu[before]):.2f}):")
     print_aligned(["reader", "seconds", "MB/s", "tokens/s (generated)", "records/s", "of kcat",
                    "MB/s after the 1st batch"], rows)
     print("(MB/s after the 1st batch: the records after the first batch over the time from its arrival to the end, "

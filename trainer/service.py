@@ -59,6 +59,12 @@ if TYPE_CHECKING:
 
 log = structlog.get_logger(__name__)
 
+# The intake's consumer (issue #29): each fetched zstd batch's CRC checked and records
+# decompressed on a worker thread (bus/prefetch.py), and getmany bounded to 500 records,
+# so the worker gets through the rest of a fetch while this loop decodes, checks and
+# assembles a batch (benchmarks/ingest.py reads with the same settings).
+INTAKE_CONSUMER: dict[str, Any] = {"decompress_ahead": True, "max_poll_records": 500}
+
 # Log lines carry these metrics; all of them go to rollway.metrics and the step log.
 LOGGED_METRICS = ("loss", "reward_mean", "solve_rate", "entropy_full", "entropy_kept", "mismatch_kl_k3",
                   "is_ratio_mean", "is_truncated_frac", "kept_one_frac", "staleness_mean", "step_time_s",
@@ -205,6 +211,7 @@ class Trainer:
                 max_poll_interval_ms=600_000, session_timeout_ms=self.tcfg.session_timeout_ms,
                 heartbeat_interval_ms=max(500, self.tcfg.session_timeout_ms // 5),
                 on_assign=self._on_assign, on_revoke=self._on_revoke, commit_offsets=commit_offsets,
+                **INTAKE_CONSUMER,
             )
             self.consumer = consumer  # before the first assignment: _on_assign uses it
             async with consumer:
