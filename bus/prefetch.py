@@ -16,7 +16,8 @@ decompressed bytes (the same header, its codec bits cleared) by aiokafka's own b
 class. aiokafka's iteration, skipping, position updates and errors are its own.
 
 Anything else goes the way it always went, the original batch to aiokafka: a batch the
-worker has not started yet (the loop's thread does it itself rather than wait), a bad
+worker has not started while busy further back (the loop's thread does it itself
+rather than wait), a bad
 CRC (aiokafka's own check then raises its own error), a payload zstandard refuses (no
 content size in the frame, several frames, corrupt), another codec or format, a message
 set of a consumer without a prefetcher.
@@ -48,10 +49,11 @@ _CODEC_MASK = 0x07
 _CODEC_ZSTD = 4
 _CONTROL = 0x20
 
-# id(message set) -> (the message set, kept alive so its id stays its own; the worker's
-# results by batch base offset). Filled when a response arrives, taken by
-# memory_records() as aiokafka's fetcher builds the partition's records right after.
-_ahead: dict[int, tuple[bytes, dict[int, Future]]] = {}
+# id(message set) -> (the message set, kept alive so its id stays its own; its
+# prefetcher; the worker's jobs by batch base offset). Filled when a response arrives,
+# taken by memory_records() as aiokafka's fetcher builds the partition's records next.
+_Jobs = dict[int, tuple[int, Future]]  # base offset -> (job number, result)
+_ahead: dict[int, tuple[bytes, "BatchPrefetcher", _Jobs]] = {}
 _install_lock = threading.Lock()
 _local = threading.local()
 
@@ -119,10 +121,11 @@ class _CheckedBatch:
 class _AheadRecords:
     """aiokafka's records of one message set, handing out the worker's batches."""
 
-    __slots__ = ("_records", "_ahead")
+    __slots__ = ("_records", "_prefetcher", "_ahead")
 
-    def __init__(self, records: MemoryRecords, ahead: dict[int, Future]) -> None:
+    def __init__(self, records: MemoryRecords, prefetcher: "BatchPrefetcher", ahead: _Jobs) -> None:
         self._records = records
+        self._prefetcher = prefetcher
         self._ahead = ahead
 
     def size_in_bytes(self) -> int:
@@ -135,8 +138,15 @@ class _AheadRecords:
         batch = self._records.next_batch()
         if batch is None or not self._ahead:
             return batch
-        future = self._ahead.pop(batch.base_offset, None)
-        if future is None or future.cancel():  # not started: read here, as before
+        job = self._ahead.pop(batch.base_offset, None)
+        if job is None:
+            return batch
+        number, future = job
+        # Not started and the worker busy further back (a slow worker, or batches that
+        # will not be read): read here, as before. Just behind (on the batch before, or
+        # taking this one up), it is waited for: the worker only gets the GIL to take up
+        # the next batch when this thread lets go of it.
+        if self._prefetcher.behind(number) and future.cancel():
             return batch
         try:
             records = future.result()
@@ -153,7 +163,7 @@ def memory_records(message_set):
     entry = _ahead.pop(id(message_set), None)
     if entry is None or entry[0] is not message_set:
         return records
-    return _AheadRecords(records, entry[1])
+    return _AheadRecords(records, entry[1], entry[2])
 
 
 def install() -> None:
@@ -173,9 +183,10 @@ class BatchPrefetcher:
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rollway-batches")
         # A partition's last queued message set: its next one replaces what is left of
         # it (aiokafka read it, or dropped it: a seek, a revoke, a discarded response).
-        self._by_partition: dict[tuple[str, int], tuple[int, dict[int, Future]]] = {}
+        self._by_partition: dict[tuple[str, int], tuple[int, _Jobs]] = {}
         self._closed = False
-        self.batches = 0
+        self.batches = 0  # queued so far: the next job's number
+        self._working_on = -1  # the number of the job the worker took up last
 
     def add(self, topic: str, partition: int, message_set: bytes) -> None:
         """A partition's message set as fetched; its zstd batches are queued."""
@@ -186,20 +197,29 @@ class BatchPrefetcher:
         if not batches:
             return
         view = memoryview(message_set)
-        submit = self._pool.submit
-        futures = {base_offset: submit(prepare, view[start:end]) for base_offset, start, end in batches}
-        _ahead[id(message_set)] = (message_set, futures)
-        self._by_partition[(topic, partition)] = (id(message_set), futures)
-        self.batches += len(futures)
+        submit, number = self._pool.submit, self.batches
+        jobs = {base_offset: (number + i, submit(self._run, number + i, view[start:end]))
+                for i, (base_offset, start, end) in enumerate(batches)}
+        _ahead[id(message_set)] = (message_set, self, jobs)
+        self._by_partition[(topic, partition)] = (id(message_set), jobs)
+        self.batches += len(jobs)
 
-    def _forget(self, queued: tuple[int, dict[int, Future]] | None) -> None:
+    def _run(self, number: int, batch: memoryview):
+        self._working_on = number
+        return prepare(batch)
+
+    def behind(self, number: int) -> bool:
+        """The worker is still on a job before the one before ``number``."""
+        return self._working_on < number - 1
+
+    def _forget(self, queued: tuple[int, _Jobs] | None) -> None:
         if queued is None:
             return
-        key, futures = queued
+        key, jobs = queued
         entry = _ahead.get(key)
-        if entry is not None and entry[1] is futures:  # (else taken by aiokafka already)
+        if entry is not None and entry[2] is jobs:  # (else taken by aiokafka already)
             del _ahead[key]
-        for future in futures.values():
+        for _, future in jobs.values():
             future.cancel()
 
     def close(self) -> None:

@@ -73,7 +73,7 @@ def _both(message_set: bytes, fetch_offset: int = 0,
     handed: list = []
     try:
         prefetcher.add(TP.topic, TP.partition, message_set)
-        for future in list(prefetch._ahead.get(id(message_set), (None, {}))[1].values()):
+        for _, future in list(prefetch._ahead.get(id(message_set), (None, None, {}))[2].values()):
             try:
                 future.result(timeout=30)  # (the worker done first: every batch is taken from it)
             except Exception:  # noqa: BLE001 - a refused payload: aiokafka's own decoder decides
