@@ -52,9 +52,12 @@ _CONTROL = 0x20
 # id(message set) -> (the message set, kept alive so its id stays its own; its
 # prefetcher; the worker's jobs by batch base offset). Filled when a response arrives,
 # taken by memory_records() as aiokafka's fetcher builds the partition's records next.
-_Jobs = dict[int, tuple[int, Future]]  # base offset -> (job number, result)
+_Jobs = dict[int, tuple[int, int, Future]]  # base offset -> (job number, stored CRC, result)
 _ahead: dict[int, tuple[bytes, "BatchPrefetcher", _Jobs]] = {}
 _install_lock = threading.Lock()
+# Worker threads of a prefetcher. (The loop's thread keeps the GIL while it decodes,
+# checks and assembles; the workers need it between their GIL-free calls.)
+WORKERS = 1
 _local = threading.local()
 
 
@@ -141,7 +144,10 @@ class _AheadRecords:
         job = self._ahead.pop(batch.base_offset, None)
         if job is None:
             return batch
-        number, future = job
+        number, crc, future = job
+        if crc != batch.crc:  # (not the batch it was queued for: never seen, but not to be trusted)
+            future.cancel()
+            return batch
         # Not started and the worker busy further back (a slow worker, or batches that
         # will not be read): read here, as before. Just behind (on the batch before, or
         # taking this one up), it is waited for: the worker only gets the GIL to take up
@@ -180,7 +186,7 @@ class BatchPrefetcher:
 
     def __init__(self) -> None:
         install()
-        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rollway-batches")
+        self._pool = ThreadPoolExecutor(max_workers=WORKERS, thread_name_prefix="rollway-batches")
         # A partition's last queued message set: its next one replaces what is left of
         # it (aiokafka read it, or dropped it: a seek, a revoke, a discarded response).
         self._by_partition: dict[tuple[str, int], tuple[int, _Jobs]] = {}
@@ -198,7 +204,11 @@ class BatchPrefetcher:
             return
         view = memoryview(message_set)
         submit, number = self._pool.submit, self.batches
-        jobs = {base_offset: (number + i, submit(self._run, number + i, view[start:end]))
+        offsets = [base_offset for base_offset, _, _ in batches]
+        if len(set(offsets)) != len(offsets):
+            return  # (two batches at one offset: which is which is aiokafka's to say)
+        jobs = {base_offset: (number + i, _CRC.unpack_from(message_set, start + _CRC_AT)[0],
+                              submit(self._run, number + i, view[start:end]))
                 for i, (base_offset, start, end) in enumerate(batches)}
         _ahead[id(message_set)] = (message_set, self, jobs)
         self._by_partition[(topic, partition)] = (id(message_set), jobs)
@@ -219,7 +229,7 @@ class BatchPrefetcher:
         entry = _ahead.get(key)
         if entry is not None and entry[2] is jobs:  # (else taken by aiokafka already)
             del _ahead[key]
-        for _, future in jobs.values():
+        for _, _, future in jobs.values():
             future.cancel()
 
     def close(self) -> None:

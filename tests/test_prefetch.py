@@ -73,7 +73,7 @@ def _both(message_set: bytes, fetch_offset: int = 0,
     handed: list = []
     try:
         prefetcher.add(TP.topic, TP.partition, message_set)
-        for _, future in list(prefetch._ahead.get(id(message_set), (None, None, {}))[2].values()):
+        for _, _, future in list(prefetch._ahead.get(id(message_set), (None, None, {}))[2].values()):
             try:
                 future.result(timeout=30)  # (the worker done first: every batch is taken from it)
             except Exception:  # noqa: BLE001 - a refused payload: aiokafka's own decoder decides
@@ -92,9 +92,7 @@ def _both(message_set: bytes, fetch_offset: int = 0,
                 return batch
 
         def records_of(ms):
-            records = prefetch.memory_records(ms)
-            assert isinstance(records, prefetch._AheadRecords)
-            return Recording(records)
+            return Recording(prefetch.memory_records(ms))
 
         ahead = _read(message_set, records_of, fetch_offset, aborted)
     finally:
@@ -119,6 +117,13 @@ def test_an_aborted_transaction_is_skipped_the_same_way() -> None:
                             _batch(5, _values(2, 22), producer_id=7)])
     plain, ahead, _, _ = _both(message_set, aborted=[(7, 0)])  # producer 7's transaction aborted
     assert ahead == plain and [r[2] for r in plain[0]] == [3, 4] and plain[1] == (None, None, 7)
+
+
+def test_two_batches_at_one_offset_are_left_to_aiokafka() -> None:
+    message_set = _batch(0, _values(3, 25)) + _batch(0, _values(2, 26)) + _batch(3, _values(2, 27))
+    plain, ahead, _, handed = _both(message_set)
+    assert ahead == plain and [r[2] for r in plain[0]] == [0, 1, 2, 3, 4]
+    assert not any(type(b) is prefetch._CheckedBatch for b in handed)
 
 
 def test_control_batches_are_left_to_aiokafka() -> None:
