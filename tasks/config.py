@@ -52,22 +52,22 @@ class FeederConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     # Pool solve rates by skill too (metadata "skill": a kind's behaviour class, e.g.
     # arith's "mul_add"), over this many recent outcomes of the skill, with the kind's
     # rate as its prior: kinds mix easy and hard skills. 0 = no skill pooling (the
-    # default until a 30-minute learning run shows the informative weighting and skill
-    # pooling help: docs/results.md, issue #30; 64 is the tested setting).
+    # components' default: tasks without skills; the main job, rollway up's MAIN_JOB,
+    # pools at 64: docs/results.md, issue #30).
     pool_by_skill_window: int = 0
     # What a task's weight is: "informative", the chance that a group of group_size
     # samples has reward variance (1 - p^G - (1-p)^G: the trainer drops the others), or
-    # "variance", the Bernoulli variance p(1 - p) (the default the learning runs of record
-    # used; "informative" was no better in two 3.5-minute smokes, 0.593 vs 0.667 of groups
-    # with a signal, within their noise).
+    # "variance", the Bernoulli variance p(1 - p) (the components' default; the main job
+    # weights by "informative": 0.513 of groups with a signal against 0.257 in 30-minute
+    # runs, with its other selection settings, docs/results.md).
     selection_weight: str = "variance"
     # Weight ** (1 / temperature): < 1 draws more from tasks likely to give an
     # informative group, > 1 spreads draws more evenly.
     selection_temperature: float = 1.0
     # Each task kind gets at least this share of the draws (spread over its tasks by their
     # weights), so a sharp temperature cannot starve a kind; must be below 1 / (number of
-    # kinds). 0 = no floor (the default; 0.05 with temperature 0.1 is the rule replayed
-    # in docs/results.md, issue #30, not yet measured by a run).
+    # kinds). 0 = no floor (the components' default; the main job's is 0.05 with
+    # temperature 0.05, measured in docs/results.md, issue #30).
     selection_kind_floor: float = 0.0
     seed: int = 0
 
