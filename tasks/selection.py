@@ -66,8 +66,11 @@ from collections import deque
 from typing import Iterable, Mapping
 
 import msgspec
+import structlog
 
 from tasks.config import FeederConfig
+
+log = structlog.get_logger(__name__)
 
 RETIRED_SOLVED = "always solved"
 RETIRED_UNSOLVED = "never solved"
@@ -86,6 +89,22 @@ class TaskStats(msgspec.Struct, kw_only=True):
     @property
     def window_solved(self) -> int:
         return sum(self.window)
+
+
+def _floor_for(floor: float, task_ids: list[str], kinds: Mapping[str, str] | None) -> float:
+    """The kind floor a task set can take: ``floor``, or half a kind's equal share where
+    ``floor`` times the number of kinds reaches 1. rollway up's main job sets a floor for
+    the family's four kinds, and a user's task set may have twenty kinds or more: the
+    feeder then starts with each kind at 1 / (2 K) of the draws instead of refusing."""
+    if not floor:
+        return floor
+    count = len({(kinds or {}).get(t, "") for t in task_ids})
+    if floor * count < 1:
+        return floor
+    reduced = 0.5 / count
+    log.warning("selection_kind_floor_reduced", configured=floor, kinds=count, floor=reduced,
+                reason="feeder.selection_kind_floor times the task set's kinds reaches 1")
+    return reduced
 
 
 class TaskSelector:
@@ -152,6 +171,7 @@ class TaskSelector:
     def from_config(cls, task_ids: Iterable[str], cfg: FeederConfig,
                     groups: Mapping[str, str] | None = None,
                     skills: Mapping[str, str] | None = None) -> "TaskSelector":
+        task_ids = list(task_ids)
         return cls(
             task_ids,
             prior_successes=cfg.prior_successes,
@@ -168,7 +188,7 @@ class TaskSelector:
             group_size=cfg.group_size if cfg.selection_weight == "informative" else 0,
             temperature=cfg.selection_temperature,
             kinds=groups if cfg.selection_kind_floor else None,
-            kind_floor=cfg.selection_kind_floor,
+            kind_floor=_floor_for(cfg.selection_kind_floor, task_ids, groups),
         )
 
     # -- observations ---------------------------------------------------------------

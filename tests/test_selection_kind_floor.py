@@ -96,6 +96,25 @@ def test_kind_floor_settings_are_checked_and_wired():
     assert s.groups == {} and s.kinds == KINDS
 
 
+
+def test_a_task_set_with_more_kinds_than_the_floor_allows_gets_half_an_equal_share_each():
+    """The main job's floor (0.05, for the family's four kinds) on a user's task set of 25
+    kinds: 25 x 0.05 >= 1 would leave nothing for the weights, and the selector refuses
+    such a floor; the feeder's selector starts with each kind at 1 / (2 x 25) instead,
+    and the probabilities are the floor's formula at that value."""
+    kinds = {f"task{i}": f"kind{i}" for i in range(25)}
+    cfg = FeederConfig(selection_weight="informative", selection_temperature=0.05, selection_kind_floor=0.05)
+    s = TaskSelector.from_config(list(kinds), cfg, groups=kinds)
+    assert s.kind_floor == 0.02
+    assert s.probabilities() == pytest.approx({t: 1 / 25 for t in kinds})  # all unseen: equal
+    for _ in range(8):
+        s.record("task0", True)  # task0 solved 8 of 8: its weight falls, its floor stays
+    probs = s.probabilities()
+    assert probs["task0"] == pytest.approx(0.02 + 0.5 * s.weight("task0") / sum(s.weights().values()))
+    assert sum(probs.values()) == pytest.approx(1.0)
+    # a floor the kinds leave room for is kept as configured
+    assert TaskSelector.from_config(list(KINDS), cfg, groups=KINDS).kind_floor == 0.05
+
 def test_the_floor_never_filters_a_task_by_its_groups_first_samples():
     # The first three samples of a1's group agree (all solved): a1 is reweighted, never
     # removed, and every task can still be drawn; whether the group trains is the
