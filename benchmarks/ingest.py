@@ -28,13 +28,11 @@ the same records (issue #29).
      read, nothing done with them (the Python client's floor);
    * ``trainer intake``: what the trainer does per record, training off:
      ``EventConsumer.getmany`` with the trainer's intake options
-     (``trainer.service.INTAKE_CONSUMER``: batches CRC-checked and decompressed on a
-     worker thread, ``bus/prefetch.py``; 500 records a getmany), decode into events,
+     (``trainer.service.INTAKE_CONSUMER``: batches CRC-checked and decompressed on
+     worker threads, ``bus/prefetch.py``), decode into events,
      ``Assembler.add_many`` (the trainer's one check of each chunk, over the whole
      batch: ``trainer.batch_check``; trajectories and groups put together),
      batches taken and marked trained as soon as groups are ready;
-   * ``trainer intake, getmany unbounded``: the same, getmany handing over everything
-     fetched (the worker then only overlaps aiokafka's own reading of the records);
    * ``trainer intake, consumer before the 6th pass``: the same with a plain
      ``EventConsumer`` (aiokafka checks and decompresses every batch on the loop's
      thread; getmany hands over everything fetched);
@@ -372,7 +370,7 @@ async def consume_trainer(cfg: KafkaConfig, records: int, group_size: int, basel
     (``baseline``: the chunk check and assembly before issue #29's intake work;
     ``consumer_options``: the EventConsumer's, by default the trainer's,
     ``trainer.service.INTAKE_CONSUMER``; ``{}`` reads as before the sixth pass: every
-    batch's CRC and decompression on the loop's thread, getmany unbounded)."""
+    batch's CRC and decompression on the loop's thread)."""
     if consumer_options is None:
         from trainer.service import INTAKE_CONSUMER
 
@@ -471,9 +469,7 @@ def main(argv: list[str] | None = None) -> None:
 
         before = "trainer intake, assembly before #29"
         plain = "trainer intake, consumer before the 6th pass"
-        unbounded = "trainer intake, getmany unbounded"
-        intakes = {"trainer intake": INTAKE_CONSUMER, unbounded: {**INTAKE_CONSUMER, "max_poll_records": None},
-                   plain: {}, before: {}}
+        intakes = {"trainer intake": INTAKE_CONSUMER, plain: {}, before: {}}
         runs: dict[str, list[float]] = {"kcat": [], "aiokafka": [], **{name: [] for name in intakes}}
         cpu: dict[str, list[float]] = {name: [] for name in intakes}
         steady: dict[str, list[float]] = {"aiokafka": [], **{name: [] for name in intakes}}
@@ -485,7 +481,7 @@ def main(argv: list[str] | None = None) -> None:
             runs["aiokafka"].append(wall)
             steady["aiokafka"].append(rate)
             # (the intake's consumers in turn first: none always reads right after another)
-            order = list(intakes) if i % 2 == 0 else [plain, unbounded, "trainer intake", before]
+            order = list(intakes) if i % 2 == 0 else [plain, "trainer intake", before]
             for name in order:
                 wall, c, trained, seen, rate = asyncio.run(consume_trainer(
                     cfg, len(events), args.group_size, baseline=name == before, consumer_options=intakes[name]))
@@ -507,7 +503,6 @@ def main(argv: list[str] | None = None) -> None:
                      f"{len(events) / s:,.0f}", f"{kcat_s / s:.2f}x" if kcat_s else "-",
                      f"{after_first:.1f}" if after_first else "-"])
     print(f"\nconsume (median of {args.repeat}; CPU s: the trainer intake {statistics.median(cpu['trainer intake']):.2f}, "
-          f"getmany unbounded {statistics.median(cpu[unbounded]):.2f}, "
           f"with the consumer before the 6th pass {statistics.median(cpu[plain]):.2f}, "
           f"with the consumer and assembly before #29 {statistics.median(cpu[before]):.2f}):")
     print_aligned(["reader", "seconds", "MB/s", "tokens/s (generated)", "records/s", "of kcat",

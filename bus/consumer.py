@@ -129,9 +129,7 @@ class EventConsumer:
     ) -> None:
         self.cfg = cfg
         # The trainer's intake: each fetched zstd batch's CRC checked and its records
-        # decompressed on a worker thread as the response arrives, while the loop's
-        # thread works (bus/prefetch.py); with max_poll_records bounding getmany, also
-        # while the caller handles the previous batch.
+        # decompressed on worker threads as the response arrives (bus/prefetch.py).
         self._decompress_ahead = decompress_ahead
         self._prefetcher: BatchPrefetcher | None = None
         # Where commits go instead of the group coordinator: a transactional writer

@@ -60,10 +60,11 @@ if TYPE_CHECKING:
 log = structlog.get_logger(__name__)
 
 # The intake's consumer (issue #29): each fetched zstd batch's CRC checked and records
-# decompressed on a worker thread (bus/prefetch.py), and getmany bounded to 500 records,
-# so the worker gets through the rest of a fetch while this loop decodes, checks and
-# assembles a batch (benchmarks/ingest.py reads with the same settings).
-INTAKE_CONSUMER: dict[str, Any] = {"decompress_ahead": True, "max_poll_records": 500}
+# decompressed on worker threads as the fetch arrives (bus/prefetch.py). getmany is not
+# bounded: with 250-500 records a call the workers were meant to work through the rest
+# of a fetch while this loop assembles, but they need the GIL between their GIL-free
+# calls and it came out no faster (benchmarks/ingest.py reads with the same settings).
+INTAKE_CONSUMER: dict[str, Any] = {"decompress_ahead": True}
 
 # Log lines carry these metrics; all of them go to rollway.metrics and the step log.
 LOGGED_METRICS = ("loss", "reward_mean", "solve_rate", "entropy_full", "entropy_kept", "mismatch_kl_k3",
