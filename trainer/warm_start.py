@@ -30,6 +30,7 @@ from pathlib import Path
 import msgspec
 import structlog
 
+from sampler.formats.tokenizers import LAYOUTS
 from trainer.sft import SFTConfig
 
 log = structlog.get_logger(__name__)
@@ -121,7 +122,7 @@ def build_warm_start(out_dir: str | Path, cfg: WarmStartConfig, *, on_step=None)
         render = tokenizers.template_renderer(cfg.format)
         raw_tok = tokenizers.train_tokenizer(cfg.format, [chat_transcript_text(s, render) for s in specs],
                                              cfg.vocab_size)
-        end, pad = "<|im_end|>", tokenizers.pad_token(cfg.format)
+        end, pad = LAYOUTS[cfg.format].eos, LAYOUTS[cfg.format].pad
     else:
         raw_tok = train_tokenizer([_transcript_text(s) for s in specs], cfg.vocab_size)
         end, pad = "<|im_end|>", "<|endoftext|>"
