@@ -30,6 +30,7 @@ from pathlib import Path
 import msgspec
 import structlog
 
+from sampler.formats.tokenizers import LAYOUTS
 from trainer.sft import SFTConfig
 
 log = structlog.get_logger(__name__)
@@ -43,6 +44,9 @@ KEY_SOURCE_DIRS = ("tasks/family",)
 # What else shapes a warm start in a chat format (sampler/formats), keyed only for those.
 CHAT_KEY_SOURCES = ("sampler/formats/sft.py", "sampler/formats/templates.py", "sampler/formats/tokenizers.py",
                     "sampler/formats/base.py", "sampler/formats/tools.py")
+# The formats a warm start is built in: Rollway's dialect, and every family whose tokenizer
+# layout (special tokens, eos, pad, chat template) sampler/formats/tokenizers.py publishes.
+FORMATS = ("rollway", *LAYOUTS)
 
 
 class WarmStartConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
@@ -59,12 +63,14 @@ class WarmStartConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     sft: SFTConfig = msgspec.field(default_factory=SFTConfig)
     # The chat format of the transcripts and tokenizer: "chatml-hermes" (Qwen2.5's layout
     # and chat template with the tools as JSON schemas, <tool_call> special tokens;
-    # sampler/formats), the main job's default, or "rollway" (the <tool> dialect).
+    # sampler/formats), the main job's default; another family of FORMATS in its own
+    # layout (qwen3, qwen3-coder, llama3-json); or "rollway" (the <tool> dialect).
     format: str = "chatml-hermes"
 
     def __post_init__(self) -> None:
-        if self.format not in ("rollway", "chatml-hermes"):
-            raise ValueError(f"the warm start is built in the rollway or chatml-hermes format, not {self.format!r}")
+        if self.format not in FORMATS:
+            raise ValueError(f"the warm start is built in one of the formats {', '.join(FORMATS)}, "
+                             f"not {self.format!r}")
         if self.hidden_size % self.heads or self.hidden_size // self.heads < 32:
             raise ValueError(f"head_dim = hidden_size / heads must be an integer >= 32 (vLLM CPU), "
                              f"got {self.hidden_size}/{self.heads}")
@@ -121,7 +127,7 @@ def build_warm_start(out_dir: str | Path, cfg: WarmStartConfig, *, on_step=None)
         render = tokenizers.template_renderer(cfg.format)
         raw_tok = tokenizers.train_tokenizer(cfg.format, [chat_transcript_text(s, render) for s in specs],
                                              cfg.vocab_size)
-        end, pad = "<|im_end|>", tokenizers.pad_token(cfg.format)
+        end, pad = LAYOUTS[cfg.format].eos, LAYOUTS[cfg.format].pad
     else:
         raw_tok = train_tokenizer([_transcript_text(s) for s in specs], cfg.vocab_size)
         end, pad = "<|im_end|>", "<|endoftext|>"

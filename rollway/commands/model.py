@@ -29,8 +29,12 @@ def configure(parser: argparse.ArgumentParser) -> None:
     init.add_argument("--premature-submit-rate", type=float, default=None,
                       help="share of the imitated teacher's episodes that submit before writing code "
                            "(default: trainer.warm_start default; 0 = a flawless teacher)")
-    init.add_argument("--format", default=None, choices=["rollway", "chatml-hermes"],
-                      help="transcripts and tokenizer layout (default: trainer.warm_start default, chatml-hermes)")
+    # Checked by WarmStartConfig against trainer.warm_start.FORMATS (not argparse choices:
+    # the table lives in sampler/formats, too heavy to import for `rollway --help`).
+    init.add_argument("--format", default=None, metavar="FORMAT",
+                      help="transcripts, tokenizer layout and chat template: chatml-hermes (default), qwen3, "
+                           "qwen3-coder, llama3-json (each family's special tokens and template; sampler/formats) "
+                           "or rollway (the <tool> dialect)")
     init.add_argument("--threads", type=int, default=None, help="torch threads (default: trainer.sft num_threads, 1: deterministic)")
 
 

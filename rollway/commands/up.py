@@ -142,10 +142,6 @@ def needs_model_init(path: str) -> bool:
     return Path(path, MARKER).exists() and is_outdated(path)
 
 
-# Formats ``rollway model init`` can build a tiny warm start in (sampler.format names).
-INIT_FORMATS = ("rollway", "chatml-hermes")
-
-
 def model_command(path: str, sampler_format: str = "auto") -> list[str]:
     """The warm start (``rollway model init``: SFT on the family's train split), copied to
     ``path``, in the sampler's format where init can build it (``auto``: the format of the
@@ -154,6 +150,8 @@ def model_command(path: str, sampler_format: str = "auto") -> list[str]:
     An outdated warm start is rebuilt with the settings its marker records (seed, SFT
     steps, premature-submit rate), not with init's defaults: a 2,000-step warm start
     made by hand must not come back from a source edit as a 500-step one."""
+    from trainer.warm_start import FORMATS  # the sampler.format names init builds
+
     argv = ["model", "init", "--out", path]
     recorded = _recorded_warm_start(path)
     if recorded is not None:
@@ -161,7 +159,7 @@ def model_command(path: str, sampler_format: str = "auto") -> list[str]:
             argv += ["--seed", str(recorded.seed)]
         argv += ["--steps", str(recorded.sft.steps),
                  "--premature-submit-rate", repr(recorded.sft.premature_submit_rate)]
-    if sampler_format in INIT_FORMATS:
+    if sampler_format in FORMATS:
         argv += ["--format", sampler_format]
     elif recorded is not None:
         argv += ["--format", recorded.format]
