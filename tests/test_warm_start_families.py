@@ -112,6 +112,7 @@ async def test_vllm_serves_it_and_the_agent_loop_runs_its_sampled_calls(built, t
     from schemas import arrays
     from tests.sampler_helpers import start_test_engine
     from tests.sandbox_helpers import live_sandbox, write_task_dir
+    from tests.test_sft import policy_spans
 
     family, out = built
     spec = next(s for s in generate("train", EXAMPLES, seed=0) if s.metadata.get("kind") == "fix")
@@ -137,14 +138,7 @@ async def test_vllm_serves_it_and_the_agent_loop_runs_its_sampled_calls(built, t
     ids = np.concatenate([arrays.unpack(c.token_ids, arrays.INT32) for c in published]).tolist()
     mask = np.concatenate([arrays.unpack(c.loss_mask, arrays.UINT8) for c in published]).tolist()
     # The sampled turns (mask-1 runs), as vLLM sampled them, parse to the reference calls.
-    turns, run = [], []
-    for token, m in zip(ids, mask):
-        if m:
-            run.append(token)
-        elif run:
-            turns.append(run)
-            run = []
-    turns += [run] if run else []
+    turns = policy_spans(ids, mask)
     parsed = [fmt.parse_turn(t) for t in turns]
     assert [[(c.name, c.arguments) for c in p.calls] for p in parsed] == [
         [(name, arguments)] for name, arguments, _ in reference_calls(spec)]
