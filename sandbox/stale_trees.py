@@ -75,6 +75,9 @@ def sweep(root: Path, *, own: UidClaim, uid_base: int, solution_uid_offset: int,
                     log.warning("stale_tree_kept", path=str(path), uid=uid, error=str(exc))
                     continue
                 shutil.rmtree(path, ignore_errors=True)
+                if os.path.lexists(path):  # (a link in its place, or rmtree refused: nothing swept)
+                    log.warning("stale_tree_kept", path=str(path), uid=uid, error="could not be removed")
+                    continue
                 # A warning: a service before this one died without releasing its trees.
                 log.warning("stale_tree_swept", path=str(path), uid=uid, uid_range=base, reason=reason,
                             mounts=len(inside))

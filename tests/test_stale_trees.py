@@ -131,3 +131,29 @@ async def test_a_live_services_trees_on_the_same_root_are_left_alone(tmp_path):
             assert (await client.exec(sid, "cat main.py")).stdout == TASK.files["main.py"]
     finally:
         _unmount_all(ws_root)
+
+
+def test_a_link_in_a_trees_place_is_neither_followed_nor_counted_as_swept(tmp_path):
+    """A ``rollway-ws-*`` entry that is a symlink owned by a dead range's uid: the sweep
+    follows nothing (the folder it points to keeps its file) and, since rmtree refuses a
+    link, reports it kept, not swept (it logged and counted it swept before)."""
+    from sandbox.stale_trees import sweep
+
+    target = tmp_path / "host"
+    target.mkdir()
+    (target / "keep.txt").write_text("x")
+    root = tmp_path / "root"
+    root.mkdir()
+    link = root / "rollway-ws-linked"
+    link.symlink_to(target)
+    os.lchown(link, 60010, 60010)
+    locks = tmp_path / "locks"
+    own = uid_claim.claim_uid_range(60000 + 3 * uid_claim.RANGE_STRIDE, 1, locks)
+    try:
+        with structlog.testing.capture_logs() as logs:
+            assert sweep(root, own=own, uid_base=60000, solution_uid_offset=20000, lock_dir=locks) == 0
+    finally:
+        own.release()
+    assert (target / "keep.txt").read_text() == "x" and link.is_symlink()
+    assert [(e["event"], e["path"]) for e in logs if e["event"].startswith("stale_tree")] == [
+        ("stale_tree_kept", str(link))]
