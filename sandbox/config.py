@@ -159,8 +159,16 @@ class SandboxConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     def __post_init__(self) -> None:
         if self.workspace_bytes <= 0 or self.workspace_inodes <= 0:
             raise ValueError("sandbox.workspace_bytes and sandbox.workspace_inodes must be positive")
-        if self.grading_solution_uid_offset <= 0:
-            raise ValueError("sandbox.grading_solution_uid_offset must be positive")
+        # Solution uids (session uid + offset) must lie above every claimable range
+        # (sandbox/uid_claim.py): inside one they are another service's session uids, whose
+        # clean-up kills them and whose start-up sweep (sandbox/stale_trees.py) reads a live
+        # grading's tree as that range's.
+        from sandbox.uid_claim import MAX_RANGES, RANGE_STRIDE
+
+        if self.grading_solution_uid_offset < MAX_RANGES * RANGE_STRIDE:
+            raise ValueError(f"sandbox.grading_solution_uid_offset must be at least {MAX_RANGES * RANGE_STRIDE} "
+                             f"(above every uid range services claim from uid_base), "
+                             f"got {self.grading_solution_uid_offset}")
         if self.grading_bridge_pin_after < 0:
             raise ValueError("sandbox.grading_bridge_pin_after must be 0 (off) or positive")
         if self.uid_base <= 0:

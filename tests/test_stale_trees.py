@@ -157,3 +157,16 @@ def test_a_link_in_a_trees_place_is_neither_followed_nor_counted_as_swept(tmp_pa
     assert (target / "keep.txt").read_text() == "x" and link.is_symlink()
     assert [(e["event"], e["path"]) for e in logs if e["event"].startswith("stale_tree")] == [
         ("stale_tree_kept", str(link))]
+
+
+def test_solution_uids_must_lie_above_every_claimable_range():
+    """An offset of 5,000 put range 60000's solution uids (65000+) inside range 65000: its
+    clean-up and its start-up sweep read a live grading's tree as that range's (the sweep
+    removed it in helper-47's run). The config refuses offsets below the ranges' span."""
+    import pytest
+
+    span = uid_claim.MAX_RANGES * uid_claim.RANGE_STRIDE
+    with pytest.raises(ValueError, match=f"grading_solution_uid_offset must be at least {span}.*got 5000"):
+        SandboxConfig(grading_solution_uid_offset=5000)
+    assert SandboxConfig(grading_solution_uid_offset=span).grading_solution_uid_offset == span
+    assert SandboxConfig().grading_solution_uid_offset == 20000
