@@ -12,7 +12,7 @@ policy learns. From the run's rewards (one JSON line per graded trajectory, as
   keeps its place in its kind while the kind moves, and a skill the run drew rarely in a
   stretch still has a rate there;
 * each kind's spread of instances around their skill (logit sd, fitted by likelihood on
-  the logged groups of 4): instances of one skill differ by their constants (lists
+  the logged groups): instances of one skill differ by their constants (lists
   ``lt6.add9`` failed twice where ``lt4.add3`` passed), and a group's samples share their
   instance's rate; without the spread the model overstates every rule.
 
@@ -59,6 +59,15 @@ RULES = {
                                                  prior=0.25)),
     "group 8, ... prior 0.25, T 0.05": (8, dict(skills=True, informative=True, temperature=0.05, kind_floor=0.05,
                                                  prior=0.25)),
+    # groups that grow with the solve rate (feeder.group_size_max, informative_target)
+    "group 8-16 to 0.8, ... prior 0.25, T 0.05": (8, dict(skills=True, informative=True, temperature=0.05,
+                                                          kind_floor=0.05, prior=0.25, size_max=16, target=0.8)),
+    "group 8-16 to 0.7, ... prior 0.25, T 0.05": (8, dict(skills=True, informative=True, temperature=0.05,
+                                                          kind_floor=0.05, prior=0.25, size_max=16, target=0.7)),
+    "group 8-24 to 0.8, ... prior 0.25, T 0.05": (8, dict(skills=True, informative=True, temperature=0.05,
+                                                          kind_floor=0.05, prior=0.25, size_max=24, target=0.8)),
+    "group 6-16 to 0.8, ... prior 0.25, T 0.05": (6, dict(skills=True, informative=True, temperature=0.05,
+                                                          kind_floor=0.05, prior=0.25, size_max=16, target=0.8)),
 }
 PRIOR_SD = 3.0
 SPREADS = (0.0, 0.5, 1.0, 1.5, 2.0, 2.5, 3.0, 4.0, 5.0, 6.0)
@@ -139,19 +148,19 @@ class RateModel:
             groups[r["group_id"]].append(r)
         data: dict = defaultdict(list)
         for g in groups.values():
-            if len(g) != 4:
+            if len(g) < 4:  # groups of any size the run drew (4, 8 or grown), not their first rewards
                 continue
             m = self.meta[g[0]["task_id"]]
-            data[m["kind"]].append((sum(map(solved, g)), self.mean(m["kind"], m["skill"],
-                                                                   self.segment_of(g[0]["created_at"]))))
+            data[m["kind"]].append((len(g), sum(map(solved, g)), self.mean(m["kind"], m["skill"],
+                                                                           self.segment_of(g[0]["created_at"]))))
         spread = {}
         for kind, d in data.items():
             def loglik(s: float) -> float:
                 total = 0.0
-                for k, q in d:
+                for n, k, q in d:
                     mu = self.mu(q, s)
-                    total += math.log(max(1e-300, sum(w * math.comb(4, k) * sig(mu + s * z) ** k
-                                                      * (1 - sig(mu + s * z)) ** (4 - k) for z, w in zip(Z, W))))
+                    total += math.log(max(1e-300, sum(w * math.comb(n, k) * sig(mu + s * z) ** k
+                                                      * (1 - sig(mu + s * z)) ** (n - k) for z, w in zip(Z, W))))
                 return total
             spread[kind] = max(SPREADS, key=loglik)
         return spread
@@ -175,6 +184,7 @@ def run_rule(specs, model: RateModel, groups: int, group_size: int, rule: dict, 
                             group_size=group_size if rule.get("informative") else 0,
                             temperature=rule.get("temperature", 1.0), kinds=kinds,
                             kind_floor=rule.get("kind_floor", 0.0), prior_successes=prior, prior_failures=prior,
+                            group_size_max=rule.get("size_max", 0), informative_target=rule.get("target", 0.8),
                             seed=seed)
     rng = random.Random(seed + 1_000)
     pending: deque = deque()
@@ -182,13 +192,16 @@ def run_rule(specs, model: RateModel, groups: int, group_size: int, rule: dict, 
     drawn: set = set()
     repeats = 0
     per_kind: dict = defaultdict(int)
+    samples = 0
     for i in range(groups):
         task = selector.choose()
+        size = selector.group_size_for(task) if selector.group_size_max else group_size
+        samples += size
         repeats += task in drawn
         drawn.add(task)
         per_kind[kinds[task]] += 1
         p = model.rate(task, kinds[task], skills[task], min(model.nseg - 1, i * model.nseg // groups), seed)
-        outcomes = [rng.random() < p for _ in range(group_size)]
+        outcomes = [rng.random() < p for _ in range(size)]
         informative.append(len(set(outcomes)) > 1)
         pending.append((task, outcomes))
         while len(pending) > delay:  # the feeder sees a group's rewards after later groups are out
@@ -198,6 +211,7 @@ def run_rule(specs, model: RateModel, groups: int, group_size: int, rule: dict, 
     half = len(informative) // 2
     return {"all": statistics.fmean(informative), "first": statistics.fmean(informative[:half]),
             "second": statistics.fmean(informative[half:]), "repeats": repeats / groups,
+            "samples": samples / groups,
             "kinds": {k: n / groups for k, n in per_kind.items()}}
 
 
@@ -243,7 +257,8 @@ def main() -> int:
                          for k in ("arith", "lists", "text", "fix"))
         print(f"  {name:54s} {statistics.fmean(shares):.3f} ({min(shares):.3f}-{max(shares):.3f}); "
               f"{statistics.fmean(r['first'] for r in res):.3f} / {statistics.fmean(r['second'] for r in res):.3f}; "
-              f"repeats {statistics.fmean(r['repeats'] for r in res):.2f}; {kinds}", flush=True)
+              f"repeats {statistics.fmean(r['repeats'] for r in res):.2f}; "
+              f"samples/group {statistics.fmean(r['samples'] for r in res):.1f}; {kinds}", flush=True)
     return 0
 
 

@@ -16,6 +16,12 @@ class FeederConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     # outcome reflects the skill, not a memorised instance.
     family_seed: int = 1
     group_size: int = 4
+    # Grow a task's group from group_size up to this many samples until the chance that
+    # its rewards are not all equal (by the task's estimated solve rate) reaches
+    # informative_target (tasks.selection, "Group size by solve rate"); needs
+    # selection_weight = "informative". 0 = every group has group_size samples.
+    group_size_max: int = 0
+    informative_target: float = 0.8
     # Pace: at most this many groups per second (a steady rate, no bursts).
     groups_per_second: float = 1.0
     # Backpressure: stop publishing while this many published groups are not yet fully
@@ -74,6 +80,14 @@ class FeederConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     def __post_init__(self) -> None:
         checks = [
             (self.group_size >= 1, f"feeder.group_size must be at least 1, got {self.group_size}"),
+            (self.group_size_max == 0 or self.group_size_max >= self.group_size,
+             f"feeder.group_size_max must be 0 (fixed groups) or at least group_size ({self.group_size}), "
+             f"got {self.group_size_max}"),
+            (self.group_size_max == 0 or self.selection_weight == "informative",
+             "feeder.group_size_max needs feeder.selection_weight = 'informative' (the size follows the chance "
+             "that a group is informative)"),
+            (0.0 < self.informative_target < 1.0,
+             f"feeder.informative_target must be in (0, 1), got {self.informative_target}"),
             (self.groups_per_second > 0, f"feeder.groups_per_second must be positive, got {self.groups_per_second}"),
             (self.max_outstanding_groups >= 1, "feeder.max_outstanding_groups must be at least 1"),
             (self.outstanding_timeout_s > 0, "feeder.outstanding_timeout_s must be positive"),

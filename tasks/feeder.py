@@ -57,6 +57,7 @@ class Feeder:
         self.selector = TaskSelector.from_config(store.ids(), cfg, groups=kinds, skills=skills)
         self.outstanding = OutstandingGroups()
         self.published = 0
+        self.published_samples = 0  # samples asked for (groups grow with group_size_max)
         self.published_by_task: dict[str, int] = {}
         self.rewards_seen = 0
         self.backpressure_seconds = 0.0
@@ -199,7 +200,9 @@ class Feeder:
 
     async def _publish_group(self, producer: EventProducer, task_id: str) -> None:
         group_id = f"g-{uuid.uuid4().hex}"
-        event = self.store.get(task_id).to_event(group_id, self.cfg.group_size, created_at=now())
+        # groups grow with the task's solve rate only with group_size_max (else all are group_size)
+        size = self.selector.group_size_for(task_id) if self.selector.group_size_max else self.cfg.group_size
+        event = self.store.get(task_id).to_event(group_id, size, created_at=now())
         try:
             await producer.publish(event)
         except RecordTooLarge as exc:
@@ -207,10 +210,12 @@ class Feeder:
             self.selector.stats[task_id].retired = "too large for one Task event"
             log.error("task retired: too large to publish", task_id=task_id, error=str(exc))
             return
-        self.outstanding.add(group_id, task_id, self.cfg.group_size, self.clock())
+        self.outstanding.add(group_id, task_id, size, self.clock())
         self.published += 1
+        self.published_samples += size
         self.published_by_task[task_id] = self.published_by_task.get(task_id, 0) + 1
-        log.debug("published task", task_id=task_id, group_id=group_id, outstanding=len(self.outstanding))
+        log.debug("published task", task_id=task_id, group_id=group_id, group_size=size,
+                  outstanding=len(self.outstanding))
 
     async def _wait(self, event: asyncio.Event | None, timeout: float) -> None:
         """Sleep up to ``timeout``; wake early on ``event`` or stop."""
@@ -229,6 +234,7 @@ class Feeder:
         extra = {} if expected is None else {"expected_informative_share": expected}
         return {
             "published_groups": float(self.published),
+            "published_samples": float(self.published_samples),
             "outstanding_groups": float(len(self.outstanding)),
             "rewards_seen": float(self.rewards_seen),
             "active_tasks": float(len(rates)),

@@ -19,6 +19,17 @@ a group of G samples is *informative* (not all equal: the trainer drops the rest
 ``temperature`` < 1 sharpens the draws towards tasks whose groups are likely to carry a
 signal, > 1 flattens them (1: proportional to the chance itself).
 
+Group size by solve rate: with ``group_size_max`` M > G, a task's group grows from G
+until the chance reaches ``informative_target``, at most to M::
+
+    G(task) = min{g in G..M : 1 - p^g - (1 - p)^g >= target}   (M where none reaches it)
+
+and its weight is the chance at G(task). A policy that solves a skill 9 times in 10
+gives a group of 8 a 0.57 chance of disagreeing, one of 16 a 0.81 chance: the extra
+samples buy the failures the trainer learns from. The size is fixed before sampling,
+from estimates only, so it never looks at the group's own outcomes (no bias: a group is
+never cut or extended because of what its samples scored).
+
 Pooling by kind: with ``groups`` (task id -> kind, e.g. the family's ``arith``), the
 prior's mean is the kind's recent solve rate instead of a / (a + b)::
 
@@ -127,6 +138,8 @@ class TaskSelector:
         temperature: float = 1.0,
         kinds: Mapping[str, str] | None = None,
         kind_floor: float = 0.0,
+        group_size_max: int = 0,
+        informative_target: float = 0.8,
     ) -> None:
         if group_window < 1:
             raise ValueError(f"group_window must be at least 1, got {group_window}")
@@ -136,6 +149,14 @@ class TaskSelector:
             raise ValueError(f"group_size must be >= 0 (0: weight by the variance p(1 - p)), got {group_size}")
         if not temperature > 0:
             raise ValueError(f"temperature must be positive, got {temperature}")
+        if group_size_max and group_size_max < max(group_size, 1):
+            raise ValueError(f"group_size_max must be 0 (fixed groups) or at least group_size ({group_size}), "
+                             f"got {group_size_max}")
+        if group_size_max and not group_size:
+            raise ValueError("group_size_max needs group_size (the informative weight): a variance weight has no "
+                             "group to grow")
+        if not 0.0 < informative_target < 1.0:
+            raise ValueError(f"informative_target must be in (0, 1), got {informative_target}")
         if not 0 <= min_attempts_to_retire <= window:
             raise ValueError(f"min_attempts_to_retire must be within 0..window ({window}), got {min_attempts_to_retire}")
         self.prior_successes = prior_successes
@@ -158,6 +179,8 @@ class TaskSelector:
         self.skills: dict[str, str] = {t: k for t, k in (skills or {}).items() if t in self.stats}
         self.skill_windows: dict[str, deque] = {k: deque(maxlen=skill_window) for k in self.skills.values()}
         self.group_size = group_size
+        self.group_size_max = group_size_max
+        self.informative_target = informative_target
         self.temperature = temperature
         # The floor's kinds are its own mapping (kind pooling, groups, may be off); a task
         # without a kind counts as the kind "".
@@ -189,6 +212,8 @@ class TaskSelector:
             temperature=cfg.selection_temperature,
             kinds=groups if cfg.selection_kind_floor else None,
             kind_floor=_floor_for(cfg.selection_kind_floor, task_ids, groups),
+            group_size_max=cfg.group_size_max if cfg.selection_weight == "informative" else 0,
+            informative_target=cfg.informative_target,
         )
 
     # -- observations ---------------------------------------------------------------
@@ -238,13 +263,26 @@ class TaskSelector:
         return (sum(outcomes) + (self.prior_successes + self.prior_failures) * m) / (
             len(outcomes) + self.prior_successes + self.prior_failures)
 
+    def group_size_for(self, task_id: str) -> int:
+        """How many samples the task's next group gets: ``group_size``, grown (with
+        ``group_size_max``) until the group's chance of being informative reaches
+        ``informative_target``, at most ``group_size_max``."""
+        if not self.group_size_max:
+            return self.group_size
+        p = self.solve_rate(task_id)
+        for size in range(self.group_size, self.group_size_max + 1):
+            if 1.0 - p ** size - (1.0 - p) ** size >= self.informative_target:
+                return size
+        return self.group_size_max
+
     def informative_chance(self, task_id: str) -> float:
-        """The chance that a group of ``group_size`` samples of the task does not have
-        every reward equal, at its posterior solve rate (``group_size`` 0: p(1 - p))."""
+        """The chance that the task's next group (:meth:`group_size_for` samples) does not
+        have every reward equal, at its posterior solve rate (``group_size`` 0: p(1 - p))."""
         p = self.solve_rate(task_id)
         if not self.group_size:
             return p * (1.0 - p)
-        return 1.0 - p ** self.group_size - (1.0 - p) ** self.group_size
+        size = self.group_size_for(task_id)
+        return 1.0 - p ** size - (1.0 - p) ** size
 
     def weight(self, task_id: str) -> float:
         if self.stats[task_id].retired:

@@ -61,6 +61,52 @@ def test_temperature_sharpens_the_weights_exact():
         FeederConfig(selection_weight="entropy")
 
 
+def test_group_size_grows_with_the_solve_rate_until_the_target_chance_exact():
+    s = TaskSelector(["easy", "even", "hard"], window=128, min_attempts_to_retire=0, group_size=8,
+                     group_size_max=16, informative_target=0.8)
+    for _ in range(8):
+        s.record("easy", True)  # p = (8 + 1) / (8 + 2) = 0.9
+    for _ in range(98):
+        s.record("hard", False)  # p = 1 / 100
+    # 0.9: 1 - 0.9^15 - 0.1^15 = 0.794 < 0.8 <= 1 - 0.9^16 - 0.1^16 = 0.815
+    assert s.group_size_for("easy") == 16
+    assert s.weight("easy") == pytest.approx(1 - 0.9 ** 16 - 0.1 ** 16)
+    # unseen (p = 1/2): the base size already reaches the target (0.992)
+    assert s.group_size_for("even") == 8 and s.weight("even") == pytest.approx(1 - 2 / 256)
+    # 0.01: no size up to 16 reaches it; the largest (0.149)
+    assert s.group_size_for("hard") == 16
+    assert s.weight("hard") == pytest.approx(1 - 0.01 ** 16 - 0.99 ** 16)
+    # a lower target stops earlier: 0.9 reaches 0.75 at 14 (0.771; 13 gives 0.746)
+    lower = TaskSelector(["easy"], window=128, min_attempts_to_retire=0, group_size=8, group_size_max=16,
+                         informative_target=0.75)
+    for _ in range(8):
+        lower.record("easy", True)
+    assert lower.group_size_for("easy") == 14
+    # without group_size_max every group has group_size samples, whatever the rate
+    fixed = TaskSelector(["easy"], window=128, min_attempts_to_retire=0, group_size=8)
+    for _ in range(8):
+        fixed.record("easy", True)
+    assert fixed.group_size_for("easy") == 8 and fixed.weight("easy") == pytest.approx(1 - 0.9 ** 8 - 0.1 ** 8)
+
+
+def test_group_size_max_refuses_settings_it_cannot_follow():
+    with pytest.raises(ValueError, match="group_size_max must be 0 .* at least group_size \\(8\\), got 4"):
+        TaskSelector(["a"], group_size=8, group_size_max=4)
+    with pytest.raises(ValueError, match="group_size_max needs group_size"):
+        TaskSelector(["a"], group_size=0, group_size_max=16)
+    with pytest.raises(ValueError, match="informative_target must be in \\(0, 1\\), got 1.0"):
+        TaskSelector(["a"], group_size=8, group_size_max=16, informative_target=1.0)
+    with pytest.raises(ValueError, match="feeder.group_size_max must be 0 .* at least group_size \\(8\\), got 6"):
+        FeederConfig(group_size=8, group_size_max=6, selection_weight="informative")
+    with pytest.raises(ValueError, match="feeder.group_size_max needs feeder.selection_weight = 'informative'"):
+        FeederConfig(group_size=8, group_size_max=16)
+    with pytest.raises(ValueError, match="feeder.informative_target must be in \\(0, 1\\), got 0.0"):
+        FeederConfig(informative_target=0.0)
+    cfg = FeederConfig(group_size=8, group_size_max=16, informative_target=0.7, selection_weight="informative")
+    s = TaskSelector.from_config(["a"], cfg)
+    assert (s.group_size, s.group_size_max, s.informative_target) == (8, 16, 0.7)
+
+
 def test_solve_rates_pool_kind_then_skill_then_task_exact():
     kinds = {"a1": "k", "a2": "k", "b1": "k"}
     skills = {"a1": "k:easy", "a2": "k:easy", "b1": "k:hard"}

@@ -117,6 +117,34 @@ async def test_task_mix_shifts_as_solve_rates_change(kafka_config, tmp_path):
     assert len({t.group_id for t in driver.tasks}) == 2 * per_phase
 
 
+async def test_groups_grow_with_the_solve_rate_and_complete_at_their_own_size(kafka_config, tmp_path):
+    """feeder.group_size_max: "even" (half its samples solved, p = 1/2) keeps groups of 4
+    (chance 0.875 >= 0.8; 3 gives 0.75); "easy" (always solved) starts at 4 (unseen:
+    p = 1/2) and grows to the largest size once its rate is high (p = 8.5/9: no size up to 8
+    reaches 0.8). Every group is complete at its own size: the feeder counts each sample's
+    reward once and its metrics count the samples asked for."""
+    store = make_store(tmp_path, ["easy", "even"])
+    cfg = FeederConfig(group_size=2, group_size_max=8, informative_target=0.8, selection_weight="informative",
+                       groups_per_second=500, max_outstanding_groups=2, max_groups=40, solve_rate_window=8,
+                       min_attempts_to_retire=0, prior_successes=0.5, prior_failures=0.5, pool_by_kind_window=0,
+                       metrics_interval_s=3600, seed=2)
+    feeder = Feeder(cfg, kafka_config, store)
+    driver = Driver(kafka_config, lambda n, task, index: task.task_id == "easy" or index % 2 == 0)
+    assert await run_feeder(feeder, driver) == "published max_groups=40"
+    sizes = {name: [t.group_size for t in driver.tasks if t.task_id == name] for name in ("easy", "even")}
+    assert sizes["even"] and set(sizes["even"]) == {4}, sizes
+    assert sizes["easy"][0] == 4 and sizes["easy"][-1] == 8 and sizes["easy"] == sorted(sizes["easy"]), sizes
+    total = sum(t.group_size for t in driver.tasks)
+    assert feeder.published_samples == total
+    # each reward counted once; a group leaves the outstanding set exactly when all its own
+    # samples are rewarded (the feeder stops reading at its end: the last groups may be open)
+    missing = sum(g.group_size - len(g.rewarded) for g in feeder.outstanding._groups.values())
+    assert len(feeder.outstanding) <= cfg.max_outstanding_groups and all(
+        len(g.rewarded) < g.group_size for g in feeder.outstanding._groups.values())
+    assert feeder.rewards_seen == total - missing
+    assert feeder.snapshot()["published_samples"] == float(total)
+
+
 async def test_backpressure_stops_publishing_until_groups_are_rewarded(kafka_config, tmp_path):
     store = make_store(tmp_path, ["only"])
     cfg = FeederConfig(group_size=3, groups_per_second=200, max_outstanding_groups=3, metrics_interval_s=3600)
