@@ -10,12 +10,23 @@ so a crashed service's claim needs no clean-up; the trees it left are swept by t
 service, sandbox/stale_trees.py, which tells whose a tree is by these claims). Ranges are
 ``RANGE_STRIDE`` uids apart from ``uid_base``; the grader's solution uids
 (``+ grading_solution_uid_offset``) move with them.
+
+The claims are only as good as their folder. Whoever can replace a lock file can make two
+services hold "the same" range (each flocks its own inode), and then they kill each
+other's commands and sweep each other's trees as stale. A root service's claims
+therefore live in ``/run`` (root's, cleared at boot) rather than ``/tmp``, where any
+local user could create the folder first; whatever folder is used (also
+``ROLLWAY_UID_LOCK_DIR``), it must be a real folder owned by this user and writable by
+no one else, and a lock file that is a symbolic link is refused rather than followed.
 """
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import os
+import stat
+import tempfile
 from pathlib import Path
 from typing import IO
 
@@ -25,11 +36,64 @@ log = structlog.get_logger(__name__)
 
 RANGE_STRIDE = 1000  # uids per range: room for max_sessions and the tests' fixed offsets
 MAX_RANGES = 16
-LOCK_DIR = Path(os.environ.get("ROLLWAY_UID_LOCK_DIR", "/tmp/rollway-sandbox-uids"))
+
+
+def default_lock_dir() -> Path:
+    """``ROLLWAY_UID_LOCK_DIR``, else ``/run/rollway-sandbox-uids`` for root (the service
+    that runs commands as other uids), else a folder of this user's in the temp dir."""
+    configured = os.environ.get("ROLLWAY_UID_LOCK_DIR")
+    if configured:
+        return Path(configured)
+    if os.geteuid() == 0:
+        return Path("/run/rollway-sandbox-uids")
+    return Path(tempfile.gettempdir()) / f"rollway-sandbox-uids-{os.geteuid()}"
+
+
+LOCK_DIR = default_lock_dir()
 
 
 class UidRangesExhausted(RuntimeError):
     pass
+
+
+class UnsafeLockDir(RuntimeError):
+    """The claims' folder or a lock file in it could be replaced by another user."""
+
+
+def checked_lock_dir(lock_dir: Path) -> Path:
+    """``lock_dir``, made if missing (0700); refused unless it is a real folder owned by
+    this user and not writable by group or others."""
+    try:
+        lock_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+    except FileExistsError:  # a file, or a dangling link, in its place
+        pass
+    st = os.lstat(lock_dir)
+    problem = ""
+    if stat.S_ISLNK(st.st_mode):
+        problem = "is a symbolic link"
+    elif not stat.S_ISDIR(st.st_mode):
+        problem = "is not a folder"
+    elif st.st_uid != os.geteuid():
+        problem = f"is owned by uid {st.st_uid}, not by this service's uid {os.geteuid()}"
+    elif st.st_mode & 0o022:
+        problem = f"is writable by group or others (mode {stat.S_IMODE(st.st_mode):o})"
+    if problem:
+        raise UnsafeLockDir(f"sandbox uid claims folder {lock_dir} {problem}: another user could replace its lock "
+                            f"files and make two services share uids; remove it or set ROLLWAY_UID_LOCK_DIR to a "
+                            f"folder only this user can write")
+    return lock_dir
+
+
+def open_lock_file(path: Path):
+    """The lock file, created 0600 if missing; a symbolic link in its place is refused."""
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise UnsafeLockDir(f"sandbox uid claim {path} is a symbolic link: refused (a claim must be its own "
+                                f"file)") from None
+        raise
+    return os.fdopen(fd, "ab")
 
 
 class UidClaim:
@@ -64,8 +128,7 @@ def claim_uid_range(uid_base: int, sessions: int, lock_dir: Path = LOCK_DIR) -> 
 
 def try_claim(base: int, lock_dir: Path = LOCK_DIR) -> UidClaim | None:
     """The range at ``base``, or None while a live service holds it (its lock is taken)."""
-    lock_dir.mkdir(parents=True, exist_ok=True)
-    lock = open(lock_dir / f"uids-{base}.lock", "ab")
+    lock = open_lock_file(checked_lock_dir(lock_dir) / f"uids-{base}.lock")
     try:
         fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:

@@ -268,3 +268,61 @@ def test_sandbox_services_on_one_host_claim_disjoint_uid_ranges(tmp_path):
     third.release()
     with pytest.raises(ValueError, match="max_sessions 600"):
         claim_uid_range(60000, 600, locks)
+
+
+def test_uid_claims_refuse_a_folder_or_lock_file_another_user_could_replace(tmp_path, monkeypatch):
+    """Whoever can replace a lock file makes two services hold one range (each flocks its
+    own inode): they kill each other's commands and sweep each other's trees. The claims'
+    folder must be this user's own and writable by no one else, a lock file that is a
+    link is refused (not followed), and root's default folder is in /run, not /tmp."""
+    import os
+
+    from sandbox import uid_claim
+    from sandbox.uid_claim import UnsafeLockDir, claim_uid_range
+
+    fresh = tmp_path / "fresh" / "locks"
+    claim = claim_uid_range(60000, 8, fresh)  # made, 0700, parents too
+    assert claim.base == 60000 and oct(os.stat(fresh).st_mode & 0o777) == "0o700"
+    assert oct(os.stat(fresh / "uids-60000.lock").st_mode & 0o777) == "0o600"
+    claim.release()
+
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o777)  # as a folder another user made in /tmp would be
+    with pytest.raises(UnsafeLockDir, match=f"{shared} is writable by group or others \\(mode 777\\)"):
+        claim_uid_range(60000, 8, shared)
+    assert list(shared.iterdir()) == []
+
+    theirs = tmp_path / "theirs"
+    theirs.mkdir(mode=0o700)
+    os.chown(theirs, 65534, 65534)
+    with pytest.raises(UnsafeLockDir, match=f"{theirs} is owned by uid 65534, not by this service's uid {os.geteuid()}"):
+        claim_uid_range(60000, 8, theirs)
+
+    real = tmp_path / "real"
+    real.mkdir(mode=0o700)
+    linked = tmp_path / "linked"
+    linked.symlink_to(real)
+    with pytest.raises(UnsafeLockDir, match=f"{linked} is a symbolic link"):
+        claim_uid_range(60000, 8, linked)
+    assert list(real.iterdir()) == []
+
+    own = tmp_path / "own"
+    own.mkdir(mode=0o700)
+    target = tmp_path / "elsewhere" / "victim"
+    target.parent.mkdir()
+    (own / "uids-60000.lock").symlink_to(target)
+    with pytest.raises(UnsafeLockDir, match="uids-60000.lock is a symbolic link: refused"):
+        claim_uid_range(60000, 8, own)
+    assert not target.exists()  # not created through the link
+
+    blocked = tmp_path / "file"
+    blocked.write_text("")
+    with pytest.raises(UnsafeLockDir, match=f"{blocked} is not a folder"):
+        claim_uid_range(60000, 8, blocked)
+
+    monkeypatch.delenv("ROLLWAY_UID_LOCK_DIR", raising=False)
+    assert uid_claim.default_lock_dir() == (Path("/run/rollway-sandbox-uids") if os.geteuid() == 0 else
+                                            Path(tempfile.gettempdir()) / f"rollway-sandbox-uids-{os.geteuid()}")
+    monkeypatch.setenv("ROLLWAY_UID_LOCK_DIR", str(own))
+    assert uid_claim.default_lock_dir() == own
