@@ -151,7 +151,8 @@ class SandboxService:
     ) -> None:
         # A uid range no other sandbox service on this host uses (sandbox/uid_claim.py):
         # cleaning up a command kills every process of its uid.
-        self.uid_claim = claim_uid_range(cfg.uid_base, cfg.max_sessions)
+        self.uid_claim = claim_uid_range(cfg.uid_base, cfg.max_sessions,
+                                         solution_uid_offset=cfg.grading_solution_uid_offset)
         ranges_from = cfg.uid_base
         cfg = msgspec.structs.replace(cfg, uid_base=self.uid_claim.base)
         self.cfg = cfg

@@ -57,7 +57,7 @@ def sweep(root: Path, *, own: UidClaim, uid_base: int, solution_uid_offset: int,
             claim, reason = None, "this service's uid range: left by the service before it"
         else:
             claimed_once = (lock_dir / f"uids-{base}.lock").exists()
-            claim = try_claim(base, lock_dir)
+            claim = try_claim(base, lock_dir, solution_uid_offset=solution_uid_offset)
             if claim is None:
                 continue  # a live service's
             reason = ("no live service holds its uid range's claim" if claimed_once

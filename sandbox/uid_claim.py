@@ -9,7 +9,10 @@ a per-range lock file, held for its lifetime (the kernel drops it when the proce
 so a crashed service's claim needs no clean-up; the trees it left are swept by the next
 service, sandbox/stale_trees.py, which tells whose a tree is by these claims). Ranges are
 ``RANGE_STRIDE`` uids apart from ``uid_base``; the grader's solution uids
-(``+ grading_solution_uid_offset``) move with them.
+(``+ grading_solution_uid_offset``) move with them. A claim locks every
+``RANGE_STRIDE``-aligned block of uids its range touches, its solution uids' too
+(``blocks_of``), so services configured with different ``uid_base`` values exclude each
+other wherever their uids would meet.
 
 The claims are only as good as their folder. Whoever can replace a lock file can make two
 services hold "the same" range (each flocks its own inode), and then they kill each
@@ -99,23 +102,34 @@ def open_lock_file(path: Path):
 class UidClaim:
     """The claimed base uid; ``release()`` (or process exit) frees the range."""
 
-    def __init__(self, base: int, lock: IO[bytes]) -> None:
+    def __init__(self, base: int, locks: list[IO[bytes]]) -> None:
         self.base = base
-        self._lock: IO[bytes] | None = lock
+        self._locks = locks
 
     def release(self) -> None:
-        if self._lock is not None:
-            self._lock.close()  # closing the descriptor drops the flock
-            self._lock = None
+        for lock in self._locks:
+            lock.close()  # closing the descriptor drops the flock
+        self._locks = []
 
 
-def claim_uid_range(uid_base: int, sessions: int, lock_dir: Path = LOCK_DIR) -> UidClaim:
+def blocks_of(base: int, solution_uid_offset: int = 0) -> list[int]:
+    """The first uids of the ``RANGE_STRIDE``-aligned blocks a range at ``base`` touches:
+    its session uids ``[base, base + RANGE_STRIDE)`` and, with a grader, its solution
+    uids (``+ solution_uid_offset``). Claims lock blocks, not bases, so two services
+    configured with other uid_bases (60000 and 80000, whose solution uids are the other's
+    session uids; 60000 and 60500) still never share a uid."""
+    starts = [base] + ([base + solution_uid_offset] if solution_uid_offset else [])
+    return sorted({(u // RANGE_STRIDE) * RANGE_STRIDE for start in starts for u in (start, start + RANGE_STRIDE - 1)})
+
+
+def claim_uid_range(uid_base: int, sessions: int, lock_dir: Path = LOCK_DIR, *,
+                    solution_uid_offset: int = 0) -> UidClaim:
     """The first free range at ``uid_base + k * RANGE_STRIDE`` (k < MAX_RANGES)."""
     if sessions > RANGE_STRIDE // 2:
         raise ValueError(f"sandbox.max_sessions {sessions} does not fit a uid range of {RANGE_STRIDE}")
     for k in range(MAX_RANGES):
         base = uid_base + k * RANGE_STRIDE
-        claim = try_claim(base, lock_dir)
+        claim = try_claim(base, lock_dir, solution_uid_offset=solution_uid_offset)
         if claim is None:
             continue
         if k:
@@ -126,12 +140,19 @@ def claim_uid_range(uid_base: int, sessions: int, lock_dir: Path = LOCK_DIR) -> 
                              f"sandbox services on this host (locks in {lock_dir})")
 
 
-def try_claim(base: int, lock_dir: Path = LOCK_DIR) -> UidClaim | None:
-    """The range at ``base``, or None while a live service holds it (its lock is taken)."""
-    lock = open_lock_file(checked_lock_dir(lock_dir) / f"uids-{base}.lock")
-    try:
-        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        lock.close()
-        return None
-    return UidClaim(base, lock)
+def try_claim(base: int, lock_dir: Path = LOCK_DIR, *, solution_uid_offset: int = 0) -> UidClaim | None:
+    """The range at ``base`` (every block it touches), or None while a live service holds
+    any of them (its lock is taken)."""
+    folder = checked_lock_dir(lock_dir)
+    locks: list[IO[bytes]] = []
+    for block in blocks_of(base, solution_uid_offset):
+        lock = open_lock_file(folder / f"uids-{block}.lock")
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            lock.close()
+            for held in locks:
+                held.close()
+            return None
+        locks.append(lock)
+    return UidClaim(base, locks)

@@ -270,6 +270,31 @@ def test_sandbox_services_on_one_host_claim_disjoint_uid_ranges(tmp_path):
         claim_uid_range(60000, 600, locks)
 
 
+def test_services_configured_with_other_uid_bases_never_share_a_uid(tmp_path):
+    """Claims lock every aligned block a range touches, its solution uids' too: a service
+    at uid_base 80000 would otherwise run sessions as the solution uids of one at 60000
+    (offset 20000), and one at 60500 half inside 60000's range, each one's clean-up
+    killing the other's processes."""
+    from sandbox.uid_claim import RANGE_STRIDE, blocks_of, claim_uid_range
+
+    assert blocks_of(60000, 20000) == [60000, 80000]
+    assert blocks_of(60500, 20000) == [60000, 61000, 80000, 81000]
+    assert blocks_of(60000) == [60000]
+    locks = tmp_path / "locks"
+    a = claim_uid_range(60000, 8, locks, solution_uid_offset=20000)
+    b = claim_uid_range(80000, 8, locks, solution_uid_offset=20000)  # 80000: a's solution block
+    c = claim_uid_range(60500, 8, locks, solution_uid_offset=20000)  # 60000 a's, then 81000 b's
+    assert (a.base, b.base, c.base) == (60000, 81000, 62500)
+
+    def uids(base: int) -> set[int]:
+        return set(range(base, base + RANGE_STRIDE)) | set(range(base + 20000, base + 20000 + RANGE_STRIDE))
+
+    assert not uids(a.base) & uids(b.base) and not uids(a.base) & uids(c.base) and not uids(b.base) & uids(c.base)
+    a.release()
+    # a's blocks are free again: the same configuration takes them back whole
+    assert claim_uid_range(60000, 8, locks, solution_uid_offset=20000).base == 60000
+
+
 def test_uid_claims_refuse_a_folder_or_lock_file_another_user_could_replace(tmp_path, monkeypatch):
     """Whoever can replace a lock file makes two services hold one range (each flocks its
     own inode): they kill each other's commands and sweep each other's trees. The claims'
