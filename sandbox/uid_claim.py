@@ -20,7 +20,9 @@ other's commands and sweep each other's trees as stale. A root service's claims
 therefore live in ``/run`` (root's, cleared at boot) rather than ``/tmp``, where any
 local user could create the folder first; whatever folder is used (also
 ``ROLLWAY_UID_LOCK_DIR``), it must be a real folder owned by this user and writable by
-no one else, and a lock file that is a symbolic link is refused rather than followed.
+no one else, in folders that no other user can change either (whoever can write the
+folder above it can rename it away, and the next service claims in a fresh one), and a
+lock file that is a symbolic link is refused rather than followed.
 """
 
 from __future__ import annotations
@@ -80,11 +82,36 @@ def checked_lock_dir(lock_dir: Path) -> Path:
         problem = f"is owned by uid {st.st_uid}, not by this service's uid {os.geteuid()}"
     elif st.st_mode & 0o022:
         problem = f"is writable by group or others (mode {stat.S_IMODE(st.st_mode):o})"
+    else:
+        problem = _replaceable_from_above(lock_dir)
     if problem:
         raise UnsafeLockDir(f"sandbox uid claims folder {lock_dir} {problem}: another user could replace its lock "
                             f"files and make two services share uids; remove it or set ROLLWAY_UID_LOCK_DIR to a "
                             f"folder only this user can write")
     return lock_dir
+
+
+def _replaceable_from_above(lock_dir: Path) -> str:
+    """Why another user could swap ``lock_dir`` for a folder of its own making, or "".
+
+    Whoever can write a folder above it can rename the claims' folder away (no race
+    needed: the next service makes a fresh one and claims a range a live service holds)
+    or swap it between the check and the open. Every folder on the way, as named and
+    with its links resolved (a link is changed through the folder it is in), must be
+    root's or this user's and writable by no one else, unless sticky (as /tmp: others
+    cannot rename what is not theirs in it)."""
+    named = Path(os.path.abspath(lock_dir)).parents
+    resolved = Path(os.path.realpath(lock_dir.parent))
+    for folder in dict.fromkeys([*named, resolved, *resolved.parents]):
+        st = os.lstat(folder)
+        if stat.S_ISLNK(st.st_mode):
+            continue  # its folder is checked, and where it leads is among the resolved ones
+        if st.st_uid not in (0, os.geteuid()):
+            return f"is in a folder another user could change: the folder above it, {folder}, is owned by uid {st.st_uid}"
+        if st.st_mode & 0o022 and not st.st_mode & stat.S_ISVTX:
+            return (f"is in a folder another user could change: the folder above it, {folder}, is writable by group "
+                    f"or others without the sticky bit (mode {stat.S_IMODE(st.st_mode):o})")
+    return ""
 
 
 def open_lock_file(path: Path):
