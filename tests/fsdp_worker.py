@@ -13,7 +13,8 @@ Rank 0 writes what the test checks to ``out`` (torch.save). Scenarios:
 * ``setup_memory``: each rank's peak RSS while ``ShardedTrainCore`` is built, above its
   RSS just before (meta-device init: about its shard, not the whole model).
 * ``load``: ``ShardedTrainCore`` built from each of several model folders in turn: its
-  full parameters after the load and whether meta-device init read them.
+  full parameters after the load, whether meta-device init read them and its
+  ``meta init`` log events (rank 0's).
 """
 
 from __future__ import annotations
@@ -235,6 +236,7 @@ def setup_memory(args: dict) -> dict:
 def load(args: dict) -> dict:
     import gc
 
+    import structlog.testing
     import torch.distributed as dist
 
     from trainer.distributed import init_distributed
@@ -243,8 +245,10 @@ def load(args: dict) -> dict:
     ctx = init_distributed("cpu")
     out = {}
     for path in args["model_paths"]:
-        core = ShardedTrainCore(_cfg(dict(args, model_path=path)), ctx)
-        out[path] = {"meta_init": core.meta_init, "params": core.full_parameters()}
+        with structlog.testing.capture_logs() as logs:
+            core = ShardedTrainCore(_cfg(dict(args, model_path=path)), ctx)
+        out[path] = {"meta_init": core.meta_init, "params": core.full_parameters(),
+                     "events": [e for e in logs if e["event"].startswith("meta init")]}
         del core
         gc.collect()
     dist.barrier()

@@ -61,9 +61,10 @@ class ShardedTrainCore(TrainCore):
         self.device = ctx.device
         # Meta-device init (trainer/sharded_init.py): the parameters are built on the
         # meta device, sharded, then each rank reads only its rows of the checkpoint, so
-        # no rank ever holds the whole float32 model.
+        # no rank ever holds the whole float32 model (MoE checkpoints included: fused
+        # expert parameters are read from their per-expert tensors).
         path = model_path or cfg.model_path
-        self.model, index = meta_policy(path, self.device, cpu_offload=cfg.fsdp.cpu_offload)
+        self.model, mapping = meta_policy(path, self.device, cpu_offload=cfg.fsdp.cpu_offload)
         self.step = 0
         self._routing = RoutingReplay(self.model, cfg.replay_routing)
         self._logits = SelectedLogits(self.model)
@@ -73,9 +74,9 @@ class ShardedTrainCore(TrainCore):
         # The casting to the forward dtype is FSDP2's (MixedPrecisionPolicy), not
         # functional_call's: policy_logits is called with replay_dtype=None.
         shard_policy(self._logits, self.model, ctx.mesh, self._forward_dtype, offload)
-        self.meta_init = index is not None
+        self.meta_init = mapping is not None
         if self.meta_init:
-            materialize_shards(self.model, path, self.device, index, cpu_offload=cfg.fsdp.cpu_offload)
+            materialize_shards(self.model, path, self.device, mapping, cpu_offload=cfg.fsdp.cpu_offload)
         self.optimizer = ShardedHybridOptimizer(self.model, cfg)
         log.info("sharded trainer core ready", rank=ctx.rank, world_size=ctx.world_size, device=str(self.device),
                  muon_params=len(self.optimizer.muon_names), muon_expert_params=len(self.optimizer.expert_names),

@@ -10,12 +10,18 @@ memory-mapped, so only those rows' pages are read).
 
 The values are the ones ``from_pretrained(dtype=float32)`` gives (the same checkpoint
 bits cast to float32), so the sharded trainer stays bit-identical to the single-process
-one (tests/test_fsdp.py). A checkpoint whose tensor names are not the model's parameter
-names one for one (a key-renaming conversion such as an MoE checkpoint's per-expert
-tensors, which transformers fuses into one parameter a layer; a missing weight that
-from_pretrained would initialise), or a checkpoint without .safetensors files (a
-``pytorch_model.bin``), falls back to the full load (:func:`meta_policy`). Names in the
-checkpoint that the model lacks are ignored, as from_pretrained ignores them.
+one (tests/test_fsdp.py). Where each parameter's values are is decided by transformers'
+own key conversion (``trainer/checkpoint_map.py``): a parameter of the same name, a
+renamed key, or a fused MoE expert parameter that the checkpoint stores per expert
+(``mlp.experts.N.gate_proj.weight`` ... fused into ``mlp.experts.gate_up_proj``): a rank
+reads only the per-expert tensors of the experts in its rows and writes them into its
+shard. A checkpoint with a parameter that plan cannot read (a conversion meta init does
+not reproduce, a missing weight that from_pretrained would initialise), or without
+.safetensors files (a ``pytorch_model.bin``), falls back to the full load
+(:func:`meta_policy`), logging which parameters and why. Names in the checkpoint that
+the model lacks are ignored, as from_pretrained ignores them. A .safetensors file that
+cannot be read (truncated, corrupt) is an error naming the file, never a fallback: the
+full load would fail on the same file.
 """
 
 from __future__ import annotations
@@ -24,12 +30,14 @@ import contextlib
 import json
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Iterator
+from typing import TYPE_CHECKING, Iterator
 
 import structlog
 
 if TYPE_CHECKING:
     import torch
+
+    from trainer.checkpoint_map import CheckpointMap
 
 log = structlog.get_logger(__name__)
 
@@ -58,21 +66,51 @@ def parameters_on_meta() -> Iterator[None]:
         torch.nn.Module.register_parameter = original
 
 
+class CheckpointUnreadable(ValueError):
+    """A .safetensors file of the checkpoint cannot be read (truncated, corrupt header,
+    a tensor whose shape is not the model's): the message names the file."""
+
+
+@contextlib.contextmanager
+def open_safetensors(file: Path) -> Iterator[object]:
+    """``safe_open`` whose errors name the file (safetensors' own say only "Error while
+    deserializing header: incomplete metadata, file not fully covered")."""
+    from safetensors import SafetensorError, safe_open
+
+    try:
+        handle = safe_open(str(file), framework="pt")
+    except (SafetensorError, OSError) as err:
+        raise CheckpointUnreadable(f"{file}: not a readable .safetensors file (truncated or corrupt?): {err}") from err
+    with handle as f:
+        yield f
+
+
 def checkpoint_index(model_path: str) -> dict[str, Path]:
     """Tensor name -> the .safetensors file holding it (one file or an index's shards)."""
     folder = Path(model_path)
     index = folder / "model.safetensors.index.json"
     if index.exists():
         weight_map = json.loads(index.read_text())["weight_map"]
-        return {name: folder / file for name, file in weight_map.items()}
+        out = {name: folder / file for name, file in weight_map.items()}
+        # Each file opened once here (its header only): a truncated or corrupt shard is
+        # an error naming it now, before any rank shards or falls back to the full load
+        # (whose error would not say which file).
+        by_file: dict[Path, set[str]] = {}
+        for name, file in out.items():
+            by_file.setdefault(file, set()).add(name)
+        for file, names in sorted(by_file.items()):
+            with open_safetensors(file) as f:
+                absent = sorted(names - set(f.keys()))
+            if absent:
+                raise CheckpointUnreadable(f"{file}: lacks {absent[:3]} ({len(absent)} tensors), "
+                                           f"which {index.name} places there")
+        return out
     files = sorted(folder.glob("*.safetensors"))
     if not files:
         raise FileNotFoundError(f"{model_path}: no .safetensors files")
-    from safetensors import safe_open
-
     out: dict[str, Path] = {}
     for file in files:
-        with safe_open(str(file), framework="pt") as f:
+        with open_safetensors(file) as f:
             out.update({name: file for name in f.keys()})
     return out
 
@@ -91,22 +129,23 @@ def build_on_meta(model_path: str) -> "torch.nn.Module":
     return model
 
 
-def missing_from_checkpoint(model: "torch.nn.Module", index: dict[str, Path]) -> list[str]:
-    return [name for name, _ in model.named_parameters() if name not in index]
-
-
 def materialize_shards(model: "torch.nn.Module", model_path: str, device: "torch.device",
-                       index: dict[str, Path] | None = None, *, cpu_offload: bool = False) -> int:
+                       mapping: "CheckpointMap | None" = None, *, cpu_offload: bool = False) -> int:
     """Give every (sharded) meta parameter of ``model`` real local storage on ``device``
     (on the CPU with ``cpu_offload``: FSDP2's CPUOffloadPolicy keeps the shards in host
     memory and refuses parameters materialised elsewhere; buffers still go to
-    ``device``, where the forward runs) and fill it with its rows of the checkpoint.
+    ``device``, where the forward runs) and fill it with its rows of the checkpoint, as
+    ``mapping`` (:func:`meta_policy`'s; every parameter planned) says where they are.
     Returns the bytes of parameter data read from the checkpoint (this rank's rows only)."""
     import torch
-    from safetensors import safe_open
     from torch.distributed.tensor import DTensor
 
-    index = index or checkpoint_index(model_path)
+    from trainer.checkpoint_map import Direct, checkpoint_map
+
+    if mapping is None:
+        mapping = checkpoint_map(model, checkpoint_index(model_path))
+    if mapping.unmapped:
+        raise ValueError(f"meta init cannot read {sorted(mapping.unmapped)[:5]} from {model_path}")
     # Buffers are real already; to_empty would replace them with garbage.
     buffers = {name: b.detach().clone() for name, b in model.named_buffers() if b.device.type != "meta"}
     param_device = torch.device("cpu") if cpu_offload else device
@@ -125,20 +164,67 @@ def materialize_shards(model: "torch.nn.Module", model_path: str, device: "torch
     read = 0
     for name, param in model.named_parameters():
         local = param.to_local() if isinstance(param, DTensor) else param
-        # One open a tensor: safe_open memory-maps the file, and the pages read stay in
-        # this process's RSS while it is open; closed after each tensor, the mapped
-        # pages at any time are one tensor's rows, not the whole checkpoint.
-        with safe_open(str(index[name]), framework="pt") as f:
-            tensor_slice = f.get_slice(name)
-            rows = _my_rows(param, tensor_slice.get_shape())
-            piece = tensor_slice[:] if rows is None else tensor_slice[rows[0]:rows[1]]
-        if tuple(piece.shape) != tuple(local.shape):
-            raise ValueError(f"{name}: rows {rows} of the checkpoint have shape {tuple(piece.shape)}, "
-                             f"this rank's shard {tuple(local.shape)}")
-        read += piece.numel() * piece.element_size()
+        plan = mapping.plans[name]
         with torch.no_grad():
-            local.copy_(piece.to(torch.float32))
-        del piece
+            if isinstance(plan, Direct):
+                read += _fill_direct(name, param, local, plan)
+            else:
+                read += _fill_stacked(name, param, local, plan)
+    return read
+
+
+def _fill_direct(name: str, param: "torch.Tensor", local: "torch.Tensor", plan) -> int:
+    import torch
+
+    # One open a tensor: safe_open memory-maps the file, and the pages read stay in
+    # this process's RSS while it is open; closed after each tensor, the mapped
+    # pages at any time are one tensor's rows, not the whole checkpoint.
+    with open_safetensors(plan.file) as f:
+        tensor_slice = f.get_slice(plan.key)
+        try:
+            rows = _my_rows(param, tensor_slice.get_shape())
+        except ValueError as err:
+            raise CheckpointUnreadable(f"{plan.file}: {plan.key} (for {name}): {err}") from err
+        piece = tensor_slice[:] if rows is None else tensor_slice[rows[0]:rows[1]]
+    if tuple(piece.shape) != tuple(local.shape):
+        raise CheckpointUnreadable(f"{plan.file}: {plan.key}: rows {rows} have shape {tuple(piece.shape)}, "
+                                   f"this rank's shard of {name} {tuple(local.shape)}")
+    local.copy_(piece.to(torch.float32))
+    return piece.numel() * piece.element_size()
+
+
+def _fill_stacked(name: str, param: "torch.Tensor", local: "torch.Tensor", plan) -> int:
+    """A fused expert parameter: this rank's rows are whole experts (dim-0 shards of the
+    experts stacked on dim 0); each is read from its per-expert tensors only and written
+    in place, its sources side by side on ``plan.concat_dim`` (what from_pretrained's
+    ``MergeModulelist(dim=0)`` + ``Concatenate`` build for the whole parameter)."""
+    import torch
+
+    experts = len(plan.experts)
+    rows = _my_rows(param, [experts, *param.shape[1:]])
+    start, stop = (0, experts) if rows is None else rows
+    read = 0
+    for row, sources in enumerate(plan.experts[start:stop]):
+        slot = local[row]
+        offset = 0
+        for key, file in sources:
+            # Opened per tensor, as in _fill_direct: one expert matrix mapped at a time.
+            with open_safetensors(file) as f:
+                piece = f.get_slice(key)[:]
+            dim = plan.concat_dim
+            fits = piece.dim() == slot.dim() and offset + piece.shape[dim] <= slot.shape[dim]
+            target = slot.narrow(dim, offset, piece.shape[dim]) if fits else None
+            if target is None or tuple(target.shape) != tuple(piece.shape):
+                raise CheckpointUnreadable(f"{file}: {key} has shape {tuple(piece.shape)}, which does not fit "
+                                           f"expert {start + row} of {name} {tuple(param.shape)} at offset {offset} "
+                                           f"of dim {dim + 1}")
+            target.copy_(piece.to(torch.float32))
+            offset += piece.shape[dim]
+            read += piece.numel() * piece.element_size()
+            del piece
+        if offset != slot.shape[plan.concat_dim]:
+            raise CheckpointUnreadable(f"{name}: expert {start + row}'s tensors {[k for k, _ in sources]} fill "
+                                       f"{offset} of {slot.shape[plan.concat_dim]} on dim {plan.concat_dim + 1}")
     return read
 
 
@@ -164,15 +250,17 @@ def _my_rows(param: "torch.Tensor", full_shape: list[int]) -> tuple[int, int] | 
 
 
 def meta_policy(model_path: str, device: "torch.device", *,
-                cpu_offload: bool = False) -> tuple["torch.nn.Module", dict[str, Path] | None]:
-    """The policy model to shard: (model, index). With an index its parameters are on the
-    meta device: shard it, then :func:`materialize_shards` with the index. None: the
-    checkpoint's names are not the parameters' one for one, or it has no .safetensors
-    files, so the whole model was loaded (``load_policy``), as before meta init: such a
-    checkpoint still trains, at the old peak memory. With ``cpu_offload`` that whole
-    model is loaded into host memory (FSDP2 keeps the shards there; a model offloaded
-    for want of GPU memory must not pass through the GPU whole) and only its buffers go
-    to ``device``."""
+                cpu_offload: bool = False) -> tuple["torch.nn.Module", "CheckpointMap | None"]:
+    """The policy model to shard: (model, mapping). With a mapping its parameters are on
+    the meta device: shard it, then :func:`materialize_shards` with the mapping. None: a
+    parameter meta init cannot read slice by slice (logged, with why), or no
+    .safetensors files, so the whole model was loaded (``load_policy``), as before meta
+    init: such a checkpoint still trains, at the old peak memory. With ``cpu_offload``
+    that whole model is loaded into host memory (FSDP2 keeps the shards there; a model
+    offloaded for want of GPU memory must not pass through the GPU whole) and only its
+    buffers go to ``device``."""
+    from trainer.checkpoint_map import checkpoint_map
+
     if not os.path.isdir(model_path):
         raise FileNotFoundError(f"trainer.model_path {model_path!r} is not a model directory")
     model = build_on_meta(model_path)
@@ -181,14 +269,19 @@ def meta_policy(model_path: str, device: "torch.device", *,
     except FileNotFoundError:
         # No .safetensors (a pytorch_model.bin checkpoint): nothing to read rows from
         # lazily; from_pretrained reads it whole.
-        log.warning("no .safetensors checkpoint; loading the whole model on every rank", model_path=model_path)
+        log.warning("meta init fallback: no .safetensors checkpoint; loading the whole model on every rank",
+                    model_path=model_path)
         return _whole(model_path, device, cpu_offload), None
-    missing = missing_from_checkpoint(model, index)
-    if missing:
-        log.warning("checkpoint names differ from the model's; loading the whole model on every rank",
-                    missing=missing[:5], missing_count=len(missing))
+    mapping = checkpoint_map(model, index)
+    if mapping.unmapped:
+        names = sorted(mapping.unmapped)
+        log.warning("meta init fallback: parameters not readable slice by slice; loading the whole model on "
+                    "every rank", model_path=model_path, unmapped_count=len(names),
+                    unmapped={name: mapping.unmapped[name] for name in names[:5]})
         return _whole(model_path, device, cpu_offload), None
-    return model, index
+    log.info("meta init", model_path=model_path, parameters=len(mapping.plans),
+             fused_from_per_expert=len(mapping.stacked))
+    return model, mapping
 
 
 def _whole(model_path: str, device: "torch.device", cpu_offload: bool) -> "torch.nn.Module":
