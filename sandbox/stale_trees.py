@@ -7,13 +7,14 @@ commands' private /tmp (``rollway-tmp-*``, sandbox/runner.py) and its gradings
 and overlay mounts still on the host. A restarted service made new ones beside them.
 
 Whose a tree is comes from the uid claims (sandbox/uid_claim.py), never from its age: a
-tree is made for a sandbox uid, and that uid's range is claimed by a ``flock`` its
-service holds while it lives. A tree whose range no live service holds (the lock is
-free, or there never was one) is stale; a tree of this service's own range is one its
-predecessor left (the sweep runs before this service makes any). A live service's trees
-(two services sharing a root) are left alone, and so is a tree whose uid cannot be told
-(one still being made is root's until it is handed to its uid). While a dead range's
-trees are removed its claim is held, so no service starting meanwhile makes trees in it.
+tree is made for a sandbox uid, and the 1,000-uid block that uid lies in is claimed by
+a ``flock`` its service holds while it lives. A tree whose uid's block no live service
+holds (the lock is free, or there never was one) is stale; a tree in one of this
+service's own blocks is one its predecessor left (the sweep runs before this service
+makes any). A live service's trees (two services sharing a root) are left alone, and so
+is a tree whose uid cannot be told (one still being made is root's until it is handed to
+its uid). While a dead block's trees are removed its claim is held, so no service
+starting meanwhile makes trees in it.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from pathlib import Path
 import structlog
 
 from sandbox import quota as disk
-from sandbox.uid_claim import LOCK_DIR, MAX_RANGES, RANGE_STRIDE, UidClaim, try_claim
+from sandbox.uid_claim import LOCK_DIR, MAX_RANGES, RANGE_STRIDE, UidClaim, block_of, try_claim_blocks
 
 log = structlog.get_logger(__name__)
 
@@ -43,28 +44,33 @@ def sweep(root: Path, *, own: UidClaim, uid_base: int, solution_uid_offset: int,
     """Unmount and remove the stale trees under ``root``; returns how many. ``uid_base``:
     the configured one (ranges start there); ``own``: this service's claim."""
     root = Path(os.path.realpath(root))  # as /proc/self/mountinfo names it
-    trees: dict[int, list[tuple[Path, int]]] = {}
+    # By the block of the tree's uid, not by the range it maps to: every live service
+    # holds every block its uids lie in, so a free block (or one of this service's) holds
+    # no live service's tree. Claiming the whole range failed wherever one of its other
+    # blocks was held (this service's own, when uid_base is not a multiple of
+    # RANGE_STRIDE), and the dead range's trees stayed as "a live service's".
+    trees: dict[int, list[tuple[Path, int, int]]] = {}
     for path in root.iterdir():
         if not path.name.startswith(PREFIXES):
             continue
         uid = _owner(path)
         base = _range(uid, uid_base, solution_uid_offset) if uid is not None else None
         if base is not None:
-            trees.setdefault(base, []).append((path, uid))
+            trees.setdefault(block_of(uid), []).append((path, uid, base))
     swept = 0
-    for base, found in trees.items():
-        if base == own.base:
+    for block, found in trees.items():
+        if block in own.blocks:
             claim, reason = None, "this service's uid range: left by the service before it"
         else:
-            claimed_once = (lock_dir / f"uids-{base}.lock").exists()
-            claim = try_claim(base, lock_dir, solution_uid_offset=solution_uid_offset)
+            claimed_once = (lock_dir / f"uids-{block}.lock").exists()
+            claim = try_claim_blocks(block, [block], lock_dir)
             if claim is None:
                 continue  # a live service's
-            reason = ("no live service holds its uid range's claim" if claimed_once
-                      else "its uid range was never claimed")
+            reason = ("no live service holds its uid block's claim" if claimed_once
+                      else "its uid block was never claimed")
         try:
             mounts = _mount_points()
-            for path, uid in found:
+            for path, uid, base in found:
                 # Innermost first (an overlay on its tmpfs); lazily (MNT_DETACH), so a
                 # mount something still holds open goes too.
                 inside = [m for m in mounts if m == path or path in m.parents]
@@ -79,8 +85,8 @@ def sweep(root: Path, *, own: UidClaim, uid_base: int, solution_uid_offset: int,
                     log.warning("stale_tree_kept", path=str(path), uid=uid, error="could not be removed")
                     continue
                 # A warning: a service before this one died without releasing its trees.
-                log.warning("stale_tree_swept", path=str(path), uid=uid, uid_range=base, reason=reason,
-                            mounts=len(inside))
+                log.warning("stale_tree_swept", path=str(path), uid=uid, uid_range=base, uid_block=block,
+                            reason=reason, mounts=len(inside))
                 swept += 1
         finally:
             if claim is not None:

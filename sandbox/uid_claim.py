@@ -107,7 +107,8 @@ def _replaceable_from_above(lock_dir: Path) -> str:
         if stat.S_ISLNK(st.st_mode):
             continue  # its folder is checked, and where it leads is among the resolved ones
         if st.st_uid not in (0, os.geteuid()):
-            return f"is in a folder another user could change: the folder above it, {folder}, is owned by uid {st.st_uid}"
+            return (f"is in a folder another user could change: the folder above it, {folder}, is owned by uid "
+                    f"{st.st_uid}")
         if st.st_mode & 0o022 and not st.st_mode & stat.S_ISVTX:
             return (f"is in a folder another user could change: the folder above it, {folder}, is writable by group "
                     f"or others without the sticky bit (mode {stat.S_IMODE(st.st_mode):o})")
@@ -129,14 +130,20 @@ def open_lock_file(path: Path):
 class UidClaim:
     """The claimed base uid; ``release()`` (or process exit) frees the range."""
 
-    def __init__(self, base: int, locks: list[IO[bytes]]) -> None:
+    def __init__(self, base: int, blocks: list[int], locks: list[IO[bytes]]) -> None:
         self.base = base
+        self.blocks = blocks  # the first uids of the blocks whose locks it holds
         self._locks = locks
 
     def release(self) -> None:
         for lock in self._locks:
             lock.close()  # closing the descriptor drops the flock
         self._locks = []
+
+
+def block_of(uid: int) -> int:
+    """The first uid of the ``RANGE_STRIDE``-aligned block ``uid`` lies in."""
+    return (uid // RANGE_STRIDE) * RANGE_STRIDE
 
 
 def blocks_of(base: int, solution_uid_offset: int = 0) -> list[int]:
@@ -146,7 +153,7 @@ def blocks_of(base: int, solution_uid_offset: int = 0) -> list[int]:
     configured with other uid_bases (60000 and 80000, whose solution uids are the other's
     session uids; 60000 and 60500) still never share a uid."""
     starts = [base] + ([base + solution_uid_offset] if solution_uid_offset else [])
-    return sorted({(u // RANGE_STRIDE) * RANGE_STRIDE for start in starts for u in (start, start + RANGE_STRIDE - 1)})
+    return sorted({block_of(u) for start in starts for u in (start, start + RANGE_STRIDE - 1)})
 
 
 def claim_uid_range(uid_base: int, sessions: int, lock_dir: Path = LOCK_DIR, *,
@@ -170,9 +177,15 @@ def claim_uid_range(uid_base: int, sessions: int, lock_dir: Path = LOCK_DIR, *,
 def try_claim(base: int, lock_dir: Path = LOCK_DIR, *, solution_uid_offset: int = 0) -> UidClaim | None:
     """The range at ``base`` (every block it touches), or None while a live service holds
     any of them (its lock is taken)."""
+    return try_claim_blocks(base, blocks_of(base, solution_uid_offset), lock_dir)
+
+
+def try_claim_blocks(base: int, blocks: list[int], lock_dir: Path = LOCK_DIR) -> UidClaim | None:
+    """Every one of ``blocks`` (for the range at ``base``), or None while a live service
+    holds any of them."""
     folder = checked_lock_dir(lock_dir)
     locks: list[IO[bytes]] = []
-    for block in blocks_of(base, solution_uid_offset):
+    for block in blocks:
         lock = open_lock_file(folder / f"uids-{block}.lock")
         try:
             fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -182,4 +195,4 @@ def try_claim(base: int, lock_dir: Path = LOCK_DIR, *, solution_uid_offset: int 
                 held.close()
             return None
         locks.append(lock)
-    return UidClaim(base, locks)
+    return UidClaim(base, list(blocks), locks)

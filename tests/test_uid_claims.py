@@ -60,3 +60,44 @@ def test_a_claims_folder_inside_a_folder_another_user_can_write_is_refused(tmp_p
     claim = claim_uid_range(60000, 8, tmp_path / "run-link" / "locks", solution_uid_offset=20000)
     assert claim.base == 60000 and (safe / "locks" / "uids-60000.lock").exists()
     claim.release()
+
+
+def test_the_sweep_takes_a_dead_tree_by_its_uids_block_not_by_the_whole_range_it_maps_to(tmp_path):
+    """With uid_base 60500 (not a multiple of 1,000) a range spans two blocks. A tree that a
+    dead predecessor left at range 61500 (shifted once) has uids in blocks 61000 (which this
+    service holds) and 62000 (free): the sweep claimed the whole range 61500, failed on
+    this service's own block 61000 and left all of them, with their mounts, as "a live
+    service's". A free block, or one of this service's own, holds no live service's uid:
+    its trees are swept; a tree in a block another live service holds is kept."""
+    from sandbox.stale_trees import sweep
+
+    locks = tmp_path / "locks"
+    own = claim_uid_range(60500, 8, locks, solution_uid_offset=20000)
+    live = claim_uid_range(63000, 8, locks, solution_uid_offset=20000)  # another live service
+    assert (own.base, live.base) == (60500, 63000)
+    root = tmp_path / "root"
+    root.mkdir()
+    trees = {"rollway-ws-own": 60600,  # this service's range: its predecessor's
+             "rollway-ws-in-own-block": 61700,  # dead range 61500, in block 61000 (this service's)
+             "rollway-ws-free-block": 62200,  # dead range 61500, block 62000: no one's
+             "rollway-grade-free-block": 82200,  # its solution uid, block 82000: no one's
+             "rollway-ws-live": 63100,  # block 63000: the live service's
+             "rollway-grade-live": 83100}  # its solution uid, block 83000
+    for name, uid in trees.items():
+        (root / name).mkdir()
+        (root / name / "f.py").write_text("x = 1\n")
+        os.chown(root / name, uid, uid)
+    try:
+        with structlog.testing.capture_logs() as logs:
+            swept = sweep(root, own=own, uid_base=60500, solution_uid_offset=20000, lock_dir=locks)
+        assert sorted(p.name for p in root.iterdir()) == ["rollway-grade-live", "rollway-ws-live"]
+        assert swept == 4
+        assert sorted((e["path"], e["uid"]) for e in logs if e["event"] == "stale_tree_swept") == sorted(
+            (str(root / name), uid) for name, uid in trees.items() if "live" not in name)
+        # The swept blocks were held only while sweeping; the live service's are still held.
+        freed = uid_claim.try_claim(62000, locks, solution_uid_offset=20000)
+        assert freed is not None and uid_claim.try_claim(63000, locks, solution_uid_offset=20000) is None
+        freed.release()
+    finally:
+        own.release()
+        live.release()
