@@ -65,6 +65,17 @@ class UnsafeLockDir(RuntimeError):
     """The claims' folder or a lock file in it could be replaced by another user."""
 
 
+class LockDirUnusable(RuntimeError):
+    """The claims' folder or a lock file in it cannot be made (a read-only /run)."""
+
+
+def _unusable(path: Path, what: str, exc: OSError) -> LockDirUnusable:
+    # A refusal like an unsafe folder's (`rollway sandbox` prints it and exits 2), not an
+    # OSError traceback from deep in the service's start.
+    return LockDirUnusable(f"cannot make the sandbox uid claims {what} {path}: {exc.strerror}; set "
+                           f"ROLLWAY_UID_LOCK_DIR to a folder only this user can write")
+
+
 def checked_lock_dir(lock_dir: Path) -> Path:
     """``lock_dir``, made if missing (0700); refused unless it is a real folder owned by
     this user and not writable by group or others."""
@@ -72,6 +83,8 @@ def checked_lock_dir(lock_dir: Path) -> Path:
         lock_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
     except FileExistsError:  # a file, or a dangling link, in its place
         pass
+    except OSError as exc:  # (root's /run read-only)
+        raise _unusable(lock_dir, "folder", exc) from None
     st = os.lstat(lock_dir)
     problem = ""
     if stat.S_ISLNK(st.st_mode):
@@ -123,7 +136,7 @@ def open_lock_file(path: Path):
         if exc.errno == errno.ELOOP:
             raise UnsafeLockDir(f"sandbox uid claim {path} is a symbolic link: refused (a claim must be its own "
                                 f"file)") from None
-        raise
+        raise _unusable(path, "file", exc) from None
     return os.fdopen(fd, "ab")
 
 

@@ -101,3 +101,38 @@ def test_the_sweep_takes_a_dead_tree_by_its_uids_block_not_by_the_whole_range_it
     finally:
         own.release()
         live.release()
+
+
+def test_a_claims_folder_that_cannot_be_made_is_a_one_line_refusal_not_a_traceback(tmp_path):
+    """Root's claims moved from /tmp to /run: where /run is read-only (a container run
+    read-only), the service died with an OSError traceback (exit 1) from deep in its
+    start, naming neither the setting nor the way out. It is refused like an unsafe
+    folder: `rollway sandbox` prints one line naming the folder and ROLLWAY_UID_LOCK_DIR,
+    and exits 2."""
+    import subprocess
+    import sys
+
+    from sandbox import quota
+    from tasks.spec import TaskSpec
+    from tests.sandbox_helpers import write_task_dir
+
+    read_only = tmp_path / "run"
+    read_only.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "ro,size=1m", "tmpfs", str(read_only)], check=True)
+    try:
+        with pytest.raises(uid_claim.LockDirUnusable, match=f"cannot make the sandbox uid claims folder "
+                                                            f"{read_only}/rollway-sandbox-uids: Read-only file system"
+                                                            f".*set ROLLWAY_UID_LOCK_DIR"):
+            claim_uid_range(60000, 8, read_only / "rollway-sandbox-uids", solution_uid_offset=20000)
+        tasks = tmp_path / "tasks"
+        write_task_dir(tasks, TaskSpec(task_id="t", instruction="-", files={"a.py": ""},
+                                       hidden_tests={"test_a.py": ""}))
+        env = {**os.environ, "ROLLWAY_UID_LOCK_DIR": str(read_only / "rollway-sandbox-uids"),
+               "ROLLWAY_SANDBOX__WORKSPACE_ROOT": str(tmp_path / "ws")}
+        done = subprocess.run([sys.executable, "-m", "rollway.cli", "sandbox", "--no-publish",
+                               "--tasks-dir", str(tasks)], env=env, capture_output=True, text=True, timeout=120)
+        said = [line for line in done.stderr.splitlines() if not line.startswith("{")]
+        assert (done.returncode, len(said)) == (2, 1), done.stderr
+        assert said[0].startswith(f"rollway sandbox: cannot make the sandbox uid claims folder {read_only}/")
+    finally:
+        quota.unmount(read_only)
