@@ -176,6 +176,9 @@ class SandboxConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
         for name in ("max_sessions", "max_concurrent_commands", "max_processes", "max_open_files"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"sandbox.{name} must be positive, got {getattr(self, name)}")
+        if self.max_sessions > RANGE_STRIDE // 2:  # a session's uid is uid_base + slot, in its claimed range
+            raise ValueError(f"sandbox.max_sessions must be at most {RANGE_STRIDE // 2} (one uid range of "
+                             f"{RANGE_STRIDE}), got {self.max_sessions}")
         if self.command_timeout_s <= 0 or self.max_command_timeout_s < self.command_timeout_s:
             raise ValueError("sandbox.command_timeout_s must be positive and at most max_command_timeout_s")
 

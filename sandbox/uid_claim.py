@@ -198,14 +198,21 @@ def try_claim_blocks(base: int, blocks: list[int], lock_dir: Path = LOCK_DIR) ->
     holds any of them."""
     folder = checked_lock_dir(lock_dir)
     locks: list[IO[bytes]] = []
-    for block in blocks:
-        lock = open_lock_file(folder / f"uids-{block}.lock")
-        try:
-            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            lock.close()
-            for held in locks:
-                held.close()
-            return None
-        locks.append(lock)
+    try:
+        for block in blocks:
+            lock = open_lock_file(folder / f"uids-{block}.lock")
+            try:
+                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                lock.close()
+                for held in locks:
+                    held.close()
+                return None
+            locks.append(lock)
+    except BaseException:
+        # A lock file that cannot be opened (refused, unusable): drop the blocks taken so
+        # far now, not whenever the exception and its frames are collected.
+        for held in locks:
+            held.close()
+        raise
     return UidClaim(base, list(blocks), locks)

@@ -136,3 +136,31 @@ def test_a_claims_folder_that_cannot_be_made_is_a_one_line_refusal_not_a_traceba
         assert said[0].startswith(f"rollway sandbox: cannot make the sandbox uid claims folder {read_only}/")
     finally:
         quota.unmount(read_only)
+
+
+def test_a_claim_that_fails_on_a_later_block_drops_the_blocks_it_took(tmp_path):
+    """A lock file that cannot be opened (here: a link in its place) after earlier blocks
+    were locked: the refusal releases those blocks at once, so the range is free for the
+    next try, not held until the exception is collected."""
+    import fcntl
+
+    locks = tmp_path / "locks"
+    locks.mkdir(mode=0o700)
+    (locks / "uids-80000.lock").symlink_to(tmp_path / "elsewhere")
+    try:
+        raise_info = None
+        with pytest.raises(UnsafeLockDir, match="uids-80000.lock is a symbolic link") as raise_info:
+            claim_uid_range(60000, 8, locks, solution_uid_offset=20000)
+        # the exception (and its frames) still alive: block 60000 must already be free
+        with open(locks / "uids-60000.lock", "ab") as probe:
+            fcntl.flock(probe, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    finally:
+        del raise_info
+
+
+def test_max_sessions_beyond_a_uid_range_is_refused_with_the_config():
+    from sandbox.config import SandboxConfig
+
+    assert SandboxConfig(max_sessions=500).max_sessions == 500
+    with pytest.raises(ValueError, match="sandbox.max_sessions must be at most 500 \\(one uid range of 1000\\), got 501"):
+        SandboxConfig(max_sessions=501)
