@@ -27,9 +27,9 @@ class VanishingGroups(CgroupManager):
         return group
 
 
-async def test_a_failed_cgroup_join_is_an_infrastructure_error_naming_the_cgroup(tmp_path):
+async def test_a_failed_cgroup_join_is_an_infrastructure_error_naming_the_cgroup(tmp_path, own_uid):
     cfg = SandboxConfig(workspace_root=str(tmp_path))
-    uid = cfg.uid_base + 253
+    uid = own_uid
     ws, _ = Workspace.create(tmp_path / "ws", uid, {})
     for manager, command in ((VanishingGroups(**LIMITS), "touch ran"), (CgroupManager(**LIMITS), "exit 125")):
         jail = Jail(cfg, cgroups=manager)

@@ -156,9 +156,8 @@ print(json.dumps(out))
 '''
 
 
-async def _probe(seccomp: bool, root: Path) -> dict:
+async def _probe(seccomp: bool, root: Path, uid: int) -> dict:
     cfg = SandboxConfig(seccomp=seccomp, cgroups="off", workspace_root=str(root))
-    uid = cfg.uid_base + (200 if seccomp else 201)
     ws, _ = Workspace.create(root / f"probe-{seccomp}", uid, {"probe.py": PROBE})
     result = await Jail(cfg).run("python probe.py", workspace=ws.root, uid=uid, timeout_s=30)
     assert result.exit_code == 0, result
@@ -167,8 +166,17 @@ async def _probe(seccomp: bool, root: Path) -> dict:
 
 @pytest_asyncio.fixture(scope="module", loop_scope="session")
 async def probes(tmp_path_factory):
+    from sandbox.uid_claim import claim_uid_range
+
     root = tmp_path_factory.mktemp("probe")
-    filtered, unfiltered = await asyncio.gather(_probe(True, root), _probe(False, root))
+    # uids of a range claimed like a service's: a fixed uid may be a live service's session
+    cfg = SandboxConfig()
+    claim = claim_uid_range(cfg.uid_base, 2, solution_uid_offset=cfg.grading_solution_uid_offset)
+    own = (claim.base, claim.base + 1) if os.geteuid() == 0 else (os.geteuid(), os.geteuid())
+    try:
+        filtered, unfiltered = await asyncio.gather(_probe(True, root, own[0]), _probe(False, root, own[1]))
+    finally:
+        claim.release()
     return filtered, unfiltered
 
 
