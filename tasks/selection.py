@@ -102,6 +102,11 @@ class TaskStats(msgspec.Struct, kw_only=True):
         return sum(self.window)
 
 
+def _disagreement(p: float, size: int) -> float:
+    """The chance that ``size`` samples at solve rate ``p`` are not all equal."""
+    return 1.0 - p ** size - (1.0 - p) ** size
+
+
 def _floor_for(floor: float, task_ids: list[str], kinds: Mapping[str, str] | None) -> float:
     """The kind floor a task set can take: ``floor``, or half a kind's equal share where
     ``floor`` times the number of kinds reaches 1. rollway up's main job sets a floor for
@@ -267,11 +272,13 @@ class TaskSelector:
         """How many samples the task's next group gets: ``group_size``, grown (with
         ``group_size_max``) until the group's chance of being informative reaches
         ``informative_target``, at most ``group_size_max``."""
+        return self._size_at(self.solve_rate(task_id))
+
+    def _size_at(self, p: float) -> int:
         if not self.group_size_max:
             return self.group_size
-        p = self.solve_rate(task_id)
         for size in range(self.group_size, self.group_size_max + 1):
-            if 1.0 - p ** size - (1.0 - p) ** size >= self.informative_target:
+            if _disagreement(p, size) >= self.informative_target:
                 return size
         return self.group_size_max
 
@@ -281,8 +288,7 @@ class TaskSelector:
         p = self.solve_rate(task_id)
         if not self.group_size:
             return p * (1.0 - p)
-        size = self.group_size_for(task_id)
-        return 1.0 - p ** size - (1.0 - p) ** size
+        return _disagreement(p, self._size_at(p))
 
     def weight(self, task_id: str) -> float:
         if self.stats[task_id].retired:
