@@ -198,21 +198,19 @@ def try_claim_blocks(base: int, blocks: list[int], lock_dir: Path = LOCK_DIR) ->
     holds any of them."""
     folder = checked_lock_dir(lock_dir)
     locks: list[IO[bytes]] = []
+    claimed = False
     try:
         for block in blocks:
-            lock = open_lock_file(folder / f"uids-{block}.lock")
+            locks.append(open_lock_file(folder / f"uids-{block}.lock"))
             try:
-                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                fcntl.flock(locks[-1], fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
+                return None  # a live service holds this block
+        claimed = True
+        return UidClaim(base, list(blocks), locks)
+    finally:
+        # Held, refused or failed part-way (a lock file that cannot be opened): the blocks
+        # taken so far are dropped now, not whenever an exception's frames are collected.
+        if not claimed:
+            for lock in locks:
                 lock.close()
-                for held in locks:
-                    held.close()
-                return None
-            locks.append(lock)
-    except BaseException:
-        # A lock file that cannot be opened (refused, unusable): drop the blocks taken so
-        # far now, not whenever the exception and its frames are collected.
-        for held in locks:
-            held.close()
-        raise
-    return UidClaim(base, list(blocks), locks)
