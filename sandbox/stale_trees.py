@@ -15,6 +15,12 @@ makes any). A live service's trees (two services sharing a root) are left alone,
 is a tree whose uid cannot be told (one still being made is root's until it is handed to
 its uid). While a dead block's trees are removed its claim is held, so no service
 starting meanwhile makes trees in it.
+
+A tree is renamed to ``rollway-swept-<its name>`` before it is removed: a sweep killed
+half-way (removal goes bottom up, so what is left of a grading's tree is the root-owned
+folders above its uid's tree, whose uid can no longer be told) leaves remains that the
+next sweep recognises by name and removes, whatever their owner. Only a sweep holding
+the tree's block renames, so nothing of a live service ever carries that name.
 """
 
 from __future__ import annotations
@@ -32,7 +38,10 @@ from sandbox.uid_claim import LOCK_DIR, MAX_RANGES, RANGE_STRIDE, UidClaim, bloc
 
 log = structlog.get_logger(__name__)
 
-PREFIXES = ("rollway-ws-", "rollway-tmp-", "rollway-grade-")
+# The self-check's tree (sandbox/service.py) is a session tree of the service's first uid:
+# a service killed during its self-check leaves it.
+PREFIXES = ("rollway-ws-", "rollway-tmp-", "rollway-grade-", "rollway-selfcheck-")
+SWEPT_PREFIX = "rollway-swept-"
 # How deep below a tree its uid is looked for: an image session's tree is at
 # ``base/tree`` or ``base/q/tree``, a grading's at ``grade/area/ws/tree`` (the folders
 # above are root's).
@@ -44,6 +53,7 @@ def sweep(root: Path, *, own: UidClaim, uid_base: int, solution_uid_offset: int,
     """Unmount and remove the stale trees under ``root``; returns how many. ``uid_base``:
     the configured one (ranges start there); ``own``: this service's claim."""
     root = Path(os.path.realpath(root))  # as /proc/self/mountinfo names it
+    swept = _remove_remains(root)
     # By the block of the tree's uid, not by the range it maps to: every live service
     # holds every block its uids lie in, so a free block (or one of this service's) holds
     # no live service's tree. Claiming the whole range failed wherever one of its other
@@ -57,7 +67,6 @@ def sweep(root: Path, *, own: UidClaim, uid_base: int, solution_uid_offset: int,
         base = _range(uid, uid_base, solution_uid_offset) if uid is not None else None
         if base is not None:
             trees.setdefault(block_of(uid), []).append((path, uid, base))
-    swept = 0
     for block, found in trees.items():
         if block in own.blocks:
             claim, reason = None, "this service's uid range: left by the service before it"
@@ -71,17 +80,12 @@ def sweep(root: Path, *, own: UidClaim, uid_base: int, solution_uid_offset: int,
         try:
             mounts = _mount_points()
             for path, uid, base in found:
-                # Innermost first (an overlay on its tmpfs); lazily (MNT_DETACH), so a
-                # mount something still holds open goes too.
-                inside = [m for m in mounts if m == path or path in m.parents]
                 try:
-                    for point in sorted(inside, key=lambda m: len(m.parts), reverse=True):
-                        disk.unmount(point)
+                    inside = _unmount_inside(path, mounts)
                 except disk.QuotaError as exc:  # not root: the service starts, the tree stays
                     log.warning("stale_tree_kept", path=str(path), uid=uid, error=str(exc))
                     continue
-                shutil.rmtree(path, ignore_errors=True)
-                if os.path.lexists(path):  # (a link in its place, or rmtree refused: nothing swept)
+                if not _remove(path):  # (a link in its place, or rmtree refused: nothing swept)
                     log.warning("stale_tree_kept", path=str(path), uid=uid, error="could not be removed")
                     continue
                 # A warning: a service before this one died without releasing its trees.
@@ -92,6 +96,52 @@ def sweep(root: Path, *, own: UidClaim, uid_base: int, solution_uid_offset: int,
             if claim is not None:
                 claim.release()
     return swept
+
+
+def _unmount_inside(tree: Path, mounts: list[Path]) -> list[Path]:
+    """Unmount every mount at or below ``tree``; returns them. Innermost first (an overlay
+    on its tmpfs); lazily (MNT_DETACH), so a mount something still holds open goes too.
+    Raises QuotaError where this process may not unmount (not root)."""
+    inside = [m for m in mounts if m == tree or tree in m.parents]
+    for point in sorted(inside, key=lambda m: len(m.parts), reverse=True):
+        disk.unmount(point)
+    return inside
+
+
+def _remove(tree: Path) -> bool:
+    """Rename ``tree`` to its swept name, then remove it; False if anything of it is left
+    (a link in its place is neither renamed nor followed)."""
+    if tree.is_symlink() or not tree.is_dir():
+        return False
+    doomed = tree.with_name(SWEPT_PREFIX + tree.name)
+    try:
+        os.rename(tree, doomed)
+    except OSError:
+        return False
+    shutil.rmtree(doomed, ignore_errors=True)
+    return not os.path.lexists(doomed)
+
+
+def _remove_remains(root: Path) -> int:
+    """Remove what sweeps killed half-way left (``rollway-swept-*``); returns how many."""
+    removed = 0
+    mounts = _mount_points()
+    for path in root.iterdir():
+        if not path.name.startswith(SWEPT_PREFIX) or path.is_symlink():
+            continue
+        try:
+            inside = _unmount_inside(path, mounts)
+        except disk.QuotaError as exc:
+            log.warning("stale_tree_kept", path=str(path), error=str(exc))
+            continue
+        shutil.rmtree(path, ignore_errors=True)
+        if os.path.lexists(path):
+            log.warning("stale_tree_kept", path=str(path), error="could not be removed")
+            continue
+        log.warning("stale_tree_swept", path=str(path), uid=None, reason="the remains of a sweep killed half-way",
+                    mounts=len(inside))
+        removed += 1
+    return removed
 
 
 def _owner(tree: Path) -> int | None:

@@ -170,3 +170,74 @@ def test_solution_uids_must_lie_above_every_claimable_range():
         SandboxConfig(grading_solution_uid_offset=5000)
     assert SandboxConfig(grading_solution_uid_offset=span).grading_solution_uid_offset == span
     assert SandboxConfig().grading_solution_uid_offset == 20000
+
+
+def _grading_tree(root: Path, name: str, uid: int) -> Path:
+    """A grading's layout: root-owned folders above the uid's tree (grade/area/ws/tree)."""
+    tree = root / name / "area" / "ws" / "tree"
+    tree.mkdir(parents=True)
+    (tree / "solution.py").write_text("x = 1\n")
+    for path in (tree, tree / "solution.py"):
+        os.chown(path, uid, uid)
+    return root / name
+
+
+def test_a_sweep_killed_half_way_leaves_remains_the_next_sweep_removes(tmp_path, monkeypatch):
+    """Removal goes bottom up, so a sweep killed after the uid's tree went leaves the
+    root-owned folders above it, whose uid cannot be told: they stayed for ever. A tree
+    is renamed before it is removed, and the next sweep removes remains by that name."""
+    from sandbox import stale_trees
+
+    root, locks = tmp_path / "root", tmp_path / "locks"
+    root.mkdir()
+    dead = _grading_tree(root, "rollway-grade-abc", 60000 + 3 * uid_claim.RANGE_STRIDE + 7)
+    own = uid_claim.claim_uid_range(60000, 1, locks)
+    real_rmtree = shutil.rmtree
+
+    def killed_half_way(path, ignore_errors=False):
+        real_rmtree(Path(path) / "area" / "ws" / "tree")
+        raise KeyboardInterrupt  # the sweeping service killed here
+
+    try:
+        monkeypatch.setattr(stale_trees.shutil, "rmtree", killed_half_way)
+        import pytest
+        with pytest.raises(KeyboardInterrupt):
+            stale_trees.sweep(root, own=own, uid_base=60000, solution_uid_offset=20000, lock_dir=locks)
+        monkeypatch.setattr(stale_trees.shutil, "rmtree", real_rmtree)
+        remains = root / ("rollway-swept-" + dead.name)
+        assert sorted(p.name for p in root.iterdir()) == [remains.name]
+        assert {p.stat().st_uid for p in remains.rglob("*")} | {remains.stat().st_uid} == {0}
+        with structlog.testing.capture_logs() as logs:
+            assert stale_trees.sweep(root, own=own, uid_base=60000, solution_uid_offset=20000, lock_dir=locks) == 1
+    finally:
+        own.release()
+    assert list(root.iterdir()) == []
+    assert [(e["event"], e["path"], e["reason"]) for e in logs if e["event"].startswith("stale_tree")] == [
+        ("stale_tree_swept", str(remains), "the remains of a sweep killed half-way")]
+
+
+def test_a_killed_self_checks_tree_is_swept_and_a_live_services_grading_is_not(tmp_path):
+    """A service killed during its start-up self-check left ``rollway-selfcheck-*`` (a
+    session tree of its first uid); no sweep knew the name. A live service's grading beside
+    it stays, renamed nothing."""
+    from sandbox.stale_trees import sweep
+
+    root, locks = tmp_path / "root", tmp_path / "locks"
+    root.mkdir()
+    dead_uid = 60000 + 4 * uid_claim.RANGE_STRIDE
+    check = root / "rollway-selfcheck-x1y2"
+    (check / "ws").mkdir(parents=True)
+    os.chown(check / "ws", dead_uid, dead_uid)
+    live = uid_claim.claim_uid_range(60000 + 5 * uid_claim.RANGE_STRIDE, 1, locks)
+    own = uid_claim.claim_uid_range(60000, 1, locks)
+    try:
+        alive = _grading_tree(root, "rollway-grade-live", live.base + 1)
+        with structlog.testing.capture_logs() as logs:
+            assert sweep(root, own=own, uid_base=60000, solution_uid_offset=20000, lock_dir=locks) == 1
+    finally:
+        own.release()
+        live.release()
+    assert sorted(p.name for p in root.iterdir()) == [alive.name]
+    assert (alive / "area/ws/tree/solution.py").read_text() == "x = 1\n"
+    assert [(e["event"], e["path"], e["uid"]) for e in logs if e["event"].startswith("stale_tree")] == [
+        ("stale_tree_swept", str(check), dead_uid)]
