@@ -307,15 +307,16 @@ def test_a_rank_builds_the_sharded_trainer_without_holding_the_whole_model(tmp_p
 
 def test_a_checkpoint_meta_init_cannot_read_row_by_row_loads_whole_with_the_same_weights(tmp_path_factory,
                                                                                          tiny_model_path):
-    """Meta-device init reads each rank's rows by tensor name from .safetensors files; a
-    checkpoint it cannot read so falls back to the full load (from_pretrained on every
-    rank, then sharded). Two folders, one 2-rank launch (~10 s on 2 cores): the tiny
-    model as pytorch_model.bin (no .safetensors: before the fallback covered it, the
-    sharded trainer failed with "no .safetensors files"); the tiny model with an extra
-    tensor the model lacks (ignored, as from_pretrained ignores it: meta init still
-    reads it). Each loads to exactly the parameters of the 1-process float32 load. MoE
-    checkpoints (per-expert tensors fused by from_pretrained) take meta init too:
-    tests/test_meta_init_moe.py."""
+    """Meta-device init reads each rank's rows by tensor name from memory-mapped weights
+    files; a checkpoint it cannot read so falls back to the full load (from_pretrained
+    on every rank, then sharded). Two folders, one 2-rank launch (~10 s on 2 cores): the
+    tiny model as a pytorch_model.bin in torch's pre-1.6 (not zip) format, which cannot
+    be memory-mapped (before the fallback covered .bin files, the sharded trainer failed
+    with "no .safetensors files"; zip-format .bin files take meta init:
+    tests/test_bin_checkpoints.py); the tiny model with an extra tensor the model lacks
+    (ignored, as from_pretrained ignores it: meta init still reads it). Each loads to
+    exactly the parameters of the 1-process float32 load. MoE checkpoints (per-expert
+    tensors fused by from_pretrained) take meta init too: tests/test_meta_init_moe.py."""
     import shutil
 
     from safetensors.torch import load_file, save_file
@@ -325,7 +326,8 @@ def test_a_checkpoint_meta_init_cannot_read_row_by_row_loads_whole_with_the_same
     folder = tmp_path_factory.mktemp("fallback")
     as_bin = folder / "bin"
     shutil.copytree(tiny_model_path, as_bin)
-    torch.save(load_file(str(as_bin / "model.safetensors")), as_bin / "pytorch_model.bin")
+    torch.save(load_file(str(as_bin / "model.safetensors")), as_bin / "pytorch_model.bin",
+               _use_new_zipfile_serialization=False)
     (as_bin / "model.safetensors").unlink()
     extra = folder / "extra"
     shutil.copytree(tiny_model_path, extra)

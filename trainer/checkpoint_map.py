@@ -1,7 +1,7 @@
 """Which checkpoint tensors make each model parameter, as ``from_pretrained`` decides it.
 
 Meta-device init (``trainer/sharded_init.py``) reads each rank's rows of every parameter
-straight from the .safetensors files, so it must know where each parameter's values are.
+straight from the weights files, so it must know where each parameter's values are.
 Most parameters are one checkpoint tensor of the same name. MoE checkpoints are not:
 hub checkpoints store each expert's matrices apart (``mlp.experts.3.gate_proj.weight``),
 and transformers 5 fuses them into one 3-D parameter a layer (``mlp.experts.gate_up_proj``

@@ -43,6 +43,7 @@ def new_diagnostics() -> dict[str, list["torch.Tensor"]]:
 
 class TrainCore:
     def __init__(self, cfg: TrainerConfig, model_path: str | None = None) -> None:
+        from trainer.checkpoint_files import check_readable
         from trainer.model import load_policy, make_deterministic, pick_device
         from trainer.optim import HybridOptimizer
         from trainer.precision import SelectedLogits
@@ -51,6 +52,10 @@ class TrainCore:
         make_deterministic(cfg.seed, cfg.num_threads)
         self.cfg = cfg
         self.device = pick_device(cfg.device)
+        # Every weights file opened first (headers only): a truncated, corrupt or missing
+        # one is CheckpointUnreadable naming it, as in the sharded trainer; from_pretrained's
+        # own errors name no file.
+        check_readable(model_path or cfg.model_path)
         self.model = load_policy(model_path or cfg.model_path, self.device)
         self.optimizer = HybridOptimizer(self.model, cfg)
         self.step = 0  # also the weight version of self.model

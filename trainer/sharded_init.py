@@ -5,8 +5,9 @@ an N-rank trainer used to peak at the whole model before ``fully_shard`` freed t
 Here the model is built with its parameters on the meta device (buffers, e.g. rotary
 ``inv_freq``, are computed for real: they are derived, not stored in the checkpoint),
 sharded, given empty local shards, and each shard is filled with only its rows, read
-through safetensors' lazy ``safe_open`` slices (one tensor at a time; the file is
-memory-mapped, so only those rows' pages are read).
+through the lazy slices of ``trainer/checkpoint_files.py`` (one tensor at a time; the
+file, .safetensors or a zip-format ``pytorch_model*.bin``, is memory-mapped, so only
+those rows' pages are read).
 
 The values are the ones ``from_pretrained(dtype=float32)`` gives (the same checkpoint
 bits cast to float32), so the sharded trainer stays bit-identical to the single-process
@@ -16,23 +17,24 @@ renamed key, or a fused MoE expert parameter that the checkpoint stores per expe
 (``mlp.experts.N.gate_proj.weight`` ... fused into ``mlp.experts.gate_up_proj``): a rank
 reads only the per-expert tensors of the experts in its rows and writes them into its
 shard. A checkpoint with a parameter that plan cannot read (a conversion meta init does
-not reproduce, a missing weight that from_pretrained would initialise), or without
-.safetensors files (a ``pytorch_model.bin``), falls back to the full load
-(:func:`meta_policy`), logging which parameters and why. Names in the checkpoint that
-the model lacks are ignored, as from_pretrained ignores them. A .safetensors file that
-cannot be read (truncated, corrupt) is an error naming the file, never a fallback: the
-full load would fail on the same file.
+not reproduce, a missing weight that from_pretrained would initialise), or whose files
+cannot be read a slice at a time (a .bin in torch's pre-1.6 format), falls back to the
+full load (:func:`meta_policy`), logging which parameters and why. Names in the
+checkpoint that the model lacks are ignored, as from_pretrained ignores them. A weights
+file that cannot be read (truncated, corrupt, missing though its index names it) is an
+error naming the file, never a fallback: the full load would fail on the same file.
 """
 
 from __future__ import annotations
 
 import contextlib
-import json
 import os
-from pathlib import Path
 from typing import TYPE_CHECKING, Iterator
 
 import structlog
+
+# CheckpointUnreadable and checkpoint_index are imported from here too.
+from trainer.checkpoint_files import CheckpointUnreadable, NotSliceable, checkpoint_index, open_tensors
 
 if TYPE_CHECKING:
     import torch
@@ -64,55 +66,6 @@ def parameters_on_meta() -> Iterator[None]:
         yield
     finally:
         torch.nn.Module.register_parameter = original
-
-
-class CheckpointUnreadable(ValueError):
-    """A .safetensors file of the checkpoint cannot be read (truncated, corrupt header,
-    a tensor whose shape is not the model's): the message names the file."""
-
-
-@contextlib.contextmanager
-def open_safetensors(file: Path) -> Iterator[object]:
-    """``safe_open`` whose errors name the file (safetensors' own say only "Error while
-    deserializing header: incomplete metadata, file not fully covered")."""
-    from safetensors import SafetensorError, safe_open
-
-    try:
-        handle = safe_open(str(file), framework="pt")
-    except (SafetensorError, OSError) as err:
-        raise CheckpointUnreadable(f"{file}: not a readable .safetensors file (truncated or corrupt?): {err}") from err
-    with handle as f:
-        yield f
-
-
-def checkpoint_index(model_path: str) -> dict[str, Path]:
-    """Tensor name -> the .safetensors file holding it (one file or an index's shards)."""
-    folder = Path(model_path)
-    index = folder / "model.safetensors.index.json"
-    if index.exists():
-        weight_map = json.loads(index.read_text())["weight_map"]
-        out = {name: folder / file for name, file in weight_map.items()}
-        # Each file opened once here (its header only): a truncated or corrupt shard is
-        # an error naming it now, before any rank shards or falls back to the full load
-        # (whose error would not say which file).
-        by_file: dict[Path, set[str]] = {}
-        for name, file in out.items():
-            by_file.setdefault(file, set()).add(name)
-        for file, names in sorted(by_file.items()):
-            with open_safetensors(file) as f:
-                absent = sorted(names - set(f.keys()))
-            if absent:
-                raise CheckpointUnreadable(f"{file}: lacks {absent[:3]} ({len(absent)} tensors), "
-                                           f"which {index.name} places there")
-        return out
-    files = sorted(folder.glob("*.safetensors"))
-    if not files:
-        raise FileNotFoundError(f"{model_path}: no .safetensors files")
-    out: dict[str, Path] = {}
-    for file in files:
-        with open_safetensors(file) as f:
-            out.update({name: file for name in f.keys()})
-    return out
 
 
 def build_on_meta(model_path: str) -> "torch.nn.Module":
@@ -176,10 +129,10 @@ def materialize_shards(model: "torch.nn.Module", model_path: str, device: "torch
 def _fill_direct(name: str, param: "torch.Tensor", local: "torch.Tensor", plan) -> int:
     import torch
 
-    # One open a tensor: safe_open memory-maps the file, and the pages read stay in
+    # One open a tensor: the file is memory-mapped, and the pages read stay in
     # this process's RSS while it is open; closed after each tensor, the mapped
     # pages at any time are one tensor's rows, not the whole checkpoint.
-    with open_safetensors(plan.file) as f:
+    with open_tensors(plan.file) as f:
         tensor_slice = f.get_slice(plan.key)
         try:
             rows = _my_rows(param, tensor_slice.get_shape())
@@ -209,7 +162,7 @@ def _fill_stacked(name: str, param: "torch.Tensor", local: "torch.Tensor", plan)
         offset = 0
         for key, file in sources:
             # Opened per tensor, as in _fill_direct: one expert matrix mapped at a time.
-            with open_safetensors(file) as f:
+            with open_tensors(file) as f:
                 piece = f.get_slice(key)[:]
             dim = plan.concat_dim
             fits = piece.dim() == slot.dim() and offset + piece.shape[dim] <= slot.shape[dim]
@@ -253,9 +206,9 @@ def meta_policy(model_path: str, device: "torch.device", *,
                 cpu_offload: bool = False) -> tuple["torch.nn.Module", "CheckpointMap | None"]:
     """The policy model to shard: (model, mapping). With a mapping its parameters are on
     the meta device: shard it, then :func:`materialize_shards` with the mapping. None: a
-    parameter meta init cannot read slice by slice (logged, with why), or no
-    .safetensors files, so the whole model was loaded (``load_policy``), as before meta
-    init: such a checkpoint still trains, at the old peak memory. With ``cpu_offload``
+    parameter meta init cannot read slice by slice (logged, with why), or no weights
+    files it can slice (none, or a pre-1.6 .bin), so the whole model was loaded
+    (``load_policy``), as before meta init: such a checkpoint still trains, at the old peak memory. With ``cpu_offload``
     that whole model is loaded into host memory (FSDP2 keeps the shards there; a model
     offloaded for want of GPU memory must not pass through the GPU whole) and only its
     buffers go to ``device``."""
@@ -266,11 +219,11 @@ def meta_policy(model_path: str, device: "torch.device", *,
     model = build_on_meta(model_path)
     try:
         index = checkpoint_index(model_path)
-    except FileNotFoundError:
-        # No .safetensors (a pytorch_model.bin checkpoint): nothing to read rows from
-        # lazily; from_pretrained reads it whole.
-        log.warning("meta init fallback: no .safetensors checkpoint; loading the whole model on every rank",
-                    model_path=model_path)
+    except (FileNotFoundError, NotSliceable) as why:
+        # Nothing to read rows from lazily; from_pretrained reads it whole (or says
+        # what is missing).
+        log.warning("meta init fallback: no checkpoint files to read slice by slice; loading the whole model "
+                    "on every rank", model_path=model_path, why=str(why))
         return _whole(model_path, device, cpu_offload), None
     mapping = checkpoint_map(model, index)
     if mapping.unmapped:
