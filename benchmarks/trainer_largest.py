@@ -45,15 +45,17 @@ SIZES = {
 }
 
 
-def write_checkpoint(folder: Path, name: str, vocab: int) -> int:
-    """A random-init Qwen2 checkpoint written one layer at a time; returns its parameter count."""
+def write_checkpoint(folder: Path, name: str, vocab: int,
+                     dims: tuple[int, int, int, int] | None = None) -> int:
+    """A random-init Qwen2 checkpoint written one layer at a time; returns its parameter
+    count. ``dims`` (hidden, intermediate, layers, heads): a size not in ``SIZES``."""
     import torch
     from safetensors.torch import save_file
     from transformers import AutoModelForCausalLM, Qwen2Config
 
     from trainer.sharded_init import parameters_on_meta
 
-    hidden, inter, layers, heads = SIZES[name]
+    hidden, inter, layers, heads = dims or SIZES[name]
     config = Qwen2Config(vocab_size=vocab, hidden_size=hidden, intermediate_size=inter, num_hidden_layers=layers,
                          num_attention_heads=heads, num_key_value_heads=heads // 4 or 1, head_dim=hidden // heads,
                          max_position_embeddings=4096, tie_word_embeddings=False, dtype="bfloat16")
@@ -139,13 +141,15 @@ def _tree_rss(pid: int) -> int:
     return total
 
 
-def run_one(world_size: int, spec: dict, workdir: Path, cap: int, timeout: float) -> dict:
+def run_one(world_size: int, spec: dict, workdir: Path, cap: int, timeout: float, script: Path | None = None) -> dict:
+    """Launch ``script``'s (default: this file's) ``--rank-main`` on ``world_size`` ranks,
+    killing it above ``cap`` bytes of summed RSS or after ``timeout`` s."""
     tag = f"{Path(spec['model']).name}-ws{world_size}"
     spec = dict(spec, out=str(workdir / f"{tag}.json"))
     args_path = workdir / f"{tag}-args.json"
     args_path.write_text(json.dumps(spec))
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={world_size}",
-           str(Path(__file__).resolve()), "--rank-main", str(args_path)]
+           str(Path(script or __file__).resolve()), "--rank-main", str(args_path)]
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(REPO))
     log = open(workdir / f"{tag}.log", "w")
     proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)

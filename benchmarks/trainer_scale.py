@@ -18,8 +18,21 @@ buckets of ``--bucket-mb``): each rank's peak RSS above its RSS before the publi
 (VmHWM, reset through /proc/self/clear_refs, after malloc_trim) and the bytes rank 0 keeps for the
 publisher.
 
+With ``--largest`` (issue #28's informational figure "largest model that trains in 24 GB
+at world size 1 vs more ranks"): the same counting and each rank's peak RSS over setup
+and one step, at a few sizes of one model family (``family``: benchmarks/trainer_largest.py's
+Qwen2 family, hidden h, intermediate 2.75h, h/128 layers, heads of 64, 32k vocabulary,
+untied) at each world size; a least-squares line peak = a + b x parameters per world
+size; the largest parameter count whose per-rank peak stays under ``--ram-gib``, and the
+family member below it. ``--check`` then trains one step at 1 rank of the family member
+nearest half that 1-rank limit and compares its peak with the line. Per-rank means per
+machine: ranks on one machine share its RAM (more ranks on one machine add none), so the
+world-size-N figure is for N machines (or GPUs' hosts) of that much RAM each.
+
     flock /tmp/rollway-heavy.lock .venv/bin/python benchmarks/trainer_scale.py
     .venv/bin/python benchmarks/trainer_scale.py --world-sizes 1,2 --steps 2   # smoke
+    flock /tmp/rollway-heavy.lock .venv/bin/python benchmarks/trainer_scale.py --largest --check \
+        --groups 1 --prompt-tokens 16 --gen-tokens 16
 """
 
 from __future__ import annotations
@@ -75,11 +88,15 @@ def rank_main(args_path: str) -> None:
     from trainer.sharded_core import ShardedTrainCore
 
     spec = json.loads(Path(args_path).read_text())
-    torch.set_num_threads(1)
+    threads = spec.get("threads", 1)
+    torch.set_num_threads(threads)
     ctx = init_distributed("cpu")
     cfg = TrainerConfig(model_path=spec["model"], learning_rate=1e-5, muon_learning_rate=1e-5, max_staleness=100,
-                        micro_batch_tokens=spec["micro_batch_tokens"], num_threads=1)
+                        micro_batch_tokens=spec["micro_batch_tokens"], num_threads=threads)
+    started = time.perf_counter()
     core = ShardedTrainCore(cfg, ctx)
+    setup_s = time.perf_counter() - started
+    setup_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     groups = pickle.loads(Path(spec["groups"]).read_bytes())
     counted: dict[str, int] = {}
     step = core.optimizer.step
@@ -99,8 +116,9 @@ def rank_main(args_path: str) -> None:
         core.train_step(groups)
         times.append(time.perf_counter() - started)
     peak_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-    publish = _measure_publish(core, ctx.rank, spec["bucket_bytes"])
-    mine = dict(counted, rank=ctx.rank, step_s=times, peak_rss=peak_rss, publish=publish,
+    publish = _measure_publish(core, ctx.rank, spec["bucket_bytes"]) if spec.get("publish", True) else None
+    mine = dict(counted, rank=ctx.rank, step_s=times, peak_rss=peak_rss, publish=publish, setup_s=setup_s,
+                setup_peak_rss=setup_rss, meta_init=core.meta_init,
                 params_count=sum(p.numel() for p in core.model.parameters()))
     everyone = all_gather_objects(mine)
     if ctx.rank == 0:
@@ -167,9 +185,22 @@ def main() -> None:
     parser.add_argument("--micro-batch-tokens", type=int, default=1024)
     parser.add_argument("--bucket-mb", type=float, default=8.0, help="publish gather bucket (publish dtype)")
     parser.add_argument("--json", help="also write the rows here")
+    parser.add_argument("--largest", action="store_true", help="the largest-model figure (see above)")
+    parser.add_argument("--largest-hidden", default="512,768,1024",
+                        help="--largest: the family's hidden sizes to measure (multiples of 256)")
+    parser.add_argument("--ram-gib", type=float, default=24.0, help="--largest: the per-rank RAM")
+    parser.add_argument("--check", action="store_true",
+                        help="--largest: train one step at 1 rank near half the 1-rank limit")
+    parser.add_argument("--check-threads", type=int, default=2)
+    parser.add_argument("--check-timeout", type=float, default=300.0)
+    parser.add_argument("--cap-gb", type=float, default=19.0,
+                        help="--largest: kill a run whose ranks' summed RSS passes this (it did not fit)")
     args = parser.parse_args()
     if args.rank_main:
         rank_main(args.rank_main)
+        return
+    if args.largest:
+        largest(args)
         return
 
     from benchmarks.trainer_step import vocab_case
@@ -223,6 +254,151 @@ def main() -> None:
               f"| {row['publish_others_extra_peak_mb']:.1f} | {row['publish_s']:.2f} |")
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=2))
+
+
+# -- --largest ---------------------------------------------------------------------------
+
+
+def family(hidden: int) -> tuple[int, int, int, int]:
+    """(hidden, intermediate, layers, heads) of the family member with this hidden size:
+    benchmarks/trainer_largest.py's SIZES follow it (h1024-l8, h2048-l16, ...)."""
+    if hidden % 256:
+        raise ValueError(f"hidden {hidden}: the family's sizes are multiples of 256 (kv heads = heads / 4)")
+    return hidden, hidden * 11 // 4, hidden // 128, hidden // 64
+
+
+def family_params(hidden: int, vocab: int) -> int:
+    """The Qwen2 member's parameter count: embedding and head (untied), per layer q/k/v
+    (with biases; kv = a quarter of the heads), o, gate/up/down and two norms, final norm."""
+    h, inter, layers, heads = family(hidden)
+    kv = (heads // 4) * (h // heads)
+    per_layer = (h * h + h) + 2 * (h * kv + kv) + h * h + 3 * h * inter + 2 * h
+    return 2 * vocab * h + layers * per_layer + h
+
+
+def _fit(xs: list[float], ys: list[float]) -> tuple[float, float]:
+    """Least-squares line y = a + b x."""
+    n = len(xs)
+    mx, my = sum(xs) / n, sum(ys) / n
+    b = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sum((x - mx) ** 2 for x in xs)
+    return my - b * mx, b
+
+
+def _mem_available() -> int:
+    for line in Path("/proc/meminfo").read_text().splitlines():
+        if line.startswith("MemAvailable:"):
+            return int(line.split()[1]) * 1024
+    raise KeyError("MemAvailable")
+
+
+def largest(args) -> None:
+    from benchmarks.trainer_largest import run_one, write_checkpoint
+    from benchmarks.trainer_step import vocab_case
+
+    world_sizes = [int(x) for x in args.world_sizes.split(",")]
+    hiddens = [int(x) for x in args.largest_hidden.split(",")]
+    ram = args.ram_gib * 2**30
+    cap = int(args.cap_gb * 2**30)
+    rows: list[dict] = []
+
+    def measure(hidden: int, ws: int, workdir: Path, *, threads: int = 1, timeout: float = 900.0) -> dict:
+        model_dir = workdir / f"h{hidden}"
+        if not model_dir.exists():
+            params = write_checkpoint(model_dir, f"h{hidden}", args.vocab, family(hidden))
+            assert params == family_params(hidden, args.vocab), (params, family_params(hidden, args.vocab))
+        spec = dict(model=str(model_dir), groups=str(workdir / "groups.pkl"), steps=args.steps,
+                    micro_batch_tokens=args.micro_batch_tokens, publish=False, threads=threads)
+        run = run_one(ws, spec, workdir, cap, timeout, script=Path(__file__))
+        ranks = run["ranks"]
+        row = dict(hidden=hidden, layers=family(hidden)[2], params=family_params(hidden, args.vocab), world_size=ws,
+                   fit=run["fit"], why=run["why"], wall_s=run["wall_s"], sampled_peak_sum=run["sampled_peak_sum"])
+        if ranks:
+            row.update(peak_rss=max(r["peak_rss"] for r in ranks),
+                       setup_peak_rss=max(r["setup_peak_rss"] for r in ranks),
+                       state=max(r["params"] + r["grads"] + r["optimizer"] for r in ranks),
+                       step_s=max(max(r["step_s"]) for r in ranks), setup_s=max(r["setup_s"] for r in ranks),
+                       meta_init=all(r["meta_init"] for r in ranks))
+        print(json.dumps(row), flush=True)
+        return row
+
+    with tempfile.TemporaryDirectory(prefix="rollway-trainer-largest-fit-") as tmp:
+        workdir = Path(tmp)
+        (workdir / "small").mkdir()
+        _, groups = vocab_case(args, str(workdir / "small"))
+        (workdir / "groups.pkl").write_bytes(pickle.dumps(groups))
+        for hidden in hiddens:
+            for ws in world_sizes:
+                rows.append(measure(hidden, ws, workdir))
+            for file in (workdir / f"h{hidden}").glob("*.safetensors"):
+                file.unlink()
+        fits = {}
+        for ws in world_sizes:
+            done = [r for r in rows if r["world_size"] == ws and r["fit"]]
+            if len(done) < 2:
+                continue
+            a, b = _fit([r["params"] for r in done], [r["peak_rss"] for r in done])
+            sa, sb = _fit([r["params"] for r in done], [r["state"] for r in done])
+            limit = (ram - a) / b
+            member = max((h for h in range(256, 16384, 256) if family_params(h, args.vocab) <= limit), default=None)
+            fits[ws] = dict(a=a, b=b, state_a=sa, state_b=sb, limit=limit, member=member)
+        check = None
+        if args.check and 1 in fits:
+            target = fits[1]["limit"] / 2
+            hidden = min(range(256, 16384, 256), key=lambda h: abs(family_params(h, args.vocab) - target))
+            predicted = fits[1]["a"] + fits[1]["b"] * family_params(hidden, args.vocab)
+            free = _mem_available()
+            if predicted * 1.15 > min(free, cap):
+                check = dict(hidden=hidden, predicted=predicted, skipped=f"{free / 1e9:.1f} GB available, "
+                             f"cap {cap / 1e9:.1f} GB: not started")
+            else:
+                check = dict(measure(hidden, 1, workdir, threads=args.check_threads, timeout=args.check_timeout),
+                             predicted=predicted)
+            for file in (workdir / f"h{hidden}").glob("*.safetensors"):
+                file.unlink()
+
+    tokens = args.groups * 4 * (args.prompt_tokens + args.gen_tokens)
+    print()
+    print(f"family: Qwen2, hidden h, intermediate 2.75h, h/128 layers, heads of 64, vocab {args.vocab} untied; "
+          f"{tokens} tokens a step ({args.groups} groups x 4 x {args.prompt_tokens + args.gen_tokens}); "
+          f"{args.steps} step(s); gloo, one thread a rank")
+    print("| hidden / layers | parameters | world size | params+grads+optimizer GB (max rank) "
+          "| peak RSS GB (max rank) | setup peak GB | setup s | step s |")
+    print("|---|---|---|---|---|---|---|---|")
+    for r in rows + ([check] if check and "params" in check else []):
+        if r["fit"]:
+            print(f"| {r['hidden']} / {r['layers']} | {r['params'] / 1e9:.3f}B | {r['world_size']} "
+                  f"| {r['state'] / 1e9:.2f} | {r['peak_rss'] / 1e9:.2f} | {r['setup_peak_rss'] / 1e9:.2f} "
+                  f"| {r['setup_s']:.0f} | {r['step_s']:.0f} |")
+        else:
+            print(f"| {r['hidden']} / {r['layers']} | {r['params'] / 1e9:.3f}B | {r['world_size']} "
+                  f"| did not finish: {r['why'][:80]} | | | | |")
+    print()
+    print(f"per-rank peak = a + b x parameters (least squares over the sizes measured); largest under "
+          f"{args.ram_gib:g} GiB ({ram / 1e9:.2f} GB) a rank")
+    print("| world size | a GB | b bytes/parameter (peak RSS) | b bytes/parameter (params+grads+optimizer only) "
+          "| largest parameters | family member under it |")
+    print("|---|---|---|---|---|---|")
+    for ws, f in fits.items():
+        member = f["member"]
+        described = (f"hidden {member}, {family(member)[2]} layers, {family_params(member, args.vocab) / 1e9:.2f}B"
+                     if member else "-")
+        print(f"| {ws} | {f['a'] / 1e9:.2f} | {f['b']:.1f} | {f['state_b']:.1f} | {f['limit'] / 1e9:.2f}B "
+              f"| {described} |")
+    if check:
+        print()
+        if "skipped" in check:
+            print(f"check (hidden {check['hidden']}, predicted {check['predicted'] / 1e9:.2f} GB): {check['skipped']}")
+        elif check["fit"]:
+            print(f"check: hidden {check['hidden']} ({check['params'] / 1e9:.2f}B) at 1 rank trained "
+                  f"{args.steps} step(s): peak RSS {check['peak_rss'] / 1e9:.2f} GB, the line predicts "
+                  f"{check['predicted'] / 1e9:.2f} GB ({check['peak_rss'] / check['predicted']:.2f}x); "
+                  f"step {check['step_s']:.0f} s on {args.check_threads} threads")
+        else:
+            print(f"check: hidden {check['hidden']} ({check['params'] / 1e9:.2f}B) at 1 rank did not finish: "
+                  f"{check['why']} (sampled RSS {check['sampled_peak_sum'] / 1e9:.2f} GB; the line predicts "
+                  f"{check['predicted'] / 1e9:.2f} GB)")
+    if args.json:
+        Path(args.json).write_text(json.dumps(dict(rows=rows, fits=fits, check=check), indent=2))
 
 
 if __name__ == "__main__":
