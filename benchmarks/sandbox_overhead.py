@@ -19,10 +19,13 @@ import tempfile
 import time
 from pathlib import Path
 
+import msgspec
+
 from sandbox.cgroups import make_cgroup_manager
 from sandbox.config import RewardConfig, SandboxConfig
 from sandbox.grader import Grader
 from sandbox.runner import Jail
+from sandbox.uid_claim import claim_uid_range
 from sandbox.workspace import Snapshot, Workspace, WorkspaceFile
 from tasks.spec import TaskSpec
 from tasks.store import TaskStore
@@ -54,16 +57,20 @@ async def plain(command: str, cwd: Path, env: dict[str, str]) -> float:
 
 async def main(repeat: int) -> None:
     cfg = SandboxConfig()
+    # A uid range of its own, claimed like a service's (sandbox/uid_claim.py): a fixed uid
+    # could be a live service's session uid, whose clean-up kills every process of it.
+    claim = claim_uid_range(cfg.uid_base, 1, solution_uid_offset=cfg.grading_solution_uid_offset)
+    cfg = msgspec.structs.replace(cfg, uid_base=claim.base)
     cgroups = make_cgroup_manager(cfg.cgroups, max_processes=cfg.max_processes, memory_bytes=cfg.memory_bytes)
     try:
-        await measure(cfg, Jail(cfg, cgroups), repeat)
+        await measure(cfg, Jail(cfg, cgroups), repeat, uid=claim.base)
     finally:
         if cgroups is not None:
             cgroups.close()
+        claim.release()
 
 
-async def measure(cfg: SandboxConfig, jail: Jail, repeat: int) -> None:
-    uid = cfg.uid_base + 500
+async def measure(cfg: SandboxConfig, jail: Jail, repeat: int, *, uid: int) -> None:
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         ws, _ = Workspace.create(Path(tmp) / "ws", uid, {"test_one.py": "def test_one():\n    assert True\n"})
