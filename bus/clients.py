@@ -45,6 +45,13 @@ async def cluster_metadata(consumer: AIOKafkaConsumer) -> ClusterMetadata:
     return await consumer._client.fetch_all_metadata()
 
 
+async def fetch_committed(consumer: AIOKafkaConsumer, partitions) -> dict:
+    """The group's committed ``OffsetAndMetadata`` of each of ``partitions`` (None where
+    nothing is committed): ``consumer.committed`` returns the offset without its
+    metadata. Private API: ``consumer._coordinator.fetch_committed_offsets``."""
+    return await consumer._coordinator.fetch_committed_offsets(list(partitions))
+
+
 def transaction_manager(producer: AIOKafkaProducer) -> TransactionManager | None:
     """The transaction state of a producer (None for one without a transactional id).
     Private API: ``producer._txn_manager``."""

@@ -10,6 +10,12 @@
   handler with back-off over ``cfg.handler_retry.window_s``, dead-letter a record whose
   handler keeps failing, stop on SIGTERM after the in-flight handlers finish (a record
   waiting out a back-off is left unacked for the next owner), commit, and leave the group.
+* A rebalance (``run``): records of a revoked partition are not started from the revoke
+  on, and its handlers in flight get ``revoke_grace_s`` to finish, then are cancelled
+  unacked, before the revoke's commit; the partition's next owner (maybe this consumer)
+  reads each unfinished record once, never beside a live handler of it. With
+  ``commit_done_offsets`` a commit's metadata names the records done past it, and the
+  next owner skips them.
 * A dead letter that cannot be published is retried with back-off until it is (one too
   big for a record goes without the original value): the record is acked only after its
   letter is in the DLQ, so a failed publish neither loses it nor leaves it unacked,
@@ -28,7 +34,7 @@ from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
 from aiokafka.structs import OffsetAndMetadata
 
 from bus import codec
-from bus.clients import decompress_fetches_ahead, new_consumer
+from bus.clients import decompress_fetches_ahead, fetch_committed, new_consumer
 from bus.config import KafkaConfig
 from bus.connect import add_stop_handler, start_client, stop_consumer
 from bus.prefetch import BatchPrefetcher
@@ -72,14 +78,21 @@ def envelope_of(record) -> Envelope:
 
 
 class _PartitionProgress:
-    """Offsets delivered but not yet acked, and the next offset to commit."""
+    """One assignment of a partition: offsets delivered but not yet acked, the next
+    offset to commit, the ``run`` handlers in flight, and offsets a previous owner
+    finished past its commit (skipped). A new object per assignment: a handler of an
+    earlier assignment of the same partition never acks into this one."""
 
-    __slots__ = ("pending", "next_offset", "committed")
+    __slots__ = ("pending", "next_offset", "committed", "committed_metadata", "handlers", "revoked", "skip")
 
     def __init__(self) -> None:
         self.pending: set[int] = set()
         self.next_offset: int | None = None  # one past the last delivered record
         self.committed: int | None = None
+        self.committed_metadata = ""
+        self.handlers: dict[asyncio.Task, int] = {}  # run's handlers in flight -> their offsets
+        self.revoked = False  # set at the start of the revoke: start nothing more of it
+        self.skip: set[int] = set()
 
     def delivered(self, offset: int) -> None:
         self.pending.add(offset)
@@ -89,6 +102,60 @@ class _PartitionProgress:
         if self.pending:
             return min(self.pending)
         return self.next_offset
+
+    def done_above(self, commit: int) -> list[int]:
+        """Offsets past ``commit`` that were delivered and are done (acked, or skipped as
+        a previous owner's): every offset up to ``next_offset`` was delivered in order,
+        except control records, which no owner ever gets."""
+        if self.next_offset is None or commit + 1 >= self.next_offset:
+            return []
+        return [o for o in range(commit + 1, self.next_offset) if o not in self.pending]
+
+
+# How long a revoke waits for the handlers it cancelled to end.
+_CANCEL_WAIT_S = 5.0
+
+# Commit metadata naming the offsets done past the committed one (a record acked while
+# an older one of its partition was still in flight): the partition's next owner skips
+# them instead of handling them again. Kafka keeps up to 4,096 bytes of metadata
+# (offset.metadata.max.bytes); past this many characters the higher ranges are left
+# out, and those records are handled again (at-least-once, as without the metadata).
+DONE_PREFIX = "done:"
+_DONE_MAX_CHARS = 2_000
+
+
+def done_metadata(offsets: list[int]) -> str:
+    """``done:5,7-9`` for [5, 7, 8, 9] (sorted); "" for none."""
+    ranges: list[str] = []
+    i = 0
+    size = len(DONE_PREFIX)
+    while i < len(offsets):
+        j = i
+        while j + 1 < len(offsets) and offsets[j + 1] == offsets[j] + 1:
+            j += 1
+        part = str(offsets[i]) if i == j else f"{offsets[i]}-{offsets[j]}"
+        if size + len(part) + 1 > _DONE_MAX_CHARS:
+            break
+        ranges.append(part)
+        size += len(part) + 1
+        i = j + 1
+    return DONE_PREFIX + ",".join(ranges) if ranges else ""
+
+
+def parse_done_metadata(metadata: str | None, committed: int) -> set[int]:
+    """The offsets above ``committed`` that ``metadata`` names done; nothing for
+    metadata of another form (it is only a hint: a record not skipped is handled again)."""
+    if not metadata or not metadata.startswith(DONE_PREFIX):
+        return set()
+    done: set[int] = set()
+    try:
+        for part in metadata[len(DONE_PREFIX):].split(","):
+            lo, _, hi = part.partition("-")
+            done.update(range(int(lo), int(hi or lo) + 1))
+    except ValueError:
+        log.warning("unreadable done offsets in commit metadata; ignored", metadata=metadata[:200])
+        return set()
+    return {o for o in done if o > committed}
 
 
 class _Rebalance(ConsumerRebalanceListener):
@@ -126,8 +193,22 @@ class EventConsumer:
         max_poll_records: int | None = None,
         commit_offsets: Callable[[dict[TopicPartition, OffsetAndMetadata]], Awaitable[None]] | None = None,
         decompress_ahead: bool = False,
+        revoke_grace_s: float = 0.0,
+        commit_done_offsets: bool = False,
     ) -> None:
         self.cfg = cfg
+        # ``run``: how long the handlers in flight of a revoked partition may go on
+        # finishing (acked and committed by this consumer) before they are cancelled and
+        # their records left unacked for the partition's next owner; 0 = cancelled at once.
+        # The group's rebalance waits for them, so Kafka's rebalance timeout covers it.
+        if revoke_grace_s < 0:
+            raise ValueError(f"revoke_grace_s must not be negative, got {revoke_grace_s}")
+        self._revoke_grace_s = revoke_grace_s
+        # Commits name the offsets done past the committed one (commit metadata) and an
+        # assignment skips the ones its previous owner named: with several records of a
+        # partition in flight, one finished after an older one was abandoned (revoked,
+        # or its consumer stopped or died) is not handled a second time.
+        self._commit_done_offsets = commit_done_offsets
         # The trainer's intake: each fetched zstd batch's CRC checked and its records
         # decompressed on worker threads as the response arrives (bus/prefetch.py).
         self._decompress_ahead = decompress_ahead
@@ -161,6 +242,9 @@ class EventConsumer:
             session_timeout_ms=session_timeout_ms,
             heartbeat_interval_ms=heartbeat_interval_ms,
             max_poll_interval_ms=max_poll_interval_ms,
+            # The broker waits this long for every member to rejoin; a member draining
+            # its revoked handlers (revoke_grace_s) rejoins only after them.
+            rebalance_timeout_ms=session_timeout_ms + int(revoke_grace_s * 1000),
             **({"max_poll_records": max_poll_records} if max_poll_records else {}),
         )
         self._progress: dict[TopicPartition, _PartitionProgress] = {}
@@ -240,7 +324,11 @@ class EventConsumer:
             if record is None:
                 raise StopAsyncIteration
             tp = TopicPartition(record.topic, record.partition)
-            self._progress.setdefault(tp, _PartitionProgress()).delivered(record.offset)
+            progress = self._progress.setdefault(tp, _PartitionProgress())
+            if progress.skip and record.offset in progress.skip:
+                self._skip_done(progress, tp, record.offset)
+                continue
+            progress.delivered(record.offset)
             env = await self._decode_or_dead_letter(record)
             if env is not None:
                 return env
@@ -271,8 +359,12 @@ class EventConsumer:
             pending = progress.pending
             # Inline, not a coroutine per record (the trainer reads tens of thousands a
             # second); an undecodable record is dead-lettered in order, as before.
+            skip = progress.skip
             for record in records:
                 offset = record.offset
+                if skip and offset in skip:
+                    self._skip_done(progress, tp, offset)
+                    continue
                 pending.add(offset)
                 progress.next_offset = offset + 1
                 try:
@@ -280,6 +372,14 @@ class EventConsumer:
                 except codec.DecodeFailure as exc:
                     await self._dead_letter_record(record, tuple(record.headers or ()), str(exc), exc.kind)
         return out
+
+    @staticmethod
+    def _skip_done(progress: _PartitionProgress, tp: TopicPartition, offset: int) -> None:
+        """A record the partition's previous owner handled past its commit: not delivered."""
+        progress.skip.discard(offset)
+        progress.next_offset = offset + 1
+        log.info("record done by the partition's previous owner; skipped", topic=tp.topic,
+                 partition=tp.partition, offset=offset)
 
     async def _decode_or_dead_letter(self, record) -> Envelope | None:
         """The record as an envelope, or None after dead-lettering it (undecodable)."""
@@ -334,20 +434,26 @@ class EventConsumer:
             if progress is None or tp not in assigned:
                 continue  # revoked meanwhile: the new owner re-reads the unacked records
             target = progress.committable()
-            if target is not None and (resend or target != progress.committed):
-                offsets[tp] = OffsetAndMetadata(target, "")
+            if target is None:
+                continue
+            metadata = done_metadata(progress.done_above(target)) if self._commit_done_offsets else ""
+            if resend or target != progress.committed or metadata != progress.committed_metadata:
+                offsets[tp] = OffsetAndMetadata(target, metadata)
         return offsets
 
     def _record_committed(self, offsets: dict) -> None:
         for tp, om in offsets.items():
             progress = self._progress.get(tp)
             if progress is not None:
+                if om.offset >= (progress.committed or 0):
+                    progress.committed_metadata = om.metadata
                 progress.committed = max(om.offset, progress.committed or 0)
 
     def in_flight(self) -> int:
         return sum(len(p.pending) for p in self._progress.values())
 
     async def _on_revoked(self, revoked: set[TopicPartition]) -> None:
+        await self._settle_revoked_handlers(revoked)
         if self.group_id is not None and revoked:
             try:
                 await self.commit(list(revoked & self._consumer.assignment()))
@@ -359,12 +465,61 @@ class EventConsumer:
         if self._on_revoke:
             await self._on_revoke(revoked)
 
+    async def _settle_revoked_handlers(self, revoked: set[TopicPartition]) -> None:
+        """Before the revoke's commit: no record of a revoked partition starts from now
+        on (``run`` leaves one waiting for a slot unacked), and its handlers in flight
+        get ``revoke_grace_s`` to finish, then are cancelled, unacked. The partition's next
+        owner starts from the commit made after this, so a task is never run by two
+        consumers at once: what finished here is committed (or named done), what did
+        not is read again there (by this consumer too, when the partition comes back)."""
+        handlers: dict[asyncio.Task, str] = {}
+        for tp in revoked:
+            progress = self._progress.get(tp)
+            if progress is not None:
+                progress.revoked = True
+                handlers.update((task, f"{tp.topic}:{tp.partition}@{offset}")
+                                for task, offset in progress.handlers.items())
+        if not handlers:
+            return
+        unfinished = set(handlers)
+        if self._revoke_grace_s > 0:
+            _, unfinished = await asyncio.wait(handlers, timeout=self._revoke_grace_s)
+        if unfinished:
+            log.warning("partitions revoked: cancelling their handlers in flight; the records are left unacked "
+                        "for the partitions' next owner", records=sorted(handlers[t] for t in unfinished),
+                        finished=len(handlers) - len(unfinished), grace_s=self._revoke_grace_s)
+            for task in unfinished:
+                task.cancel()
+            # Their clean-up (a sampler closes its sandbox sessions) is waited for, but not
+            # past a bound: the group waits for this member. One still running after it
+            # acks nothing (``_handle`` checks the assignment it was started under).
+            _, stuck = await asyncio.wait(unfinished, timeout=_CANCEL_WAIT_S)
+            if stuck:
+                log.warning("cancelled handlers still cleaning up; going on without them", handlers=len(stuck))
+
     async def _on_assigned(self, assigned: set[TopicPartition]) -> None:
         for tp in assigned:
             self._progress[tp] = _PartitionProgress()
+        if self._commit_done_offsets and self.group_id is not None and assigned:
+            await self._load_done_offsets(assigned)
         log.info("partitions assigned", partitions=sorted(f"{tp.topic}:{tp.partition}" for tp in assigned))
         if self._on_assign:
             await self._on_assign(assigned)
+
+    async def _load_done_offsets(self, assigned: set[TopicPartition]) -> None:
+        """The offsets the previous owners named done past their commits (skipped when read)."""
+        try:
+            committed = await fetch_committed(self._consumer, assigned)
+        except Exception as exc:  # only a hint: without it those records are handled again
+            log.warning("could not read the commits' done offsets; none skipped", error=str(exc))
+            return
+        for tp, om in committed.items():
+            progress = self._progress.get(tp)
+            if progress is not None and om is not None and om.offset >= 0:
+                progress.skip = parse_done_metadata(om.metadata, om.offset)
+                if progress.skip:
+                    log.info("offsets done by the previous owner will be skipped", topic=tp.topic,
+                             partition=tp.partition, committed=om.offset, skip=sorted(progress.skip))
 
     # -- dead letters ------------------------------------------------------------------
     async def _producer_for_dlq(self) -> EventProducer:
@@ -464,15 +619,26 @@ class EventConsumer:
         running: set[asyncio.Task] = set()
         try:
             async for env in self:
+                tp = TopicPartition(env.topic, env.partition)
+                progress = self._progress.get(tp)  # the assignment that delivered it
                 await slots.acquire()
                 if self.stopping:
                     # Fetched before the stop but not started: leave it unacked, so the
                     # commit stops short of it and the next owner handles it.
                     slots.release()
                     break
-                task = asyncio.create_task(self._handle(env, handler))
+                if progress is None or progress.revoked or self._progress.get(tp) is not progress:
+                    # Its partition was revoked while it waited for a slot: the next owner
+                    # reads it from the commit (unacked here); started, it would run twice.
+                    slots.release()
+                    log.info("record of a revoked partition not started; left for its next owner",
+                             topic=env.topic, partition=env.partition, offset=env.offset)
+                    continue
+                task = asyncio.create_task(self._handle(env, handler, progress))
                 running.add(task)
-                task.add_done_callback(lambda t: (running.discard(t), slots.release()))
+                progress.handlers[task] = env.offset
+                task.add_done_callback(
+                    lambda t, p=progress: (running.discard(t), p.handlers.pop(t, None), slots.release()))
         except asyncio.CancelledError:
             # Cancelled (not stopped): the handlers go with it, unacked, so their records
             # are the next owner's. Left running they would outlive what they use (the
@@ -486,7 +652,7 @@ class EventConsumer:
             await asyncio.gather(*running, return_exceptions=True)
         await self.commit()
 
-    async def _handle(self, env: Envelope, handler: Handler) -> None:
+    async def _handle(self, env: Envelope, handler: Handler, progress: _PartitionProgress) -> None:
         delays = self.cfg.handler_retry.delays()
         attempts = 0
         while True:
@@ -516,5 +682,13 @@ class EventConsumer:
                              topic=env.topic, partition=env.partition, offset=env.offset)
                     return
                 continue
+            tp = TopicPartition(env.topic, env.partition)
+            if self._progress.get(tp) is not progress:
+                # Finished after its partition's revoke completed (a handler that outlived
+                # its cancellation): its next owner has it; an ack here would mark the
+                # same offset of a later assignment done.
+                log.warning("handler finished after its partition was revoked; not acked", topic=env.topic,
+                            partition=env.partition, offset=env.offset)
+                return
             await self.ack(env)
             return
