@@ -92,6 +92,14 @@ class RollwayConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
                 f"sandbox.command_queue_timeout_s + sandbox.grading_timeout_s = {longest_call:g} s: a submit waits for "
                 "a command slot, then for the grading, and a client that gives up first resamples a graded rollout"
             )
+        join_wait_s = sampler.revoke_grace_s + sampler.consumer_heartbeat_ms / 1000
+        if join_wait_s >= self.kafka.request_timeout_ms / 1000:
+            # A replica joining waits in its JoinGroup request while the others finish
+            # their revoked groups; aiokafka gives that request kafka.request_timeout_ms.
+            raise ValueError(
+                f"sampler.revoke_grace_s = {sampler.revoke_grace_s:g} must stay below kafka.request_timeout_ms "
+                f"({self.kafka.request_timeout_ms} ms) less a consumer heartbeat ({sampler.consumer_heartbeat_ms} ms): "
+                "a replica joining waits that long for the others' revoked groups and would time out")
         if self.feeder.group_size < 2:
             # The trainer drops a group whose rewards are all equal (no advantage signal):
             # a group of one always is, so no step would ever run.

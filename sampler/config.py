@@ -114,6 +114,15 @@ class SamplerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     # The task loop stops polling while every task slot is busy; Kafka drops a member
     # that has not polled for this long, so it must exceed the longest task.
     consumer_max_poll_interval_ms: int = 1_800_000
+    # A rebalance of the replicas' group (one joins, leaves or dies) revokes this
+    # replica's task partitions, all of them under Kafka's classic protocol, also the
+    # ones it gets straight back. Groups in flight of a revoked partition get this long
+    # to finish here (then committed by this replica); the rest are cancelled, unacked,
+    # and the partition's next owner samples them from the commit (a new attempt). 0 =
+    # cancelled at once: at start-up they are seconds old, while every replica's task
+    # intake waits for the slowest of them during a grace. Tasks done past the commit
+    # are named in its metadata and not sampled again (docs/sampler.md, "Rebalances").
+    revoke_grace_s: float = 0.0
     # Follow rollway.weights through the syncer's WeightSubscriber.
     follow_weights: bool = True
     # The OpenAI-compatible endpoint for agent harnesses (docs/agents.md); off by default.
@@ -129,6 +138,11 @@ class SamplerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     # sandbox_request_timeout_s) plus its generation; the container's stop grace period
     # must exceed it (docker-compose.yml: stop_grace_period).
     drain_timeout_s: float = 600.0
+
+    @property
+    def consumer_heartbeat_ms(self) -> int:
+        """The task consumer's heartbeat interval: a fifth of its session."""
+        return max(500, self.consumer_session_timeout_ms // 5)
 
     def __post_init__(self) -> None:
         formats = ("auto", "rollway", "chatml-hermes", "qwen3", "qwen3-coder", "llama3-json")
@@ -149,6 +163,8 @@ class SamplerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
             raise ValueError(f"sampler.sync_groups_per_version ({self.sync_groups_per_version}) cannot exceed "
                              f"sampler.max_tasks_in_flight ({self.max_tasks_in_flight}): the groups of one "
                              "version could never all start")
+        if self.revoke_grace_s < 0:
+            raise ValueError(f"sampler.revoke_grace_s must not be negative, not {self.revoke_grace_s}")
         if self.chunk_tokens < 1 or self.max_chunk_bytes < 4096:
             raise ValueError("sampler.chunk_tokens must be >= 1 and sampler.max_chunk_bytes >= 4096")
         sandbox_time = self.max_tool_seconds + self.sandbox_request_timeout_s

@@ -7,6 +7,11 @@
   leaves the offset uncommitted and the group's new owner samples the task again.
   Each delivery gets a fresh ``attempt`` id, so trajectory ids never repeat across
   attempts (the trainer groups by ``(group_id, attempt)``).
+* A rebalance of the group revokes the replica's partitions: a task of a revoked
+  partition not yet started is left to the next owner, and the groups in flight get
+  ``revoke_grace_s`` (default 0) to finish, then are cancelled unacked, so the next owner
+  (this replica again when the partition comes back) samples each of them once, never
+  beside a live copy; tasks done past the commit are named in it and skipped.
 * SIGTERM (or SIGINT): stop taking tasks, finish the in-flight ones, commit, publish a
   ``stopped`` heartbeat, exit 0. Groups still running after ``drain_timeout_s`` are
   abandoned unacked (the task's next owner samples it again), so the replica exits
@@ -198,9 +203,14 @@ class SamplerService:
                 kafka, ["tasks"], group_id=scfg.group_id,
                 client_id=f"{kafka.client_id}-{self.replica_id}",
                 session_timeout_ms=scfg.consumer_session_timeout_ms,
-                heartbeat_interval_ms=max(500, scfg.consumer_session_timeout_ms // 5),
+                heartbeat_interval_ms=scfg.consumer_heartbeat_ms,
                 max_poll_interval_ms=scfg.consumer_max_poll_interval_ms,
                 max_poll_records=1,
+                # A rebalance: groups of revoked partitions finish within the grace or are
+                # cancelled (never run on two replicas), and groups done past the commit
+                # are named in it so the next owner does not sample them again.
+                revoke_grace_s=scfg.revoke_grace_s,
+                commit_done_offsets=True,
             )
             try:
                 if not self._stopped.is_set():

@@ -179,3 +179,14 @@ def test_done_offsets_round_trip_through_commit_metadata():
     many = done_metadata(list(range(0, 4000, 2)))
     assert len(many) <= 2000 and parse_done_metadata(many, -1) == set(range(0, 2 * (many.count(",") + 1), 2))
 
+
+def test_a_grace_longer_than_a_joining_replicas_request_is_refused_at_load():
+    from rollway.config import ConfigError, load_config
+
+    assert load_config(None, environ={}).sampler.revoke_grace_s == 0.0
+    assert load_config(None, environ={}, overrides={"sampler": {"revoke_grace_s": 27.5}}).sampler.revoke_grace_s == 27.5
+    with pytest.raises(ConfigError, match=r"sampler.revoke_grace_s = 28 must stay below kafka.request_timeout_ms "
+                                          r"\(30000 ms\) less a consumer heartbeat \(2000 ms\)"):
+        load_config(None, environ={}, overrides={"sampler": {"revoke_grace_s": 28}})
+    with pytest.raises(ConfigError, match=r"sampler.revoke_grace_s must not be negative"):
+        load_config(None, environ={}, overrides={"sampler": {"revoke_grace_s": -1}})
