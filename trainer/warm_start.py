@@ -66,8 +66,15 @@ class WarmStartConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     # sampler/formats), the main job's default; another family of FORMATS in its own
     # layout (qwen3, qwen3-coder, llama3-json); or "rollway" (the <tool> dialect).
     format: str = "chatml-hermes"
+    # Share of the arith and text transcripts in their long form (three operations or
+    # steps; tasks.family.generate): without any the warm start never writes a third
+    # operation (0 of 72 samples, docs/results.md), so the feeder's long tasks would be
+    # dead draws. 0 = the transcripts as before long forms existed.
+    long_share: float = 0.0
 
     def __post_init__(self) -> None:
+        if not 0.0 <= self.long_share <= 1.0:
+            raise ValueError(f"long_share must lie in [0, 1], got {self.long_share}")
         if self.format not in FORMATS:
             raise ValueError(f"the warm start is built in one of the formats {', '.join(FORMATS)}, "
                              f"not {self.format!r}")
@@ -119,7 +126,7 @@ def build_warm_start(out_dir: str | Path, cfg: WarmStartConfig, *, on_step=None)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     make_deterministic(cfg.seed, cfg.sft.num_threads)
-    specs = generate("train", cfg.sft.examples, seed=cfg.seed)
+    specs = generate("train", cfg.sft.examples, seed=cfg.seed, long_share=cfg.long_share)
     if cfg.format != "rollway":
         from sampler.formats import tokenizers
         from sampler.formats.sft import chat_transcript_text
@@ -210,6 +217,8 @@ def cache_key(cfg: WarmStartConfig) -> str:
     settings = msgspec.to_builtins(cfg)
     if settings.get("format") == "rollway":
         settings.pop("format")  # the key of a rollway warm start is what it was before formats existed
+    if not settings.get("long_share"):
+        settings.pop("long_share", None)  # likewise without long forms
     h = hashlib.sha256(json.dumps(settings, sort_keys=True).encode())
     # transformers' Qwen2Tokenizer decides how the saved tokenizer is served
     h.update(f"transformers {version('transformers')}".encode())

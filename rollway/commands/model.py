@@ -36,6 +36,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
                            "qwen3-coder, llama3-json (each family's special tokens and template; sampler/formats) "
                            "or rollway (the <tool> dialect)")
     init.add_argument("--threads", type=int, default=None, help="torch threads (default: trainer.sft num_threads, 1: deterministic)")
+    init.add_argument("--long-share", type=float, default=None,
+                      help="share of arith/text transcripts in the long form (three operations or steps; "
+                           "tasks.family.generate's long_share; default 0); the feeder's family_long_share "
+                           "draws them in RL")
 
 
 def _copy_out(cached, out_arg: str | None, marker: str) -> int:
@@ -106,7 +110,7 @@ def init_config(args: argparse.Namespace):
     from trainer.warm_start import WarmStartConfig
 
     data = msgspec.to_builtins(WarmStartConfig())
-    data.update(given(seed=args.seed, format=args.format))
+    data.update(given(seed=args.seed, format=args.format, long_share=args.long_share))
     data["sft"].update(given(steps=args.steps, seed=args.seed, num_threads=args.threads,
                             premature_submit_rate=args.premature_submit_rate))
     return msgspec.convert(data, WarmStartConfig)

@@ -64,24 +64,32 @@ def _kinds(kinds: Sequence[str] | None) -> list[str]:
 
 
 def generate(split: str, count: int, *, seed: int = 0, kinds: Sequence[str] | None = None,
-             pseudo_names: float | None = None) -> list[TaskSpec]:
+             pseudo_names: float | None = None, long_share: float = 0.0) -> list[TaskSpec]:
     """``count`` distinct tasks of ``split``, kinds in turn; the same arguments give the
     same list (and a longer ``count`` extends a shorter one's list). ``pseudo_names``:
     the share of training-pool names drawn as pseudo-words (default
-    ``names.TRAIN_PSEUDO_SHARE``, 0: the kinds' English names, the tasks as before)."""
+    ``names.TRAIN_PSEUDO_SHARE``, 0: the kinds' English names, the tasks as before).
+    ``long_share``: the share of draws of a kind with a long form (arith, text: three
+    operations or steps) that take it; 0 (the default) draws exactly the list it drew
+    before long forms existed (the choice has its own random stream)."""
     check_split(split)
     chosen = _kinds(kinds)
     if count < 0:
         raise FamilyError(f"count must be >= 0, got {count}")
+    if not 0.0 <= long_share <= 1.0:
+        raise FamilyError(f"long_share must lie in [0, 1], got {long_share}")
     rngs = {k: random.Random(f"rollway-family:{split}:{seed}:{k}") for k in chosen}
+    long_rngs = {k: random.Random(f"rollway-family-long:{split}:{seed}:{k}") for k in chosen}
     behaviours, names = behaviour_split(split), names_pool_of_split(split)
     seen: set[str] = set()
     out: list[TaskSpec] = []
     for i in range(count):
         name = chosen[i % len(chosen)]
         kind, rng = _KINDS[name], rngs[name]
+        long = (long_share > 0 and getattr(kind, "has_long_form", False)
+                and long_rngs[name].random() < long_share)
         for _ in range(_MAX_DRAWS_PER_TASK):
-            tokens = kind.sample(rng, names, pseudo_names)
+            tokens = kind.sample(rng, names, pseudo_names, long=True) if long else kind.sample(rng, names, pseudo_names)
             tid = task_id(name, tokens)
             if tid not in seen and split_of_fingerprint(kind.fingerprint(tokens)) == behaviours:
                 break

@@ -25,6 +25,9 @@ CONSTS = range(2, 10)
 WORDS = {"add": "adds {k}", "sub": "subtracts {k}", "mul": "multiplies it by {k}"}
 SYMBOLS = {"add": "+", "sub": "-", "mul": "*"}
 PROBES = (-3, 0, 1, 2, 5, 11)
+# The long form's length (``generate(..., long_share=...)``): a chain one longer than the
+# usual draws, a harder level of the same skill words for the policy's frontier.
+LONG_OPS = 3
 
 Op = tuple[str, int]
 
@@ -36,8 +39,8 @@ def parse_ops(token: str) -> list[Op]:
         if name not in OPS or not digits.isdigit() or int(digits) not in CONSTS:
             raise FamilyError(f"bad operation {part!r}")
         ops.append((name, int(digits)))
-    if not 1 <= len(ops) <= 2:
-        raise FamilyError(f"need 1 or 2 operations, got {token!r}")
+    if not 1 <= len(ops) <= LONG_OPS:
+        raise FamilyError(f"need 1 to {LONG_OPS} operations, got {token!r}")
     return ops
 
 
@@ -45,8 +48,9 @@ def ops_token(ops: list[Op]) -> str:
     return "_".join(f"{name}{k}" for name, k in ops)
 
 
-def sample_ops(rng: random.Random) -> list[Op]:
-    return [(pick(rng, OPS), rng.choice(CONSTS)) for _ in range(rng.choice((1, 2, 2)))]
+def sample_ops(rng: random.Random, count: int | None = None) -> list[Op]:
+    """``count`` operations (default: 1 or 2, two twice as often)."""
+    return [(pick(rng, OPS), rng.choice(CONSTS)) for _ in range(count or rng.choice((1, 2, 2)))]
 
 
 def evaluate(ops: list[Op], x: int) -> int:
@@ -68,7 +72,7 @@ def expression(ops: list[Op], arg: str) -> str:
 
 def describe(ops: list[Op]) -> str:
     words = [WORDS[name].format(k=k) for name, k in ops]
-    return words[0] if len(words) == 1 else f"{words[0]}, then {words[1]}"
+    return ", then ".join(words)
 
 
 def fingerprint(ops: list[Op]) -> str:
@@ -115,8 +119,12 @@ def skill_of(ops: list[Op]) -> str:
 class Arith:
     name = "arith"
 
-    def sample(self, rng: random.Random, names: str = "train", pseudo_share: float | None = None) -> tuple[str, ...]:
-        return (*draw_names(rng, names, FILES, FUNCS, ARGS, pseudo_share), ops_token(sample_ops(rng)))
+    has_long_form = True
+
+    def sample(self, rng: random.Random, names: str = "train", pseudo_share: float | None = None,
+               long: bool = False) -> tuple[str, ...]:
+        return (*draw_names(rng, names, FILES, FUNCS, ARGS, pseudo_share),
+                ops_token(sample_ops(rng, LONG_OPS if long else None)))
 
     def _parse(self, tokens: tuple[str, ...]):
         if len(tokens) != 4:

@@ -1,4 +1,4 @@
-"""``text``: a string transform of one or two steps, described in words.
+"""``text``: a string transform of one or two steps (three in the long form), described in words.
 
     Write a function `tidy(s)` in `words.py` that takes a string s, reverses it, then
     appends 'ab', and returns the result. Example: tidy('cat') == 'tacab'.
@@ -23,6 +23,7 @@ LETTERS = "aeiorstn"
 PROBES = ("Hello", "banana", "", "Rain", "stone")
 EXAMPLES = ("cat", "Rose", "tree", "Anna", "moon", "Star")
 TEST_INPUTS = ("", "Banana", "sea", "Ion", "ratio")
+LONG_STEPS = 3  # the long form (as arith's LONG_OPS)
 
 
 def parse_step(token: str) -> tuple[str, str]:
@@ -94,14 +95,17 @@ WORDS = {"upper": "converts it to upper case", "lower": "converts it to lower ca
 
 def describe(steps: list[tuple[str, str]]) -> str:
     words = [WORDS[n].format(a=a, a0=a[:1], a1=a[1:]) for n, a in steps]
-    return words[0] if len(words) == 1 else f"{words[0]}, then {words[1]}"
+    return ", then ".join(words)
 
 
 class Text:
     name = "text"
 
-    def sample(self, rng: random.Random, names: str = "train", pseudo_share: float | None = None) -> tuple[str, ...]:
-        steps = [sample_step(rng) for _ in range(rng.choice((1, 2, 2)))]
+    has_long_form = True
+
+    def sample(self, rng: random.Random, names: str = "train", pseudo_share: float | None = None,
+               long: bool = False) -> tuple[str, ...]:
+        steps = [sample_step(rng) for _ in range(LONG_STEPS if long else rng.choice((1, 2, 2)))]
         return (*draw_names(rng, names, FILES, FUNCS, ARGS, pseudo_share), "_".join(steps))
 
     def _parse(self, tokens: tuple[str, ...]):
@@ -109,8 +113,8 @@ class Text:
             raise FamilyError(f"text takes 4 parameters, got {len(tokens)}")
         module, func, arg, steps_tok = tokens
         steps = [parse_step(t) for t in steps_tok.split("_")]
-        if not 1 <= len(steps) <= 2:
-            raise FamilyError(f"need 1 or 2 steps, got {steps_tok!r}")
+        if not 1 <= len(steps) <= LONG_STEPS:
+            raise FamilyError(f"need 1 to {LONG_STEPS} steps, got {steps_tok!r}")
         check_names(module, func, arg, FILES, FUNCS, ARGS)
         return module, func, arg, steps
 
