@@ -191,6 +191,7 @@ def main() -> None:
     parser.add_argument("--ram-gib", type=float, default=24.0, help="--largest: the per-rank RAM")
     parser.add_argument("--check", action="store_true",
                         help="--largest: train one step at 1 rank near half the 1-rank limit")
+    parser.add_argument("--threads", type=int, default=1, help="--largest: torch threads a rank (measured sizes)")
     parser.add_argument("--check-threads", type=int, default=2)
     parser.add_argument("--check-timeout", type=float, default=300.0)
     parser.add_argument("--cap-gb", type=float, default=19.0,
@@ -328,7 +329,7 @@ def largest(args) -> None:
         (workdir / "groups.pkl").write_bytes(pickle.dumps(groups))
         for hidden in hiddens:
             for ws in world_sizes:
-                rows.append(measure(hidden, ws, workdir))
+                rows.append(measure(hidden, ws, workdir, threads=args.threads))
             for file in (workdir / f"h{hidden}").glob("*.safetensors"):
                 file.unlink()
         fits = {}
@@ -360,7 +361,7 @@ def largest(args) -> None:
     print()
     print(f"family: Qwen2, hidden h, intermediate 2.75h, h/128 layers, heads of 64, vocab {args.vocab} untied; "
           f"{tokens} tokens a step ({args.groups} groups x 4 x {args.prompt_tokens + args.gen_tokens}); "
-          f"{args.steps} step(s); gloo, one thread a rank")
+          f"{args.steps} step(s); gloo, {args.threads} thread(s) a rank")
     print("| hidden / layers | parameters | world size | params+grads+optimizer GB (max rank) "
           "| peak RSS GB (max rank) | setup peak GB | setup s | step s |")
     print("|---|---|---|---|---|---|---|---|")
