@@ -15,6 +15,12 @@ class FeederConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     # SFT transcripts did not show (overlap measured in docs/results.md), so a group's
     # outcome reflects the skill, not a memorised instance.
     family_seed: int = 1
+    # With tasks_dir = "family:<split>": the share of arith and text draws in their long
+    # form (three operations or steps; tasks.family.generate's long_share), a harder level
+    # of the same skills that keeps the frontier open once the short forms are solved
+    # (docs/results.md, #30 point 2). Useful only with a warm start that saw the long form
+    # (rollway model init --long-share). 0 = the draws as before.
+    family_long_share: float = 0.0
     group_size: int = 4
     # Grow a task's group from group_size up to this many samples until the chance that
     # its rewards are not all equal (by the task's estimated solve rate) reaches
@@ -93,6 +99,8 @@ class FeederConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
             (self.outstanding_timeout_s > 0, "feeder.outstanding_timeout_s must be positive"),
             (self.max_groups >= 0, "feeder.max_groups must not be negative"),
             (self.family_tasks >= 1, f"feeder.family_tasks must be at least 1, got {self.family_tasks}"),
+            (0.0 <= self.family_long_share <= 1.0,
+             f"feeder.family_long_share must lie in [0, 1], got {self.family_long_share}"),
             (self.prior_successes > 0 and self.prior_failures > 0, "feeder.prior_successes and prior_failures must be positive"),
             (self.solve_rate_window >= 1, "feeder.solve_rate_window must be at least 1"),
             (self.pool_by_kind_window >= 0, "feeder.pool_by_kind_window must not be negative"),

@@ -57,13 +57,15 @@ class TaskStore:
     ``tasks_dir`` is a folder of task folders (plus any ``*.jsonl`` files in it, read as
     SWE-style tasks, see :mod:`tasks.swe`), a single SWE-style ``.jsonl`` file, or
     ``family:<split>``: ``family_count`` generated tasks of that split (seed
-    ``family_seed``, see :mod:`tasks.family`).
+    ``family_seed``, a ``family_long_share`` of arith/text draws in their long form, see
+    :mod:`tasks.family`).
 
     Whatever it holds, :meth:`get` also resolves any family task id (``fam.<kind>...``):
     the id regenerates the task, so a grader serving one task set can grade the family's
     train and held-out tasks too (evaluation needs no second store)."""
 
-    def __init__(self, tasks_dir: str | Path, *, family_count: int = 2000, family_seed: int = 0) -> None:
+    def __init__(self, tasks_dir: str | Path, *, family_count: int = 2000, family_seed: int = 0,
+                 family_long_share: float = 0.0) -> None:
         from tasks.family import generate, parse_task_set
         from tasks.swe import load_swe_jsonl
 
@@ -72,7 +74,7 @@ class TaskStore:
         split = parse_task_set(str(tasks_dir))
         if split is not None:
             jsonl_files = []
-            for spec in generate(split, family_count, seed=family_seed):
+            for spec in generate(split, family_count, seed=family_seed, long_share=family_long_share):
                 self._tasks[spec.task_id] = spec
         elif self.root.is_file() and self.root.suffix == ".jsonl":
             jsonl_files = [self.root]

@@ -162,7 +162,49 @@ PER_KIND = 2  # per kind and split: 16 tasks, 32 gradings
 
 def graded_sample() -> list:
     return [s for split in split_names for kind in KINDS
-            for s in generate(split, PER_KIND, seed=11, kinds=[kind])]
+            for s in generate(split, PER_KIND, seed=11, kinds=[kind])] + long_sample()
+
+
+def long_sample() -> list:
+    """The long forms (three operations / steps) of the kinds that have one."""
+    return generate("train", 2, seed=11, kinds=["arith", "text"], long_share=1.0)
+
+
+def chain_length(spec) -> int:
+    return len(spec.task_id.split(".")[-1].split("_"))
+
+
+def test_long_forms_are_drawn_by_share_and_leave_the_other_draws_alone():
+    short = generate("train", 400, seed=3)
+    long_ = generate("train", 400, seed=3, long_share=1.0)
+    by_kind = lambda specs, k: [s.task_id for s in specs if s.metadata["kind"] == k]  # noqa: E731
+    for kind in ("lists", "fix"):  # no long form: the same draws
+        assert by_kind(long_, kind) == by_kind(short, kind)
+    for kind in ("arith", "text"):
+        assert {chain_length(s) for s in long_ if s.metadata["kind"] == kind} == {3}
+        assert {chain_length(s) for s in short if s.metadata["kind"] == kind} == {1, 2}
+    assert generate("train", 400, seed=3, long_share=0.0) == short
+    for seed in (0, 1, 2):
+        specs = [s for s in generate("train", 2000, seed=seed, long_share=0.3) if s.metadata["kind"] in ("arith", "text")]
+        share = sum(chain_length(s) == 3 for s in specs) / len(specs)
+        assert 0.25 <= share <= 0.35, (seed, share)
+    spec = long_sample()[0]
+    assert resolve(spec.task_id) == spec and ", then " in spec.instruction.split(", then ", 1)[1]
+    assert spec.metadata["skill"].count("_") == 2  # its own skill: pooled apart from the short chains
+    with pytest.raises(FamilyError, match="long_share must lie in"):
+        generate("train", 4, long_share=1.5)
+    with pytest.raises(FamilyError, match="need 1 to 3 operations"):
+        resolve("fam.arith.calc.scale.n.add2_add3_add4_add5")
+
+
+def test_the_feeders_store_draws_long_forms_by_its_setting():
+    with pytest.raises(msgspec.ValidationError, match="family_long_share must lie in"):
+        msgspec.convert({"family_long_share": 1.5}, FeederConfig)
+    store = TaskStore("family:train", family_count=40, family_seed=1, family_long_share=1.0)
+    lengths = {chain_length(s) for s in store if s.metadata["kind"] in ("arith", "text")}
+    assert lengths == {3}
+    assert [s.task_id for s in TaskStore("family:train", family_count=40, family_seed=1)] == [
+        s.task_id for s in generate("train", 40, seed=1)]
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="session")

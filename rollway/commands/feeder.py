@@ -35,7 +35,7 @@ def run(args: argparse.Namespace) -> int:
 
     try:
         store = TaskStore(feeder_cfg.tasks_dir, family_count=feeder_cfg.family_tasks,
-                          family_seed=feeder_cfg.family_seed)
+                          family_seed=feeder_cfg.family_seed, family_long_share=feeder_cfg.family_long_share)
         feeder = Feeder(feeder_cfg, cfg.kafka, store)
     except (TaskFormatError, SWEFormatError, ValueError) as exc:
         print(f"rollway feeder: {exc}", file=sys.stderr)
