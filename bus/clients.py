@@ -52,6 +52,14 @@ async def fetch_committed(consumer: AIOKafkaConsumer, partitions) -> dict:
     return await consumer._coordinator.fetch_committed_offsets(list(partitions))
 
 
+def group_generation(consumer: AIOKafkaConsumer) -> int:
+    """The consumer group generation this member is in (-1 when it is in none: not joined
+    yet, left, or reset after the coordinator no longer knew it). Private API:
+    ``consumer._coordinator.generation``."""
+    coordinator = getattr(consumer, "_coordinator", None)
+    return -1 if coordinator is None else coordinator.generation
+
+
 def transaction_manager(producer: AIOKafkaProducer) -> TransactionManager | None:
     """The transaction state of a producer (None for one without a transactional id).
     Private API: ``producer._txn_manager``."""

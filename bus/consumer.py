@@ -10,12 +10,21 @@
   handler with back-off over ``cfg.handler_retry.window_s``, dead-letter a record whose
   handler keeps failing, stop on SIGTERM after the in-flight handlers finish (a record
   waiting out a back-off is left unacked for the next owner), commit, and leave the group.
-* A rebalance (``run``): records of a revoked partition are not started from the revoke
-  on, and its handlers in flight get ``revoke_grace_s`` to finish, then are cancelled
-  unacked, before the revoke's commit; the partition's next owner (maybe this consumer)
-  reads each unfinished record once, never beside a live handler of it. With
-  ``commit_done_offsets`` a commit's metadata names the records done past it, and the
-  next owner skips them.
+* A rebalance (``run``; aiokafka's eager protocol revokes every partition, also those
+  that come straight back): from the revoke on, no record of a revoked partition is
+  started; its handlers in flight get ``revoke_grace_s`` to finish (acked and committed
+  here), then the contiguous done offset is committed (with ``commit_done_offsets``, the
+  records done past it named in the metadata) and the handlers still running are left
+  running. At the new assignment a partition that came back (the very next generation)
+  keeps its handlers and progress: re-reading it from the commit starts no second copy
+  of a record in flight here and skips those done here; acks made in between are
+  committed then. Handlers of a partition that moved are cancelled then, unacked: the
+  new owner runs them from the commit, so both may run a record for the seconds between
+  the new owner's start and this cancel, and a record finished here in between (acked
+  but not committable) is run again there. A member whose generation was lost (session
+  or poll timeout) cancels at the revoke, as the partitions may already be another's.
+  ``sticky_assignment`` (aiokafka's sticky assignor) makes a join or leave move only the
+  partitions it must, so most handlers survive a rebalance.
 * A dead letter that cannot be published is retried with back-off until it is (one too
   big for a record goes without the original value): the record is acked only after its
   letter is in the DLQ, so a failed publish neither loses it nor leaves it unacked,
@@ -31,10 +40,11 @@ from typing import Awaitable, Callable, Sequence
 import msgspec
 import structlog
 from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
+from aiokafka.coordinator.assignors.sticky.sticky_assignor import StickyPartitionAssignor
 from aiokafka.structs import OffsetAndMetadata
 
 from bus import codec
-from bus.clients import decompress_fetches_ahead, fetch_committed, new_consumer
+from bus.clients import decompress_fetches_ahead, fetch_committed, group_generation, new_consumer
 from bus.config import KafkaConfig
 from bus.connect import add_stop_handler, start_client, stop_consumer
 from bus.prefetch import BatchPrefetcher
@@ -78,12 +88,14 @@ def envelope_of(record) -> Envelope:
 
 
 class _PartitionProgress:
-    """One assignment of a partition: offsets delivered but not yet acked, the next
-    offset to commit, the ``run`` handlers in flight, and offsets a previous owner
-    finished past its commit (skipped). A new object per assignment: a handler of an
-    earlier assignment of the same partition never acks into this one."""
+    """A partition's ownership by this member: offsets delivered but not yet acked, the
+    next offset to commit, the ``run`` handlers in flight, and offsets a previous owner
+    finished past its commit (skipped). A new object when the partition comes from
+    another member (a handler of an earlier ownership never acks into it); the same one,
+    ``generation`` bumped, when ``run``'s partition comes back at a rebalance."""
 
-    __slots__ = ("pending", "next_offset", "committed", "committed_metadata", "handlers", "revoked", "skip")
+    __slots__ = ("pending", "next_offset", "committed", "committed_metadata", "handlers", "revoked", "skip",
+                 "held", "generation", "reread_below", "redeliver")
 
     def __init__(self) -> None:
         self.pending: set[int] = set()
@@ -93,10 +105,41 @@ class _PartitionProgress:
         self.handlers: dict[asyncio.Task, int] = {}  # run's handlers in flight -> their offsets
         self.revoked = False  # set at the start of the revoke: start nothing more of it
         self.skip: set[int] = set()
+        # After the revoke's commit, until the new assignment: no commits (the member is
+        # between generations); acks only mark records done.
+        self.held = False
+        self.generation = 0  # bumped when the partition comes back: records delivered before are not started
+        # Came back: offsets below this were delivered before the rebalance; re-read from
+        # the commit, only those in ``redeliver`` (delivered, never started) go out again.
+        self.reread_below: int | None = None
+        self.redeliver: set[int] = set()
 
     def delivered(self, offset: int) -> None:
         self.pending.add(offset)
-        self.next_offset = offset + 1
+        self.next_offset = offset + 1 if self.next_offset is None else max(self.next_offset, offset + 1)
+
+    def came_back(self) -> None:
+        """The partition is this member's again: its handlers and acks carry on, and the
+        re-read from the commit delivers only the records fetched but never started."""
+        self.revoked = self.held = False
+        self.generation += 1
+        self.reread_below = self.next_offset
+        self.redeliver = self.pending - set(self.handlers.values())
+
+    def accept(self, offset: int) -> bool:
+        """Whether a record read at ``offset`` is to be delivered: False for one of a
+        partition that came back which is in flight or done here (read again because
+        aiokafka seeks a new assignment to its commit)."""
+        if self.reread_below is None:
+            return True
+        if offset >= self.reread_below:
+            self.reread_below = None
+            self.redeliver.clear()
+            return True
+        if offset in self.redeliver:
+            self.redeliver.discard(offset)  # still pending: delivered once more, then started
+            return True
+        return False
 
     def committable(self) -> int | None:
         if self.pending:
@@ -195,6 +238,7 @@ class EventConsumer:
         decompress_ahead: bool = False,
         revoke_grace_s: float = 0.0,
         commit_done_offsets: bool = False,
+        sticky_assignment: bool = False,
     ) -> None:
         self.cfg = cfg
         # ``run``: how long the handlers in flight of a revoked partition may go on
@@ -245,9 +289,20 @@ class EventConsumer:
             # The broker waits this long for every member to rejoin; a member draining
             # its revoked handlers (revoke_grace_s) rejoins only after them.
             rebalance_timeout_ms=session_timeout_ms + int(revoke_grace_s * 1000),
+            # A join or leave moves only the partitions it must (round-robin, the default,
+            # deals every partition out anew): ``run`` keeps the handlers of the others.
+            # A subclass per consumer: aiokafka's sticky assignor keeps the member's last
+            # assignment (sent at each join) in class attributes, which consumers of one
+            # process (tests, several replicas in one process) would otherwise share.
+            **({"partition_assignment_strategy": (type("StickyPartitionAssignor", (StickyPartitionAssignor,), {}),)}
+               if sticky_assignment else {}),
             **({"max_poll_records": max_poll_records} if max_poll_records else {}),
         )
         self._progress: dict[TopicPartition, _PartitionProgress] = {}
+        # Set by ``run``: a rebalance keeps the progress (and handlers) of revoked
+        # partitions until the new assignment says which came back.
+        self._keep_revoked = False
+        self._revoked_generation = -1  # the generation whose partitions are held
         self._dlq: EventProducer | None = None
         self._stop = asyncio.Event()
         self._started = False
@@ -325,6 +380,8 @@ class EventConsumer:
                 raise StopAsyncIteration
             tp = TopicPartition(record.topic, record.partition)
             progress = self._progress.setdefault(tp, _PartitionProgress())
+            if not progress.accept(record.offset):
+                continue  # came back: in flight or done here
             if progress.skip and record.offset in progress.skip:
                 self._skip_done(progress, tp, record.offset)
                 continue
@@ -377,7 +434,7 @@ class EventConsumer:
     def _skip_done(progress: _PartitionProgress, tp: TopicPartition, offset: int) -> None:
         """A record the partition's previous owner handled past its commit: not delivered."""
         progress.skip.discard(offset)
-        progress.next_offset = offset + 1
+        progress.next_offset = offset + 1 if progress.next_offset is None else max(progress.next_offset, offset + 1)
         log.info("record done by the partition's previous owner; skipped", topic=tp.topic,
                  partition=tp.partition, offset=offset)
 
@@ -431,8 +488,10 @@ class EventConsumer:
         offsets = {}
         for tp in partitions if partitions is not None else list(self._progress):
             progress = self._progress.get(tp)
-            if progress is None or tp not in assigned:
-                continue  # revoked meanwhile: the new owner re-reads the unacked records
+            if progress is None or tp not in assigned or progress.held:
+                # Revoked meanwhile: the new owner re-reads the unacked records (or, held
+                # until the new assignment, this member commits them when it comes back).
+                continue
             target = progress.committable()
             if target is None:
                 continue
@@ -453,56 +512,102 @@ class EventConsumer:
         return sum(len(p.pending) for p in self._progress.values())
 
     async def _on_revoked(self, revoked: set[TopicPartition]) -> None:
-        await self._settle_revoked_handlers(revoked)
+        # Kicked out (session or poll timeout: aiokafka reset the generation before this
+        # rejoin): the partitions may be another member's already, so nothing is kept.
+        lost = self._keep_revoked and group_generation(self._consumer) < 0
+        keep = self._keep_revoked and not lost
+        await self._settle_revoked_handlers(revoked, cancel=not keep)
         if self.group_id is not None and revoked:
             try:
                 await self.commit(list(revoked & self._consumer.assignment()))
             except Exception as exc:  # the group may already be rebalancing
                 log.warning("commit on revoke failed", error=str(exc))
-        for tp in revoked:
-            self._progress.pop(tp, None)
-        log.info("partitions revoked", partitions=sorted(f"{tp.topic}:{tp.partition}" for tp in revoked))
+        if keep:
+            # Held until the new assignment says which partitions came back.
+            self._revoked_generation = group_generation(self._consumer)
+            for tp in revoked:
+                progress = self._progress.get(tp)
+                if progress is not None:
+                    progress.held = True
+        else:
+            for tp in revoked:
+                self._progress.pop(tp, None)
+        log.info("partitions revoked", partitions=sorted(f"{tp.topic}:{tp.partition}" for tp in revoked),
+                 handlers_kept=keep, generation_lost=lost)
         if self._on_revoke:
             await self._on_revoke(revoked)
 
-    async def _settle_revoked_handlers(self, revoked: set[TopicPartition]) -> None:
+    async def _settle_revoked_handlers(self, revoked: set[TopicPartition], cancel: bool) -> None:
         """Before the revoke's commit: no record of a revoked partition starts from now
         on (``run`` leaves one waiting for a slot unacked), and its handlers in flight
-        get ``revoke_grace_s`` to finish, then are cancelled, unacked. The partition's next
-        owner starts from the commit made after this, so a task is never run by two
-        consumers at once: what finished here is committed (or named done), what did
-        not is read again there (by this consumer too, when the partition comes back)."""
-        handlers: dict[asyncio.Task, str] = {}
-        for tp in revoked:
-            progress = self._progress.get(tp)
-            if progress is not None:
-                progress.revoked = True
-                handlers.update((task, f"{tp.topic}:{tp.partition}@{offset}")
-                                for task, offset in progress.handlers.items())
+        get ``revoke_grace_s`` to finish, acked and committed here. Those still running
+        are then cancelled, unacked, only with ``cancel`` (the generation was lost);
+        otherwise the new assignment decides (``_on_assigned``)."""
+        handlers = self._handlers_of(revoked, mark_revoked=True)
         if not handlers:
             return
         unfinished = set(handlers)
         if self._revoke_grace_s > 0:
             _, unfinished = await asyncio.wait(handlers, timeout=self._revoke_grace_s)
-        if unfinished:
-            log.warning("partitions revoked: cancelling their handlers in flight; the records are left unacked "
-                        "for the partitions' next owner", records=sorted(handlers[t] for t in unfinished),
-                        finished=len(handlers) - len(unfinished), grace_s=self._revoke_grace_s)
-            for task in unfinished:
-                task.cancel()
-            # Their clean-up (a sampler closes its sandbox sessions) is waited for, but not
-            # past a bound: the group waits for this member. One still running after it
-            # acks nothing (``_handle`` checks the assignment it was started under).
-            _, stuck = await asyncio.wait(unfinished, timeout=_CANCEL_WAIT_S)
-            if stuck:
-                log.warning("cancelled handlers still cleaning up; going on without them", handlers=len(stuck))
+        if unfinished and cancel:
+            await self._cancel_handlers({t: handlers[t] for t in unfinished}, "generation lost")
+
+    def _handlers_of(self, partitions, mark_revoked: bool = False) -> dict[asyncio.Task, str]:
+        handlers: dict[asyncio.Task, str] = {}
+        for tp in partitions:
+            progress = self._progress.get(tp)
+            if progress is not None:
+                if mark_revoked:
+                    progress.revoked = True
+                handlers.update((task, f"{tp.topic}:{tp.partition}@{offset}")
+                                for task, offset in progress.handlers.items())
+        return handlers
+
+    @staticmethod
+    async def _cancel_handlers(handlers: dict[asyncio.Task, str], why: str) -> None:
+        log.warning("cancelling handlers in flight of partitions this member no longer owns; the records are "
+                    "left unacked for the partitions' next owner", why=why, records=sorted(handlers.values()))
+        for task in handlers:
+            task.cancel()
+        # Their clean-up (a sampler closes its sandbox sessions) is waited for, but not
+        # past a bound: the group may wait for this member. One still running after it
+        # acks nothing (``_handle`` checks the ownership it was started under).
+        _, stuck = await asyncio.wait(handlers, timeout=_CANCEL_WAIT_S)
+        if stuck:
+            log.warning("cancelled handlers still cleaning up; going on without them", handlers=len(stuck))
 
     async def _on_assigned(self, assigned: set[TopicPartition]) -> None:
+        # No await before every partition's progress is set: records may be fetched meanwhile.
+        # A held partition came back only if no generation went by without this member
+        # (one did if the rebalance went on without it: its commit may be another's since).
+        generation = group_generation(self._consumer)
+        continuous = self._revoked_generation >= 0 and generation == self._revoked_generation + 1
+        self._revoked_generation = -1
+        moved = [tp for tp, p in self._progress.items() if p.held and not (continuous and tp in assigned)]
+        moved_handlers = self._handlers_of(moved)
+        for tp in moved:
+            del self._progress[tp]  # before the cancel: a handler ending now acks nothing
+        back, fresh = set(), set()
         for tp in assigned:
-            self._progress[tp] = _PartitionProgress()
-        if self._commit_done_offsets and self.group_id is not None and assigned:
-            await self._load_done_offsets(assigned)
-        log.info("partitions assigned", partitions=sorted(f"{tp.topic}:{tp.partition}" for tp in assigned))
+            progress = self._progress.get(tp)
+            if progress is not None and progress.held:
+                progress.came_back()
+                back.add(tp)
+            else:
+                self._progress[tp] = _PartitionProgress()
+                fresh.add(tp)
+        log.info("partitions assigned", partitions=sorted(f"{tp.topic}:{tp.partition}" for tp in assigned),
+                 came_back=sorted(f"{tp.topic}:{tp.partition}" for tp in back),
+                 moved_away=sorted(f"{tp.topic}:{tp.partition}" for tp in moved))
+        if moved_handlers:
+            await self._cancel_handlers(moved_handlers, "partition moved to another member")
+        if back and self.group_id is not None:
+            try:  # acks made between the revoke and now
+                await self.commit(list(back))
+            except Exception as exc:
+                log.warning("commit of partitions that came back failed", error=str(exc))
+        if self._commit_done_offsets and self.group_id is not None and fresh:
+            await self._load_done_offsets(fresh)
         if self._on_assign:
             await self._on_assign(assigned)
 
@@ -617,19 +722,23 @@ class EventConsumer:
             self.install_signal_handlers()
         slots = asyncio.Semaphore(concurrency)
         running: set[asyncio.Task] = set()
+        self._keep_revoked = True
         try:
             async for env in self:
                 tp = TopicPartition(env.topic, env.partition)
-                progress = self._progress.get(tp)  # the assignment that delivered it
+                progress = self._progress.get(tp)  # the ownership that delivered it
+                generation = progress.generation if progress is not None else -1
                 await slots.acquire()
                 if self.stopping:
                     # Fetched before the stop but not started: leave it unacked, so the
                     # commit stops short of it and the next owner handles it.
                     slots.release()
                     break
-                if progress is None or progress.revoked or self._progress.get(tp) is not progress:
+                if progress is None or progress.revoked or progress.generation != generation \
+                        or self._progress.get(tp) is not progress:
                     # Its partition was revoked while it waited for a slot: the next owner
-                    # reads it from the commit (unacked here); started, it would run twice.
+                    # (this member too, when it came back) reads it from the commit
+                    # (unacked here); started, it would run twice.
                     slots.release()
                     log.info("record of a revoked partition not started; left for its next owner",
                              topic=env.topic, partition=env.partition, offset=env.offset)
@@ -684,9 +793,10 @@ class EventConsumer:
                 continue
             tp = TopicPartition(env.topic, env.partition)
             if self._progress.get(tp) is not progress:
-                # Finished after its partition's revoke completed (a handler that outlived
-                # its cancellation): its next owner has it; an ack here would mark the
-                # same offset of a later assignment done.
+                # Finished after its partition moved away (a handler that outlived its
+                # cancellation): its next owner has it; an ack here would mark the same
+                # offset of a later ownership done. (A partition that came back keeps
+                # its progress, so its handlers ack.)
                 log.warning("handler finished after its partition was revoked; not acked", topic=env.topic,
                             partition=env.partition, offset=env.offset)
                 return
