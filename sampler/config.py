@@ -117,11 +117,12 @@ class SamplerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     # A rebalance of the replicas' group (one joins, leaves or dies) revokes this
     # replica's task partitions, all of them under Kafka's classic protocol, also the
     # ones it gets straight back. Groups in flight of a revoked partition get this long
-    # to finish here (then committed by this replica); the rest are cancelled, unacked,
-    # and the partition's next owner samples them from the commit (a new attempt). 0 =
-    # cancelled at once: at start-up they are seconds old, while every replica's task
-    # intake waits for the slowest of them during a grace. Tasks done past the commit
-    # are named in its metadata and not sampled again (docs/sampler.md, "Rebalances").
+    # to finish here and be committed before the rebalance goes on; the rest go on until
+    # the new assignment, then keep running where the partition came back and are
+    # cancelled, unacked, where it moved (the new owner samples them from the commit, a
+    # new attempt). 0 = no wait: every replica's task intake waits for the slowest group
+    # during a grace. Tasks done past the commit are named in its metadata and not
+    # sampled again (docs/sampler.md, "Rebalances").
     revoke_grace_s: float = 0.0
     # Follow rollway.weights through the syncer's WeightSubscriber.
     follow_weights: bool = True

@@ -7,11 +7,13 @@
   leaves the offset uncommitted and the group's new owner samples the task again.
   Each delivery gets a fresh ``attempt`` id, so trajectory ids never repeat across
   attempts (the trainer groups by ``(group_id, attempt)``).
-* A rebalance of the group revokes the replica's partitions: a task of a revoked
-  partition not yet started is left to the next owner, and the groups in flight get
-  ``revoke_grace_s`` (default 0) to finish, then are cancelled unacked, so the next owner
-  (this replica again when the partition comes back) samples each of them once, never
-  beside a live copy; tasks done past the commit are named in it and skipped.
+* A rebalance of the group (sticky assignment: a join or leave moves few partitions)
+  revokes the replica's partitions: a task of a revoked partition not yet started is left
+  to the next owner; the groups in flight get ``revoke_grace_s`` (default 0) to finish
+  and commit, then go on. Once the new assignment is known, those of partitions that came
+  back keep running (sampled once, here); those of partitions that moved are cancelled
+  unacked and the new owner samples them (both run for the seconds in between); tasks
+  done past the commit are named in it and skipped.
 * SIGTERM (or SIGINT): stop taking tasks, finish the in-flight ones, commit, publish a
   ``stopped`` heartbeat, exit 0. Groups still running after ``drain_timeout_s`` are
   abandoned unacked (the task's next owner samples it again), so the replica exits
@@ -206,11 +208,14 @@ class SamplerService:
                 heartbeat_interval_ms=scfg.consumer_heartbeat_ms,
                 max_poll_interval_ms=scfg.consumer_max_poll_interval_ms,
                 max_poll_records=1,
-                # A rebalance: groups of revoked partitions finish within the grace or are
-                # cancelled (never run on two replicas), and groups done past the commit
-                # are named in it so the next owner does not sample them again.
+                # A rebalance: groups of partitions that come back to this replica go on;
+                # those of partitions that moved are cancelled once the new assignment is
+                # known (the new owner samples them), and groups done past the commit are
+                # named in it so the next owner does not sample them again. The sticky
+                # assignor moves only the partitions a join or leave must move.
                 revoke_grace_s=scfg.revoke_grace_s,
                 commit_done_offsets=True,
+                sticky_assignment=True,
             )
             try:
                 if not self._stopped.is_set():
