@@ -309,3 +309,41 @@ async def test_sticky_assignment_moves_only_the_partitions_a_join_or_leave_must(
             members[name].stop()
             await runner
             await members[name].close()
+
+
+async def test_acks_between_the_revoke_and_the_assignment_are_committed_when_the_partition_comes_back(kafka_config):
+    # A runs p0@0 and p0@2 (p0@1 done at once); B joins and partition 0 comes back to A.
+    # A's handlers finish after the revoke's commit and before the new assignment (the
+    # test lets them go from A's on_revoke hook, the last step of the revoke): their acks
+    # cannot be committed then, and nothing else of partition 0 is acked afterwards, so
+    # only the commit made when the partition comes back moves it to 3.
+    group = "g-rebalance-between"
+    await publish(kafka_config, 0, 3)
+    members = Members()
+    tp0 = TopicPartition(kafka_config.topic_prefix + "tasks", 0)
+
+    async def finish_during_the_rebalance(revoked) -> None:
+        if tp0 in revoked and not members.release.is_set():
+            members.release.set()
+            await wait_until_async(lambda: {(0, 0), (0, 2)} <= set(members.finished["a"]), 10,
+                                   "A's handlers to finish inside the rebalance")
+
+    a = EventConsumer(kafka_config, ["tasks"], group_id=group, max_poll_records=1, commit_done_offsets=True,
+                      client_id=f"m1-{group}", on_revoke=finish_during_the_rebalance)
+    b = EventConsumer(kafka_config, ["tasks"], group_id=group, max_poll_records=1, commit_done_offsets=True,
+                      client_id=f"m2-{group}")
+    await a.start()
+    run_a = asyncio.create_task(a.run(members.handler("a"), concurrency=2))
+    await wait_until_async(lambda: sorted(members.started["a"]) == [(0, 0), (0, 1), (0, 2)], 30,
+                           "A running p0@0 and p0@2, p0@1 done", task=run_a)
+    run_b = asyncio.create_task(start_and_run(b, members.handler("b")))
+    await wait_until_async(lambda: a.raw.assignment() == {tp0} and len(b.raw.assignment()) == 1, 60,
+                           "partition 0 back on A", task=run_b)
+    await wait_until_async(lambda: committed_is(a, 0, 3), 30, "partition 0 committed to 3", task=run_a)
+    for consumer, runner in ((a, run_a), (b, run_b)):
+        consumer.stop()
+        await runner
+        await consumer.close()
+    assert members.cancelled == {}
+    assert Counter(k for runs in members.started.values() for k in runs) == Counter({(0, i): 1 for i in range(3)})
+    assert sorted(members.finished["a"]) == [(0, 0), (0, 1), (0, 2)]
