@@ -11,13 +11,15 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
+import subprocess
 import time
 
 import msgspec
 import pytest
 
 from rollway.config import RollwayConfig
-from tests.cli import run_cli
+from tests.cli import REPO, ROLLWAY, run_cli
 from tests.synthetic import load_tiny, make_task_groups
 from tests.test_trainer_crash import TrainerProcess, publish
 from trainer.config import TrainerConfig
@@ -180,3 +182,50 @@ async def test_two_rank_trainer_loses_one_rank_restarts_replays_and_loses_nothin
     rows = [json.loads(line) for line in result.stdout.splitlines() if line.startswith('{"step"')]
     assert [(r["step"], r["match"]) for r in rows] == [(s, True) for s in range(1, 6)]
     assert rows[-1]["replayed_hash"] == steps[5].event.weights_hash
+
+    # The same replay across two "machines" (#28): two launchers, one rank each, a static
+    # rendezvous on this host; rank 0 (node 0) reads the log from Kafka, rank 1 (node 1)
+    # follows. Every step re-executes to its logged hash, the rows are the standalone
+    # replay's, and node 1 prints none (it only follows).
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    nodes = [subprocess.Popen([*ROLLWAY, "--config", str(config), "replay", "--from-step", "1", "--to-step", "5",
+                               "--verify", "--no-checkpoint", "--json", "--nnodes", "2", "--node-rank", str(i),
+                               "--rdzv-endpoint", f"127.0.0.1:{port}"],
+                              cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for i in (0, 1)]
+    try:
+        outs = [node.communicate(timeout=240) for node in nodes]
+    finally:  # one launcher that never returned leaves no process behind
+        for node in nodes:
+            if node.poll() is None:
+                node.kill()
+                node.wait()
+    for node, (out, err) in zip(nodes, outs):
+        assert node.returncode == 0, out[-2000:] + err[-3000:]
+    two = [json.loads(line) for line in outs[0][0].splitlines() if line.startswith('{"step"')]
+    assert two == [{**r, "seconds": t["seconds"]} for r, t in zip(rows, two)] and len(two) == 5
+    assert not [line for line in outs[1][0].splitlines() if line.startswith('{"step"')]
+
+
+@pytest.mark.parametrize("command", ["replay", "trainer"])
+@pytest.mark.parametrize("flags, says", [
+    (["--nnodes", "2", "--node-rank", "0"], "--nnodes 2 needs a rendezvous endpoint: --rdzv-endpoint HOST:PORT"),
+    (["--nnodes", "2", "--rdzv-endpoint", "127.0.0.1:1"], "--nnodes 2 with a static rendezvous needs --node-rank"),
+    (["--nnodes", "1:2"], "--nnodes 1:2: give a fixed number of machines"),
+    (["--nnodes", "3", "--node-rank", "0", "--master-addr", "h"], "trainer.world_size = 2 is not --nnodes 3 x 0"),
+])
+def test_launcher_flags_that_cannot_make_the_group_are_one_line_exit_2(tmp_path, command, flags, says):
+    """`rollway trainer` and `rollway replay` share the launcher flags (rollway/commands/
+    launcher.py). A combination torchrun would wait on until its rendezvous timed out
+    (no endpoint, or a static rendezvous where every machine is machine 0) is refused
+    before any rank starts: one line, exit 2. No process but the command starts."""
+    config = tmp_path / "rollway.toml"
+    config.write_bytes(msgspec.toml.encode(RollwayConfig(trainer=TrainerConfig(
+        checkpoint_dir=str(tmp_path / "ckpt"), world_size=2))))
+    extra = ["--from-step", "1", "--no-checkpoint"] if command == "replay" else ["--no-publish"]
+    result = run_cli(command, *extra, *flags, config=config, timeout=60)
+    assert result.returncode == 2, result.stderr[-2000:]
+    assert result.stderr.strip().splitlines() == [result.stderr.strip()]
+    assert result.stderr.startswith(f"rollway {command}: ") and says in result.stderr

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import argparse
 
+from rollway.commands.launcher import LaunchError, add_launcher_flags, world_size_flag
+
 
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--from-step", type=int, required=True, help="first step to report (>= 1)")
@@ -19,6 +21,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-checkpoint", action="store_true",
                         help="start from the initial model (step 0) instead of a checkpoint")
     parser.add_argument("--json", action="store_true", help="one JSON object per step")
+    # At trainer.world_size N > 1 this command launches its ranks as `rollway trainer`
+    # does, with the same flags: a replay's ranks can span machines like the trainer's.
+    add_launcher_flags(parser)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -29,7 +34,13 @@ def run(args: argparse.Namespace) -> int:
     from rollway.commands import given, load_config_or_exit
     from rollway.logging import configure_logging
 
-    cfg = load_config_or_exit(args, "replay", {"trainer": given(checkpoint_dir=args.checkpoint_dir)})
+    try:
+        world_size = world_size_flag(args)
+    except LaunchError as exc:
+        print(f"rollway replay: {exc}", file=sys.stderr)
+        return 2
+    cfg = load_config_or_exit(args, "replay", {"trainer": given(checkpoint_dir=args.checkpoint_dir,
+                                                                 world_size=world_size)})
     configure_logging("replay", level="warning" if args.json else cfg.logging.level)
 
     from trainer.checkpoint import CheckpointError
@@ -50,8 +61,10 @@ def run(args: argparse.Namespace) -> int:
     sharded = None
     if tcfg.sharded:
         # A log written at N ranks re-executes at N ranks (the batch split depends on N):
-        # this command launches them (one machine), rank 0 replays, the others follow.
-        from rollway.commands.trainer import is_rank, offload_refused, run_ranks
+        # this command launches them (on one machine, or with the launcher flags on
+        # several: only rank 0 reads Kafka), rank 0 replays, the others follow.
+        from rollway.commands.launcher import is_rank, launch
+        from rollway.commands.trainer import offload_refused
 
         if not is_rank():
             import structlog
@@ -61,8 +74,7 @@ def run(args: argparse.Namespace) -> int:
                 print(f"rollway replay: {refused}", file=sys.stderr)
                 return 2
 
-            return run_ranks([f"--nproc-per-node={tcfg.world_size}", "--standalone"],
-                             structlog.get_logger("rollway.replay"), "replay")
+            return launch(args, tcfg.world_size, structlog.get_logger("rollway.replay"), "replay")
         from trainer.ranked_service import ranked_replay_core
 
         sharded = ranked_replay_core(tcfg)

@@ -14,17 +14,9 @@ from __future__ import annotations
 import argparse
 import os
 
-# torchrun's flags that `rollway trainer` passes through (name, metavar, help).
-RENDEZVOUS_FLAGS = (
-    ("--nnodes", "N", "machines in the trainer (torchrun --nnodes; default 1: --standalone)"),
-    ("--node-rank", "I", "this machine's index (torchrun --node-rank; static rendezvous)"),
-    ("--rdzv-backend", "NAME", "torchrun --rdzv-backend (c10d for several machines)"),
-    ("--rdzv-endpoint", "HOST:PORT", "torchrun --rdzv-endpoint"),
-    ("--rdzv-id", "ID", "torchrun --rdzv-id: the same on every machine of one trainer"),
-    ("--master-addr", "HOST", "torchrun --master-addr (static rendezvous)"),
-    ("--master-port", "PORT", "torchrun --master-port"),
-    ("--max-restarts", "N", "torchrun --max-restarts: restart all ranks this often when one fails (default 0)"),
-)
+from rollway.commands.launcher import LaunchError, add_launcher_flags, is_rank, rank_argv, run_ranks, world_size_flag
+
+__all__ = ["is_rank", "rank_argv", "run_ranks"]  # their home is rollway.commands.launcher
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -33,37 +25,19 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="stop when no record arrived and no step ran for this long")
     parser.add_argument("--no-publish", action="store_true",
                         help="do not publish weights through the syncer (dry run)")
-    parser.add_argument("--nproc", type=int, metavar="N",
-                        help="ranks on this machine; sets trainer.world_size = N x --nnodes "
-                             "(default: trainer.world_size / --nnodes)")
-    for flag, metavar, help_text in RENDEZVOUS_FLAGS:
-        parser.add_argument(flag, metavar=metavar, help=help_text)
-
-
-def is_rank() -> bool:
-    """Started by torchrun (this command's launcher, or the user's own)."""
-    return "RANK" in os.environ and "WORLD_SIZE" in os.environ
-
-
-def _world_size_flag(args: argparse.Namespace) -> int | None:
-    """trainer.world_size as --nproc x --nnodes say (None: no --nproc)."""
-    try:
-        nnodes = int(args.nnodes or 1)
-    except ValueError:
-        raise SystemExit(f"rollway trainer: --nnodes {args.nnodes}: give a fixed number of machines (an elastic "
-                         "range would change the world size, and with it the batch split the step log records)"
-                         ) from None
-    if args.nproc is None:
-        return None
-    if args.nproc < 1 or nnodes < 1:
-        raise SystemExit("rollway trainer: --nproc and --nnodes must be >= 1")
-    return args.nproc * nnodes
+    add_launcher_flags(parser)
 
 
 def run(args: argparse.Namespace) -> int:
     from rollway.commands import load_config_or_exit
 
-    world_size = _world_size_flag(args)
+    try:
+        world_size = world_size_flag(args)
+    except LaunchError as exc:
+        import sys
+
+        print(f"rollway trainer: {exc}", file=sys.stderr)
+        return 2
     cfg = load_config_or_exit(args, "trainer", {"trainer": {"world_size": world_size} if world_size else {}})
     if cfg.trainer.sharded and not is_rank():
         refused = offload_refused(cfg.trainer)
@@ -95,77 +69,13 @@ def offload_refused(tcfg) -> str | None:
 
 def launch(args: argparse.Namespace, world_size: int) -> int:
     """Run torch.distributed.run in this process: N ranks of ``rollway trainer``."""
-    import sys
-
     import structlog
 
+    from rollway.commands import launcher
     from rollway.logging import configure_logging
 
     configure_logging("trainer", level="INFO")
-    log = structlog.get_logger("rollway.trainer")
-    nnodes = int(args.nnodes or 1)  # checked by _world_size_flag when --nproc is given
-    nproc = args.nproc if args.nproc is not None else world_size // nnodes
-    if nproc * nnodes != world_size:
-        print(f"rollway trainer: trainer.world_size = {world_size} is not --nnodes {nnodes} x {nproc} ranks a "
-              "machine; give --nproc", file=sys.stderr)
-        return 2
-    launcher = [f"--nproc-per-node={nproc}"]
-    if nnodes == 1 and not (args.rdzv_endpoint or args.master_addr):
-        launcher.append("--standalone")
-    for flag, _, _ in RENDEZVOUS_FLAGS:
-        value = getattr(args, flag[2:].replace("-", "_"))
-        if value is not None:
-            launcher.append(f"{flag}={value}")
-    log.info("launching trainer ranks", world_size=world_size, nproc=nproc, nnodes=nnodes,
-             torchrun=" ".join(launcher))
-    # The ranks get the world size from the environment (they inherit this process's),
-    # not from --nproc x --nnodes, which their command line leaves out (rank_argv).
-    os.environ["ROLLWAY_TRAINER__WORLD_SIZE"] = str(world_size)
-    return run_ranks(launcher, log)
-
-
-def rank_argv(argv: list[str]) -> list[str]:
-    """This command line as each rank runs it: without the launcher's own flags
-    (``--nproc`` and the rendezvous flags, as ``--flag value`` or ``--flag=value``).
-    torchrun's argument parser reads the whole line, the ranks' part included, and
-    refused ``--nproc`` as an ambiguous abbreviation of its ``--nproc-per-node`` /
-    ``--nproc_per_node``: ``rollway trainer --nproc N`` failed before any rank started.
-    The ranks need none of them."""
-    launcher_flags = {"--nproc", *(flag for flag, _, _ in RENDEZVOUS_FLAGS)}
-    out: list[str] = []
-    skip_value = False
-    for arg in argv:
-        if skip_value:
-            skip_value = False
-            continue
-        if arg.split("=", 1)[0] in launcher_flags:
-            skip_value = "=" not in arg
-            continue
-        out.append(arg)
-    return out
-
-
-def run_ranks(launcher: list[str], log, command: str = "trainer") -> int:
-    """torch.distributed.run with ``launcher`` (its own flags), each rank running this
-    command line (:func:`rank_argv`; it sees RANK in its environment); the exit code."""
-    import sys
-
-    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
-    from torch.distributed.run import get_args_parser, run as torchrun
-
-    try:
-        torchrun(get_args_parser().parse_args([*launcher, "--module", "rollway.cli", *rank_argv(sys.argv[1:])]))
-    except ChildFailedError as exc:
-        # Rank 0's exit code says why the trainer stopped (fenced, replay mismatch, ...);
-        # a rank killed by a signal reads 128 + its number, as a shell shows it.
-        failures = exc.failures
-        first = failures.get(0) or failures[min(failures)]
-        code = first.exitcode if first.exitcode > 0 else 128 - first.exitcode
-        log.error(f"{command} ranks failed", failed_ranks=sorted(failures), exit_code=code,
-                  exit_codes={r: f.exitcode for r, f in failures.items()})
-        print(f"rollway {command}: rank(s) {sorted(failures)} failed; exit code {code}", file=sys.stderr)
-        return code
-    return 0
+    return launcher.launch(args, world_size, structlog.get_logger("rollway.trainer"), "trainer")
 
 
 def serve(args: argparse.Namespace, cfg, *, sharded: bool) -> int:
