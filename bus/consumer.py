@@ -116,6 +116,10 @@ class _PartitionProgress:
 
     def delivered(self, offset: int) -> None:
         self.pending.add(offset)
+        self.passed(offset)
+
+    def passed(self, offset: int) -> None:
+        """The partition was read past ``offset`` (a re-read after coming back reads lower ones again)."""
         self.next_offset = offset + 1 if self.next_offset is None else max(self.next_offset, offset + 1)
 
     def came_back(self) -> None:
@@ -434,7 +438,7 @@ class EventConsumer:
     def _skip_done(progress: _PartitionProgress, tp: TopicPartition, offset: int) -> None:
         """A record the partition's previous owner handled past its commit: not delivered."""
         progress.skip.discard(offset)
-        progress.next_offset = offset + 1 if progress.next_offset is None else max(progress.next_offset, offset + 1)
+        progress.passed(offset)
         log.info("record done by the partition's previous owner; skipped", topic=tp.topic,
                  partition=tp.partition, offset=offset)
 
